@@ -1,0 +1,5 @@
+"""Plain-PyTorch reference implementations that kernels are tested against."""
+
+from . import gdpa
+
+__all__ = ["gdpa"]
