@@ -1,0 +1,122 @@
+import math
+
+import pytest
+import torch
+
+from ads_kernel_tools import testing as tt
+
+
+def test_jagged_lengths_full_and_half():
+    assert tt.jagged_lengths(50, 128, 1.0, seed=1) == [128] * 50
+    half = tt.jagged_lengths(4000, 100, 0.5, seed=2)
+    assert min(half) >= 1 and max(half) <= 100
+    assert sum(half) / len(half) == pytest.approx(50.5, rel=0.05)  # uniform on [1, 100]
+
+
+def test_jagged_lengths_bounds_by_rule():
+    s07 = tt.jagged_lengths(3000, 1000, 0.7, seed=3)
+    assert min(s07) >= 400 and max(s07) <= 1000  # [(2s-1)·max, max]
+    assert sum(s07) / len(s07) == pytest.approx(700, rel=0.03)
+    s02 = tt.jagged_lengths(3000, 1000, 0.2, seed=4)
+    assert min(s02) >= 1 and max(s02) <= 400  # [1, 2s·max]
+    assert tt.jagged_lengths(5, 10, 0.7, seed=9) == tt.jagged_lengths(5, 10, 0.7, seed=9)
+    with pytest.raises(ValueError):
+        tt.jagged_lengths(2, 10, 0.0)
+
+
+def test_offsets_and_edges():
+    off = tt.lengths_to_offsets([3, 0, 2])
+    assert off.dtype == torch.int32 and off.tolist() == [0, 3, 3, 5]
+    assert tt.lengths_to_offsets([], dtype=torch.int64).tolist() == [0]
+    with pytest.raises(ValueError):
+        tt.lengths_to_offsets([1, -1])
+    assert tt.edge_lengths(64, long=300) == [0, 1, 63, 64, 65, 300]
+
+
+def test_randn_is_seeded_and_device_independent():
+    a = tt.randn((3, 4), seed=7, dtype=torch.bfloat16)
+    b = tt.randn((3, 4), seed=7, dtype=torch.bfloat16)
+    assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+    assert not torch.equal(a, tt.randn((3, 4), seed=8, dtype=torch.bfloat16))
+
+
+def test_poison_and_rows_written():
+    out = tt.poisoned_empty((4, 2, 3), dtype=torch.float16, device="cpu")
+    assert torch.isnan(out).all()
+    valid = torch.tensor([True, False, True, False])
+    out[0] = 1.0
+    with pytest.raises(AssertionError, match=r"valid rows not .*\[2\]"):
+        tt.assert_rows_written(out, valid)
+    out[2] = 2.0
+    tt.assert_rows_written(out, valid)
+    out[3, 1, 1] = 0.0
+    with pytest.raises(AssertionError, match=r"should not be, first \[3\]"):
+        tt.assert_rows_written(out, valid)
+    out[3] = math.nan
+    out[0, 0, 0] = math.inf  # a written-but-infinite row is not "written correctly"
+    with pytest.raises(AssertionError, match=r"\[0\]"):
+        tt.assert_rows_written(out, valid)
+
+
+def _interpreted_dot_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dot_kernel(a_ptr, b_ptr, c_ptr, N: tl.constexpr):
+        r = tl.arange(0, N)
+        a = tl.load(a_ptr + r[:, None] * N + r[None, :])
+        b = tl.load(b_ptr + r[:, None] * N + r[None, :])
+        tl.store(c_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))
+
+    return dot_kernel
+
+
+def test_interpreter_bf16_dot_bug_and_fix(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = _interpreted_dot_kernel()  # decorated now, so it is the interpreted variant
+    n = 16
+    a = tt.randn((n, n), seed=1, dtype=torch.bfloat16)
+    b = tt.randn((n, n), seed=2, dtype=torch.bfloat16)
+    ref = a.float() @ b.float()
+    was = tt.bf16_dot_patched()
+    tt.remove_interpreter_patches()
+    try:
+        c = torch.empty(n, n, dtype=torch.float32)
+        kernel[(1,)](a, b, c, N=n)
+        assert (c - ref).abs().max() > 1e3, "interpreter bf16 dot no longer broken: patch may be obsolete"
+        with tt.interpreter_bf16_dot_patch() as active:
+            assert active
+            kernel[(1,)](a, b, c, N=n)
+            torch.testing.assert_close(c, ref, atol=1e-4, rtol=1e-4)
+        # fp16 goes through untouched and was right all along
+        c16 = torch.empty(n, n, dtype=torch.float32)
+        kernel[(1,)](a.half(), b.half(), c16, N=n)
+        torch.testing.assert_close(c16, a.half().float() @ b.half().float(), atol=1e-3, rtol=1e-3)
+    finally:
+        if was:
+            tt.apply_interpreter_patches(force=True)
+
+
+def test_patch_is_noop_without_interpreter(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    was = tt.bf16_dot_patched()
+    if not was:
+        assert tt.apply_interpreter_patches() is False
+        assert not tt.bf16_dot_patched()
+
+
+def test_patch_idempotent():
+    pytest.importorskip("triton")
+    was = tt.bf16_dot_patched()
+    tt.apply_interpreter_patches(force=True)
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    once = InterpreterBuilder.create_dot
+    tt.apply_interpreter_patches(force=True)
+    assert InterpreterBuilder.create_dot is once
+    if not was:
+        tt.remove_interpreter_patches()
+        assert not tt.bf16_dot_patched()
