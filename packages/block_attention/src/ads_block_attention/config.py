@@ -1,0 +1,43 @@
+"""Launch settings for the block-attention kernels, with environment overrides for tuning runs.
+
+Defaults were picked on the H200 (see BENCHMARKS.md): one 64×D tile per program needs no software
+pipelining, so only the warp count matters. Env knobs (for sweeps, never needed in normal use):
+``ADS_BLOCK_ATTN_FWD_WARPS`` and ``ADS_BLOCK_ATTN_BWD_WARPS``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Triton launch parameters for one kernel."""
+
+    num_warps: int
+    num_stages: int = 1
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+def fwd_config(head_dim: int, block_size: int) -> LaunchConfig:
+    """Forward: 4 warps (one warpgroup, wgmma m64) up to D=128; 8 at D=256 to bound register use."""
+    warps = _env_int("ADS_BLOCK_ATTN_FWD_WARPS")
+    if warps is None:
+        warps = 8 if head_dim * block_size > 64 * 128 else 4
+    return LaunchConfig(num_warps=warps)
+
+
+def bwd_config(head_dim: int, block_size: int) -> LaunchConfig:
+    """Backward: two fp32 D-wide accumulators (dK, dV) live across the head loop; 8 warps from D=128."""
+    warps = _env_int("ADS_BLOCK_ATTN_BWD_WARPS")
+    if warps is None:
+        warps = 8 if head_dim * block_size >= 64 * 128 else 4
+    return LaunchConfig(num_warps=warps)
