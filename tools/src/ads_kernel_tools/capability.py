@@ -31,12 +31,12 @@ def _device_index(device: torch.device | str | int | None) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -48,7 +48,9 @@ def _parse_override(text: str) -> tuple[int, int] | None:
     try:
         return int(major), int(minor or 0)
     except ValueError:
-        raise ValueError(f"{SM_OVERRIDE_ENV}={text!r}: expected 'MAJOR.MINOR' (e.g. '9.0') or 'none'") from None
+        raise ValueError(
+            f"{SM_OVERRIDE_ENV}={text!r}: expected 'MAJOR.MINOR' (e.g. '9.0') or 'none'"
+        ) from None
 
 
 def sm_version(device: torch.device | str | int | None = None) -> tuple[int, int] | None:

@@ -44,5 +44,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def device() -> str:
-    """"cuda" on a GPU machine, "cpu" otherwise (kernels then go through the interpreter)."""
+    """ "cuda" on a GPU machine, "cpu" otherwise (kernels then go through the interpreter)."""
     return device_for_tests()

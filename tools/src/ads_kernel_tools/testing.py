@@ -12,7 +12,7 @@ from ads_kernel_tools.capability import interpreter_active
 
 
 def device_for_tests() -> str:
-    """"cuda" when a GPU is present, else "cpu" (Triton kernels then need TRITON_INTERPRET=1)."""
+    """ "cuda" when a GPU is present, else "cpu" (Triton kernels then need TRITON_INTERPRET=1)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -107,7 +107,9 @@ def mismatch_report(
     return "\n".join(lines)
 
 
-def assert_close(out: torch.Tensor, ref: torch.Tensor, *, atol: float, rtol: float, name: str = "out") -> None:
+def assert_close(
+    out: torch.Tensor, ref: torch.Tensor, *, atol: float, rtol: float, name: str = "out"
+) -> None:
     """Elementwise |out-ref| <= atol + rtol·|ref| everywhere, with a mismatch report on failure."""
     o, r = _pair(out, ref)
     if not bool(((o - r).abs() <= atol + rtol * r.abs()).all()):

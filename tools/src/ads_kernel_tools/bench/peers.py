@@ -26,8 +26,12 @@ def notes() -> dict[str, str]:
     return dict(_NOTES)
 
 
-_SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-                  "math": "MATH"}
+_SDPA_BACKENDS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
 
 
 def sdpa(backend: str) -> Callable[..., torch.Tensor] | None:

@@ -119,7 +119,9 @@ class Report:
                     r.note,
                 ]
             )
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
+        widths = (
+            [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
+        )
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         env = environment()
         lines = [

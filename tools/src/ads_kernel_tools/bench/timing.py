@@ -69,7 +69,7 @@ def time_fn(
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             call(0)
-        call = lambda i: graph.replay()  # noqa: E731
+        call = lambda i: graph.replay()
 
     # estimate one call, then size warm-up and repetitions from it
     call(0)
