@@ -1,5 +1,5 @@
 """Plain-PyTorch reference implementations that kernels are tested against."""
 
-from . import gdpa
+from . import attention, block, gdpa, mxfp8, norm
 
-__all__ = ["gdpa"]
+__all__ = ["attention", "block", "gdpa", "mxfp8", "norm"]
