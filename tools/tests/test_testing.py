@@ -120,3 +120,59 @@ def test_patch_idempotent():
     if not was:
         tt.remove_interpreter_patches()
         assert not tt.bf16_dot_patched()
+
+
+def _interpreted_cast_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def cast_kernel(x_ptr, y_ptr, N: tl.constexpr):
+        r = tl.arange(0, N)
+        tl.store(y_ptr + r, tl.load(x_ptr + r).to(tl.bfloat16))
+
+    return cast_kernel
+
+
+def test_interpreter_bf16_cast_rounds_to_nearest_even(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = _interpreted_cast_kernel()
+    # 1 + 2^-8 + 2^-9 lies closer to 1 + 2^-7 than to 1; 1 + 2^-8 is a tie that goes to even (1.0);
+    # 1 + 3·2^-8 is a tie that goes to even (1 + 2^-6); NaN and inf must survive
+    x = torch.tensor(
+        [
+            1 + 2**-8 + 2**-9,
+            1 + 2**-8,
+            1 + 3 * 2**-8,
+            -(1 + 2**-8 + 2**-9),
+            3.0e38,
+            math.inf,
+            -math.inf,
+            math.nan,
+            0.0,
+            -1e-40,
+            1e-3,
+            123.456,
+            0,
+            0,
+            0,
+            0,
+        ],
+        dtype=torch.float32,
+    )
+    expected = x.to(torch.bfloat16)  # torch rounds to nearest even, as the GPU does
+    was = tt.bf16_dot_patched()
+    tt.remove_interpreter_patches()
+    try:
+        y = torch.empty(16, dtype=torch.bfloat16)
+        kernel[(1,)](x, y, N=16)
+        assert y[0].item() == 1.0, "interpreter cast no longer truncates: patch may be obsolete"
+        with tt.interpreter_bf16_dot_patch():
+            kernel[(1,)](x, y, N=16)
+        assert torch.isnan(y[7])
+        keep = ~torch.isnan(expected)
+        assert torch.equal(y[keep], expected[keep]), (y, expected)
+    finally:
+        if was:
+            tt.apply_interpreter_patches(force=True)
