@@ -1,0 +1,165 @@
+"""torch.library registration: ``ads_gdpa::fwd`` / ``ads_gdpa::bwd`` custom ops, fakes, autograd, FLOPs.
+
+custom_op (not triton_op): it runs under the Triton interpreter too, so opcheck and
+torch.compile(fullgraph=True) are testable on CPU. Non-tensor options travel as ints/floats/lists;
+host offsets (``host_q``/``host_k``) are int lists so they stay visible to the FLOP formula and to the
+tile scheduler without a device sync.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.utils.flop_counter import register_flop_formula
+
+from . import config as cfg
+from .triton import launch
+
+Tensor = torch.Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def _act_table(acts: tuple[int, ...], device: str) -> Tensor:
+    return torch.tensor(acts, dtype=torch.int32, device=device)
+
+
+def _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, host_q, host_k):
+    return launch.Problem(
+        max_q=max_q, max_k=max_k, act=act, scale=scale, has_window=mask_mode != 0, bottom_right=mask_mode == 2,
+        win_left=win_left, win_right=win_right, broadcast_q=broadcast_q,
+        host_q=tuple(host_q) if host_q is not None else None, host_k=tuple(host_k) if host_k is not None else None,
+    )  # fmt: skip
+
+
+def _out_rows(q: Tensor, cu_k: Tensor, broadcast_q: bool) -> int:
+    # broadcast_q: q holds the one shared sequence, the output repeats it per kv sequence
+    return (cu_k.shape[0] - 1) * q.shape[0] if broadcast_q else q.shape[0]
+
+
+def _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts) -> bool:
+    """Forward through the Gluon Hopper kernel when present, allowed by ADS_GDPA_BACKEND, and supported."""
+    if cfg.backend() == "triton" or q.device.type != "cuda" or cfg.interpreter_active():
+        return False
+    try:
+        from . import gluon  # optional, owned by the Gluon kernel work
+        from .gluon import fwd_sm90
+    except Exception:  # noqa: BLE001 - any import problem means "not available"
+        return False
+    try:
+        if not gluon.supports(q, k, v, **opts):
+            return False
+    except Exception:  # noqa: BLE001
+        return False
+    fwd_sm90.gdpa_fwd_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out)
+    return True
+
+
+@torch.library.custom_op("ads_gdpa::fwd", mutates_args=())
+def gdpa_fwd_op(
+    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int, act: int,
+    act_per_head: list[int] | None, scale: float, mask_mode: int, win_left: int, win_right: int,
+    broadcast_q: bool, q_descale: Tensor | None, k_descale: Tensor | None, v_descale: Tensor | None,
+    host_q: list[int] | None, host_k: list[int] | None, deterministic: bool,
+) -> Tensor:  # fmt: skip
+    """Forward. q (Tq, H, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv) -> out (To, H, Dv).
+
+    mask_mode: 0 none, 1 top-left symmetric window, 2 bottom-right band (causal/local).
+    ``deterministic`` only affects the backward (dQ by a second pass instead of atomics).
+    """
+    fp8 = q_descale is not None
+    out_dtype = torch.bfloat16 if fp8 else q.dtype
+    out = torch.empty((_out_rows(q, cu_k, broadcast_q), q.shape[1], v.shape[2]), dtype=out_dtype, device=q.device)
+    opts = dict(activation=act, scale=scale, mask_mode=mask_mode, broadcast_q=broadcast_q,
+                act_per_head=act_per_head, fp8=fp8, max_seqlen_q=max_q, max_seqlen_k=max_k)  # fmt: skip
+    if _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts):
+        return out
+    pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, host_q, host_k)
+    tbl = _act_table(tuple(act_per_head), str(q.device)) if act_per_head is not None else None
+    descale = (q_descale, k_descale, v_descale) if fp8 else None
+    return launch.fwd(q, k, v, cu_q, cu_k, pb, out, act_tbl=tbl, descale=descale)
+
+
+@gdpa_fwd_op.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, act, act_per_head, scale, mask_mode, win_left, win_right,
+      broadcast_q, q_descale, k_descale, v_descale, host_q, host_k, deterministic):  # fmt: skip
+    out_dtype = torch.bfloat16 if q_descale is not None else q.dtype
+    return q.new_empty((_out_rows(q, cu_k, broadcast_q), q.shape[1], v.shape[2]), dtype=out_dtype)
+
+
+@torch.library.custom_op("ads_gdpa::bwd", mutates_args=())
+def gdpa_bwd_op(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int,
+    act: int, act_per_head: list[int] | None, scale: float, mask_mode: int, win_left: int, win_right: int,
+    broadcast_q: bool, deterministic: bool, host_q: list[int] | None, host_k: list[int] | None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Backward: (dq, dk, dv) shaped like (q, k, v); do (To, H, Dv)."""
+    pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, host_q, host_k)
+    tbl = _act_table(tuple(act_per_head), str(q.device)) if act_per_head is not None else None
+    return launch.bwd(do, q, k, v, cu_q, cu_k, pb, act_tbl=tbl, deterministic=deterministic)
+
+
+@gdpa_bwd_op.register_fake
+def _(do, q, k, v, cu_q, cu_k, max_q, max_k, act, act_per_head, scale, mask_mode, win_left, win_right,
+      broadcast_q, deterministic, host_q, host_k):  # fmt: skip
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_q, cu_k = inputs[:5]
+    ctx.save_for_backward(q, k, v, cu_q, cu_k)
+    ctx.opts = inputs[5:14]
+    ctx.fp8 = inputs[14] is not None
+    ctx.host = inputs[17:19]
+    ctx.deterministic = inputs[19]
+
+
+def _backward(ctx, do):
+    if ctx.fp8:
+        raise NotImplementedError("ads_gdpa: the FP8 path is forward-only")
+    q, k, v, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.ads_gdpa.bwd(do, q, k, v, cu_q, cu_k, *ctx.opts, ctx.deterministic, *ctx.host)
+    return (dq, dk, dv) + (None,) * 17
+
+
+torch.library.register_autograd("ads_gdpa::fwd", _backward, setup_context=_setup_context)
+
+
+def _pair_count(host_q, host_k, max_q, max_k, n_b, broadcast_q, mask_mode, win_left, win_right) -> int:
+    """Σ_b Lq_eff·Lk_eff (query-key pairs computed), per sequence when host offsets exist."""
+    if host_q is not None and host_k is not None:
+        lk = [host_k[i + 1] - host_k[i] for i in range(len(host_k) - 1)]
+        if broadcast_q:
+            lq = [host_q[1] - host_q[0]] * len(lk)
+        else:
+            lq = [host_q[i + 1] - host_q[i] for i in range(len(host_q) - 1)]
+    else:  # no host lengths: the max-length bound
+        lq, lk = [max_q] * n_b, [max_k] * n_b
+    total = 0
+    for a, c in zip(lq, lk):
+        a = min(a, max_q)
+        keys = c if mask_mode == 0 else min(c, win_left + win_right + 1)
+        total += a * keys
+    return total
+
+
+def _fwd_flops(q, k, v, cu_q, cu_k, max_q, max_k, act, act_per_head, scale, mask_mode, win_left, win_right,
+               broadcast_q, *rest, host_q=None, host_k=None) -> int:  # fmt: skip
+    pairs = _pair_count(host_q, host_k, max_q, max_k, cu_k.shape[0] - 1, broadcast_q, mask_mode, win_left, win_right)
+    return 2 * q.shape[1] * (q.shape[2] + v.shape[2]) * pairs
+
+
+@register_flop_formula(torch.ops.ads_gdpa.fwd, get_raw=True)
+def _flops_fwd(*args, out_val=None, **kwargs) -> int:
+    a = list(args)
+    host_q, host_k = (a[17], a[18]) if len(a) > 18 else (kwargs.get("host_q"), kwargs.get("host_k"))
+    return _fwd_flops(*a[:14], host_q=host_q, host_k=host_k)
+
+
+@register_flop_formula(torch.ops.ads_gdpa.bwd, get_raw=True)
+def _flops_bwd(*args, out_val=None, **kwargs) -> int:
+    a = list(args)
+    do, q, k, v, cu_q, cu_k = a[:6]
+    rest = a[6:15]
+    host_q, host_k = (a[16], a[17]) if len(a) > 17 else (kwargs.get("host_q"), kwargs.get("host_k"))
+    return int(2.5 * _fwd_flops(q, k, v, cu_q, cu_k, *rest, host_q=host_q, host_k=host_k))

@@ -1,0 +1,66 @@
+"""Gluon (triton.experimental.gluon) GDPA kernels for Hopper.
+
+Importing this package never fails on a machine without a GPU or without Gluon: the kernel module
+is loaded lazily and ``supports`` answers False whenever the fast path cannot run.
+
+``ADS_GDPA_GLUON``: "1" forces the Gluon path on wherever it can run (including activations
+implemented but not yet measured faster than the Triton path); "0" turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["supports", "available"]
+
+# Activation ids (spec §1.4) that the kernel implements and that passed the GPU tests.
+_IMPLEMENTED = frozenset({0, 1, 2, 3, 4, 5, 7, 8, 9, 10})
+# Subset enabled by default. Empty while the kernel is slower than the Triton path or unverified;
+# see the report in tests/test_gluon_fwd.py for the measured numbers.
+_DEFAULT_ON: frozenset[int] = frozenset()
+
+_AVAILABLE: bool | None = None
+
+
+def available() -> bool:
+    """True when Gluon imports and a compute-capability 9.x CUDA device is present."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        ok = False
+        try:
+            import torch
+
+            if (torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+                    and torch.cuda.get_device_capability()[0] == 9):
+                from . import fwd_sm90  # noqa: F401  (import errors mean no Gluon path)
+
+                ok = True
+        except Exception:  # noqa: BLE001 - any failure means the path is unavailable
+            ok = False
+        _AVAILABLE = ok
+    return _AVAILABLE
+
+
+def supports(q, k, v, *, activation_id: int, window: bool, broadcast_q: bool, fp8: bool) -> bool:
+    """Whether ``fwd_sm90.gdpa_fwd_gluon`` should run this forward call."""
+    env = os.environ.get("ADS_GDPA_GLUON", "")
+    if env == "0":
+        return False
+    enabled = _IMPLEMENTED if env == "1" else _DEFAULT_ON
+    if activation_id not in enabled or window or broadcast_q or fp8:
+        return False
+    try:
+        import torch
+
+        if not (q.is_cuda and k.is_cuda and v.is_cuda):
+            return False
+        if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+            return False
+        if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+            return False
+        d = q.shape[2]
+        if d not in (64, 128) or k.shape[2] != d or q.shape[1] % k.shape[1] != 0:
+            return False
+    except Exception:  # noqa: BLE001
+        return False
+    return available()

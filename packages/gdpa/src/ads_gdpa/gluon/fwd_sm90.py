@@ -1,0 +1,444 @@
+"""GDPA forward for Hopper (sm_90) in Gluon.
+
+O = scale * act(Q Kᵀ ⊙ M) V over jagged (varlen) batches, no softmax.
+
+Two kernels share the per-step math:
+
+* ``_gdpa_fwd_ws``: warp specialised and persistent. One 1-warp partition issues the TMA loads
+  (the Q tile, then K and V into a ring of shared-memory stages guarded by mbarriers); two
+  4-warp consumer partitions each own 64 rows of the 128-row Q tile and run
+  S = Q Kᵀ (wgmma) -> mask -> activation -> P (bf16/fp16, kept in registers as the wgmma A operand)
+  -> O += P V (wgmma). The two consumers drift against each other, so the activation of one
+  overlaps the tensor-core work of the other. Programs walk a tile list ordered by decreasing
+  work so the persistent grid ends balanced.
+* ``_gdpa_fwd_plain``: one 8-warp partition doing its own TMA prefetch; a fallback that is easier
+  to trust, kept for comparison and for the tests.
+
+Rows of a sequence at or beyond min(Lq_b, max_seqlen_q) are written as zeros; no row outside
+[cu_seqlens_q[b], cu_seqlens_q[b+1]) is written.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,  # noqa: F401  (kept importable for callers that extend the epilogue)
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+# Activation ids (spec §1.4 enum) with a kernel path here.
+ACT_RAW = 0
+ACT_GELU = 1
+ACT_GELU_APPROX = 2
+ACT_FAST_GELU = 3
+ACT_LEAKY_RELU = 4
+ACT_RELU = 5
+ACT_SILU = 7
+ACT_FAST_SILU = 8
+ACT_HARDSWISH = 9
+ACT_RELU_SQUARE = 10
+SUPPORTED_ACTIVATIONS = frozenset(
+    {ACT_RAW, ACT_GELU, ACT_GELU_APPROX, ACT_FAST_GELU, ACT_LEAKY_RELU, ACT_RELU, ACT_SILU, ACT_FAST_SILU,
+     ACT_HARDSWISH, ACT_RELU_SQUARE})
+
+BLOCK_M = 128  # query rows per tile (two 64-row consumer warpgroups)
+BLOCK_N = 128  # keys per step
+
+_LOG2E = 1.4426950408889634
+_BETA = 0.7978845608028654  # sqrt(2/pi)
+_BETA_C = 0.7978845608028654 * 0.044715
+
+
+@gluon.jit
+def _act_scaled(x, scale, ACT: gl.constexpr):
+    """scale * act(x) in fp32; the scale rides inside the last multiply where it can."""
+    if ACT == 3:
+        # tanh-GELU with the MUFU tanh: 0.5x(1+t), t = tanh(x(β + βc·x²)); h = 0.5·scale·x so the
+        # result is one fma: h + h·t.
+        u = x * gl.fma(x * x, 0.035677408136300125, 0.7978845608028654)
+        t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=gl.float32,
+                                      is_pure=True, pack=1)
+        h = x * (0.5 * scale)
+        y = gl.fma(h, t, h)
+    elif ACT == 2:
+        # tanh-GELU through the sigmoid identity 0.5(1+tanh(u)) = σ(2u), so y = x·σ(2u).
+        u = x * gl.fma(x * x, 0.035677408136300125, 0.7978845608028654)
+        e = gl.exp2(u * (-2.0 * 1.4426950408889634))
+        y = (x * scale) / (1.0 + e)
+    elif ACT == 1:
+        y = (x * (0.5 * scale)) * (1.0 + gl.erf(x * 0.7071067811865476))
+    elif ACT == 5:
+        y = gl.maximum(x, 0.0) * scale
+    elif ACT == 10:
+        r = gl.maximum(x, 0.0)
+        y = r * r * scale
+    elif ACT == 4:
+        y = gl.where(x >= 0.0, x, x * 0.01) * scale
+    elif ACT == 7 or ACT == 8:
+        e = gl.exp2(x * (-1.4426950408889634))
+        y = (x * scale) / (1.0 + e)
+    elif ACT == 9:
+        y = x * gl.minimum(gl.maximum(x + 3.0, 0.0), 6.0) * (scale / 6.0)
+    else:
+        y = x * scale
+    return y
+
+
+@gluon.jit
+def _store_rows(out_ptr, o, row0, n_rows, n_valid, col0, stride_row, ROWS: gl.constexpr, D: gl.constexpr,
+                NUM_WARPS: gl.constexpr):
+    """Store an fp32 [ROWS, D] tile: rows < n_valid get o, rows in [n_valid, n_rows) get zeros."""
+    # 16-byte vectors along D for coalesced writes; the layout change goes through shared memory.
+    VEC: gl.constexpr = 8
+    TPC: gl.constexpr = D // VEC if D // VEC < 32 else 32
+    TPR: gl.constexpr = 32 // TPC
+    st_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [TPR, TPC], [NUM_WARPS, 1], [1, 0])
+    ov = gl.convert_layout(o.to(out_ptr.dtype.element_ty), st_layout)
+    rows = gl.arange(0, ROWS, gl.SliceLayout(1, st_layout))
+    cols = gl.arange(0, D, gl.SliceLayout(0, st_layout))
+    r2 = gl.expand_dims(rows, 1)
+    c2 = gl.expand_dims(cols, 0)
+    ov = gl.where(r2 < n_valid, ov, gl.zeros_like(ov))
+    offs = (row0 + r2).to(gl.int64) * stride_row + col0 + c2
+    gl.store(out_ptr + offs, ov, mask=(r2 < n_rows) & (c2 < D))
+
+
+@gluon.jit
+def _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q,
+                 BM: gl.constexpr):
+    """Decode virtual tile t -> (batch, head, q-tile, q start, Lq, Lq clamped, k start, Lk)."""
+    per_b = H * M_TILES
+    rank = t // per_b
+    rem = t - rank * per_b
+    h = rem // M_TILES
+    m = rem - h * M_TILES
+    b = gl.load(order_ptr + rank)
+    q0 = gl.load(cu_q_ptr + b)
+    lq = gl.load(cu_q_ptr + b + 1) - q0
+    k0 = gl.load(cu_k_ptr + b)
+    lk = gl.load(cu_k_ptr + b + 1) - k0
+    lq_eff = gl.minimum(lq, max_seqlen_q)
+    return b, h, m, q0, lq, lq_eff, k0, lk
+
+
+# ----------------------------------------------------------------------------------------------
+# Warp-specialised persistent kernel
+# ----------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+               v_ready, v_empty, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES,
+               H, GROUP, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+               STAGES: gl.constexpr):
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    it = 0  # position in the K/V ring, continued across tiles
+    tc = 0  # tiles handled by this program
+    for t in range(pid, n_tiles, nprog):
+        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES,
+                                                        max_seqlen_q, BM)
+        if m * BM < lq:
+            hk = h // GROUP
+            # Q: wait until both consumers are done with the previous tile's Q.
+            mbarrier.wait(q_empty, (tc & 1) ^ 1)
+            mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, h * D], q_ready, q_smem)
+            n_k = gl.cdiv(lk, BN)
+            for j in range(n_k):
+                s = it % STAGES
+                ph = (it // STAGES) & 1
+                mbarrier.wait(k_empty.index(s), ph ^ 1)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [k0 + j * BN, hk * D], k_ready.index(s), k_smem.index(s))
+                mbarrier.wait(v_empty.index(s), ph ^ 1)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [k0 + j * BN, hk * D], v_ready.index(s), v_smem.index(s))
+                it += 1
+            tc += 1
+
+
+@gluon.jit
+def _ws_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                 order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, WG: gl.constexpr,
+                 H, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                 STAGES: gl.constexpr, ACT: gl.constexpr):
+    ROWS: gl.constexpr = BM // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    in_dtype: gl.constexpr = q_smem.dtype
+    q_half = q_smem.slice(WG * ROWS, ROWS, dim=0)
+    cols = gl.arange(0, BN, gl.SliceLayout(0, s_layout))
+    cols2 = gl.expand_dims(cols, 0)
+    s_zero = gl.zeros([ROWS, BN], gl.float32, s_layout)
+
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    it = 0
+    tc = 0
+    for t in range(pid, n_tiles, nprog):
+        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES,
+                                                        max_seqlen_q, BM)
+        if m * BM < lq:
+            mbarrier.wait(q_ready, tc & 1)
+            n_k = gl.cdiv(lk, BN)
+            acc = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, o_layout))
+            for j in range(n_k):
+                s = it % STAGES
+                ph = (it // STAGES) & 1
+                mbarrier.wait(k_ready.index(s), ph)
+                sacc = warpgroup_mma(q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False,
+                                     is_async=True)
+                # Retires this S and the previous step's P·V (wgmma groups complete in order).
+                sacc = warpgroup_mma_wait(0, deps=(sacc, ))
+                mbarrier.arrive(k_empty.index(s), count=1)
+                prev = (it + STAGES - 1) % STAGES
+                mbarrier.arrive(v_empty.index(prev), count=1, pred=j > 0)
+                mbarrier.arrive(q_empty, count=1, pred=j == n_k - 1)
+                if (j + 1) * BN > lk:
+                    # Keys past the sequence end belong to the next sequence (or are TMA zero fill).
+                    sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
+                p = _act_scaled(sacc, scale, ACT)
+                p = gl.convert_layout(p.to(in_dtype), p_layout)
+                mbarrier.wait(v_ready.index(s), ph)
+                acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
+                it += 1
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            last = (it + STAGES - 1) % STAGES
+            mbarrier.arrive(v_empty.index(last), count=1, pred=n_k > 0)
+            mbarrier.arrive(q_empty, count=1, pred=n_k == 0)
+            row0 = m * BM + WG * ROWS
+            _store_rows(out_ptr, acc, q0 + row0, lq - row0, lq_eff - row0, h * D, H * D, ROWS, D, 4)
+            tc += 1
+
+
+@gluon.jit
+def _gdpa_fwd_ws(q_desc, k_desc, v_desc, out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles,
+                 M_TILES, scale, H, GROUP, D: gl.constexpr, BM: gl.constexpr,
+                 BN: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                 LOADER_REGS: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=2)  # one arrival per consumer warpgroup
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=2)
+
+    WG0: gl.constexpr = 0
+    WG1: gl.constexpr = 1
+    gl.warp_specialize([
+        (_ws_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                        order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, WG0, H, D, BM, BN,
+                        STAGES, ACT)),
+        (_ws_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                        order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, WG1, H, D, BM, BN,
+                        STAGES, ACT)),
+        (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                      v_ready, v_empty, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, H,
+                      GROUP, D, BM, BN, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------
+# Single-partition kernel (8 warps = two warpgroups of 64 rows, in-line TMA prefetch)
+# ----------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _plain_issue_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, row, col, s):
+    mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row, col], k_ready.index(s), k_smem.index(s))
+    mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [row, col], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _gdpa_fwd_plain(q_desc, k_desc, v_desc, out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles,
+                    M_TILES, scale, H, GROUP, D: gl.constexpr, BM: gl.constexpr,
+                    BN: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+    cols = gl.arange(0, BN, gl.SliceLayout(0, s_layout))
+    cols2 = gl.expand_dims(cols, 0)
+    s_zero = gl.zeros([BM, BN], gl.float32, s_layout)
+
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    it = 0
+    tc = 0
+    for t in range(pid, n_tiles, nprog):
+        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES,
+                                                        max_seqlen_q, BM)
+        if m * BM < lq:
+            hk = h // GROUP
+            n_k = gl.cdiv(lk, BN)
+            # Both warpgroups must be past the previous tile's wgmma reads of Q and the ring before
+            # one thread refills them.
+            gl.thread_barrier()
+            mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, h * D], q_ready, q_smem)
+            # Every stage is free here: the previous tile ended with all wgmma retired.
+            for jj in gl.static_range(STAGES - 1):
+                if jj < n_k:
+                    _plain_issue_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k0 + jj * BN, hk * D,
+                                    (it + jj) % STAGES)
+            mbarrier.wait(q_ready, tc & 1)
+            acc = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, o_layout))
+            for j in range(n_k):
+                s = it % STAGES
+                ph = (it // STAGES) & 1
+                mbarrier.wait(k_ready.index(s), ph)
+                sacc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False,
+                                     is_async=True)
+                sacc = warpgroup_mma_wait(0, deps=(sacc, ))
+                # The stage of step j-1 is free once both warpgroups retired its P·V (the wait above,
+                # then the barrier across the two warpgroups): refill it.
+                gl.thread_barrier()
+                if j + STAGES - 1 < n_k:
+                    _plain_issue_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready,
+                                    k0 + (j + STAGES - 1) * BN, hk * D, (it + STAGES - 1) % STAGES)
+                if (j + 1) * BN > lk:
+                    sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
+                p = _act_scaled(sacc, scale, ACT)
+                p = gl.convert_layout(p.to(dtype), p_layout)
+                mbarrier.wait(v_ready.index(s), ph)
+                acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
+                it += 1
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            row0 = m * BM
+            _store_rows(out_ptr, acc, q0 + row0, lq - row0, lq_eff - row0, h * D, H * D, BM, D, num_warps)
+            tc += 1
+
+
+@gluon.jit
+def _zero_tail(out_ptr, cu_q_ptr, covered, W, num_warps: gl.constexpr):
+    """Zero rows [covered, Lq_b) of sequence b: rows that no tile of the main grid reaches when a
+    sequence is longer than the tiles launched for max_seqlen_q."""
+    b = gl.program_id(0)
+    q0 = gl.load(cu_q_ptr + b)
+    lq = gl.load(cu_q_ptr + b + 1) - q0
+    RB: gl.constexpr = 16
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    rows = gl.expand_dims(gl.arange(0, RB, gl.SliceLayout(1, layout)), 1)
+    cols = gl.expand_dims(gl.arange(0, 256, gl.SliceLayout(0, layout)), 0)
+    zero = gl.zeros([RB, 256], out_ptr.dtype.element_ty, layout)
+    for r in range(covered, lq, RB):
+        for c in range(0, W, 256):
+            offs = (q0 + r + rows).to(gl.int64) * W + c + cols
+            gl.store(out_ptr + offs, zero, mask=(r + rows < lq) & (c + cols < W))
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _config(d: int) -> tuple[int, int]:
+    """(stages, consumer registers) per head dim, fitting 227 KB of shared memory."""
+    return (2, 232) if d == 128 else (4, 232)
+
+
+def gdpa_fwd_gluon(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                   activation_id: int, scale: float, out: torch.Tensor, *, variant: str | None = None) -> None:
+    """Jagged GDPA forward into ``out`` (total_q, H, D). See the module docstring for the contract.
+
+    ``variant``: "ws" (default; env ADS_GDPA_GLUON_VARIANT) or "plain".
+    """
+    total_q, H, D = q.shape
+    total_k, H_kv, _ = k.shape
+    B = cu_seqlens_q.numel() - 1
+    if B <= 0 or total_q == 0 or max_seqlen_q <= 0:
+        return
+    assert D in (64, 128) and H % H_kv == 0 and q.dtype in _GL_DTYPES
+    assert k.dtype == q.dtype and v.dtype == q.dtype and v.shape == k.shape
+    assert activation_id in SUPPORTED_ACTIVATIONS
+    q = q.contiguous()
+    k = k.contiguous()
+    v = v.contiguous()
+    assert out.is_contiguous() and out.shape == q.shape
+    cu_q = cu_seqlens_q.to(torch.int32).contiguous()
+    cu_k = cu_seqlens_k.to(torch.int32).contiguous()
+    variant = variant or os.environ.get("ADS_GDPA_GLUON_VARIANT", "ws")
+    gdt = _GL_DTYPES[q.dtype]
+    BM, BN = BLOCK_M, BLOCK_N
+    stages, regs = _config(D)
+
+    q_layout = gl.NVMMASharedLayout.get_default_for([BM, D], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BN, D], gdt)
+    q_desc = TensorDescriptor(q.view(total_q, H * D), [total_q, H * D], [H * D, 1], [BM, D], q_layout)
+    if total_k > 0:
+        k2, v2, tk = k.view(total_k, H_kv * D), v.view(total_k, H_kv * D), total_k
+    else:  # every Lk is 0: a dummy one-row view keeps the descriptors valid; no step loads it
+        k2 = v2 = torch.zeros(1, H_kv * D, dtype=q.dtype, device=q.device)
+        tk = 1
+    k_desc = TensorDescriptor(k2, [tk, H_kv * D], [H_kv * D, 1], [BN, D], kv_layout)
+    v_desc = TensorDescriptor(v2, [tk, H_kv * D], [H_kv * D, 1], [BN, D], kv_layout)
+
+    # Heaviest sequences first (work ~ Lq·Lk), so the persistent programs' strided walk over
+    # the tile list ends with small tiles. Stays on the device: no host sync.
+    lens_q = cu_q[1:] - cu_q[:-1]
+    lens_k = cu_k[1:] - cu_k[:-1]
+    work = lens_k.to(torch.int64) * torch.clamp(lens_q, max=max_seqlen_q).to(torch.int64)
+    order = torch.argsort(work, descending=True, stable=True).to(torch.int32)
+
+    m_tiles = triton.cdiv(max_seqlen_q, BM)
+    n_tiles = B * H * m_tiles
+    grid = (min(n_tiles, _sm_count(q.device)), )
+    args = (q_desc, k_desc, v_desc, out, order, cu_q, cu_k, max_seqlen_q, n_tiles, m_tiles, float(scale), H,
+            H // H_kv, D, BM, BN, stages, int(activation_id))
+    if variant == "ws":
+        _gdpa_fwd_ws[grid](*args, regs, 24, num_warps=4)
+    elif variant == "plain":
+        _gdpa_fwd_plain[grid](*args, num_warps=8)
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
+    _zero_tail[(B, )](out, cu_q, m_tiles * BM, H * D, num_warps=4)

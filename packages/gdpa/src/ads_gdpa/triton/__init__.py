@@ -1,0 +1,1 @@
+"""Portable Triton kernels (sm80+, and the Triton interpreter on CPU)."""

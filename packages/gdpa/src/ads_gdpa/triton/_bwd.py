@@ -1,0 +1,192 @@
+"""@triton.jit GDPA backward (spec §1.3), S recomputed, no preprocess pass (there is no softmax).
+
+``gdpa_bwd_dkdv_kernel``: one (kv tile, kv head, batch) per loop step; loops over the G query heads
+of the group and the query tiles, keeping dK/dV in registers (GQA needs no atomics for them). With
+DQ_ATOMIC it also adds dQ = dS K into a zeroed fp32 buffer. ``gdpa_bwd_dq_kernel`` is the
+deterministic second pass: one (query tile, head) per step looping over kv tiles.
+
+Everything is computed transposed in the dK/dV kernel (Sᵀ = K Qᵀ) so dV += Pᵀ dO and dK += dSᵀ Q
+need no register transposes. Padded rows load as zeros, so dP = 0 there and dS = act'(S) dP = 0 even
+where act'(0) != 0; band masks are applied to both P and dS explicitly.
+"""
+
+import triton
+import triton.language as tl
+
+from ._act import act_fwd_bwd, act_fwd_bwd_dyn
+from ._common import band, band_mask, seq_bounds
+from ._fwd import _tile_coords
+
+
+@triton.jit
+def gdpa_bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, DQ, CU_Q, CU_K, ACT_TBL, TILE_MAP,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
+    max_q, max_k, B, H_KV, G, n_map_tiles, scale, win_left, win_right, TUNE_KEY,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PER_HEAD: tl.constexpr,
+    FAST: tl.constexpr, HAS_WINDOW: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, DQ_ATOMIC: tl.constexpr, HAS_TILE_MAP: tl.constexpr,
+):  # fmt: skip
+    """Q (Tq, H, D_QK), K/DK (Tk, H_KV, D_QK), V/DV (Tk, H_KV, D_V), DO (To, H, D_V),
+    DQ fp32 (Tq, H, D_QK) zeroed when DQ_ATOMIC. Program p takes tiles p, p+P, ...
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_dq = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dtype = Q.dtype.element_ty
+    n_n_tiles = tl.maximum(tl.cdiv(max_k, BLOCK_N), 1)
+    if HAS_TILE_MAP:
+        n_tiles = n_map_tiles
+    else:
+        n_tiles = B * H_KV * n_n_tiles
+    for t in range(pid, n_tiles, nprog):
+        b, hk, n_first = _tile_coords(TILE_MAP, t, n_tiles, n_n_tiles, H_KV, HAS_TILE_MAP)
+        q_start, o_start, Lq, Lq_eff, k_start, Lk = seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q)
+        diag = band(Lq, Lk, win_left, win_right, BOTTOM_RIGHT)
+        k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh
+        v_base = V + k_start * stride_vt + hk.to(tl.int64) * stride_vh
+        # a tile index past max_seqlen_k tiles (Lk > max_seqlen_k) is still covered: stride over them
+        for n in range(n_first, tl.cdiv(Lk, BLOCK_N), n_n_tiles):
+            n0 = n * BLOCK_N
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            kv_rows = offs_n[:, None] < Lk
+            k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_dq[None, :],
+                        mask=kv_rows & (offs_dq[None, :] < D_QK), other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
+                        mask=kv_rows & (offs_dv[None, :] < D_V), other=0.0)
+            dk = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
+            dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+            lo = 0
+            hi = Lq_eff
+            if HAS_WINDOW:
+                lo = tl.maximum(n0 - diag - win_right, 0)
+                hi = tl.minimum(n0 + BLOCK_N - diag + win_left, Lq_eff)
+            lo = (lo // BLOCK_M) * BLOCK_M  # keep query tiles aligned (fewer partial loads)
+            for g in range(G):
+                h = hk * G + g
+                if PER_HEAD:
+                    act_id = tl.load(ACT_TBL + h)
+                q_base = Q + q_start * stride_qt + h.to(tl.int64) * stride_qh
+                do_base = DO + o_start * stride_dot + h.to(tl.int64) * stride_doh
+                dq_base = DQ + q_start * stride_dqt + h.to(tl.int64) * stride_dqh
+                for m0 in range(lo, hi, BLOCK_M):
+                    offs_m = m0 + tl.arange(0, BLOCK_M)
+                    q_rows = offs_m[:, None] < Lq_eff
+                    q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_dq[None, :],
+                                mask=q_rows & (offs_dq[None, :] < D_QK), other=0.0)
+                    do = tl.load(do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
+                                 mask=q_rows & (offs_dv[None, :] < D_V), other=0.0)
+                    s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M)
+                    if PER_HEAD:
+                        p_t, g_t = act_fwd_bwd_dyn(s_t, act_id, FAST)
+                    else:
+                        p_t, g_t = act_fwd_bwd(s_t, ACT, FAST)
+                    dp_t = tl.dot(v, tl.trans(do))
+                    p_t = p_t * scale
+                    ds_t = g_t * dp_t * scale
+                    if HAS_WINDOW:
+                        keep = tl.trans(band_mask(offs_m, offs_n, diag, win_left, win_right))
+                        p_t = tl.where(keep, p_t, 0.0)
+                        ds_t = tl.where(keep, ds_t, 0.0)
+                    ds_lp = ds_t.to(dtype)
+                    dv = tl.dot(p_t.to(dtype), do, dv)
+                    dk = tl.dot(ds_lp, q, dk)
+                    if DQ_ATOMIC:
+                        dq = tl.dot(tl.trans(ds_lp), k)  # (BLOCK_M, BLOCK_DQK)
+                        tl.atomic_add(dq_base + offs_m[:, None] * stride_dqt + offs_dq[None, :], dq,
+                                      mask=q_rows & (offs_dq[None, :] < D_QK), sem="relaxed")
+            dk_base = DK + k_start * stride_dkt + hk.to(tl.int64) * stride_dkh
+            dv_base = DV + k_start * stride_dvt + hk.to(tl.int64) * stride_dvh
+            tl.store(dk_base + offs_n[:, None] * stride_dkt + offs_dq[None, :], dk.to(DK.dtype.element_ty),
+                     mask=kv_rows & (offs_dq[None, :] < D_QK))
+            tl.store(dv_base + offs_n[:, None] * stride_dvt + offs_dv[None, :], dv.to(DV.dtype.element_ty),
+                     mask=kv_rows & (offs_dv[None, :] < D_V))
+
+
+@triton.jit
+def gdpa_bwd_dq_kernel(
+    Q, K, V, DO, DQ, CU_Q, CU_K, ACT_TBL, TILE_MAP,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dqt, stride_dqh,
+    max_q, B, H, G, n_map_tiles, scale, win_left, win_right, TUNE_KEY,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PER_HEAD: tl.constexpr,
+    FAST: tl.constexpr, HAS_WINDOW: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, HAS_TILE_MAP: tl.constexpr,
+):  # fmt: skip
+    """Deterministic dQ (Tq, H, D_QK) in Q's dtype. With BROADCAST_Q the tiles are (0, h, m) and each
+    sums over all B kv sequences. Rows in [max_q, Lq) are written as zeros.
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_dq = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dtype = Q.dtype.element_ty
+    n_m_tiles = tl.maximum(tl.cdiv(max_q, BLOCK_M), 1)
+    if HAS_TILE_MAP:
+        n_tiles = n_map_tiles
+    elif BROADCAST_Q:
+        n_tiles = H * n_m_tiles  # one shared Q sequence: tiles of batch 0, summing over all B inside
+    else:
+        n_tiles = B * H * n_m_tiles
+    for t in range(pid, n_tiles, nprog):
+        b, h, m = _tile_coords(TILE_MAP, t, n_tiles, n_m_tiles, H, HAS_TILE_MAP)
+        hk = h // G
+        q_start, o_start, Lq, Lq_eff, k_start, Lk = seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q)
+        m0 = m * BLOCK_M
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        dq_base = DQ + q_start * stride_dqt + h.to(tl.int64) * stride_dqh
+        if m0 < Lq_eff:
+            q_rows = offs_m[:, None] < Lq_eff
+            q_base = Q + q_start * stride_qt + h.to(tl.int64) * stride_qh
+            q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_dq[None, :],
+                        mask=q_rows & (offs_dq[None, :] < D_QK), other=0.0)
+            if PER_HEAD:
+                act_id = tl.load(ACT_TBL + h)
+            acc = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
+            b_lo = b
+            b_hi = b + 1
+            if BROADCAST_Q:
+                b_lo = 0
+                b_hi = B
+            for bb in range(b_lo, b_hi):
+                _, o_start, _, _, k_start, Lk = seq_bounds(CU_Q, CU_K, bb, max_q, BROADCAST_Q)
+                do_base = DO + o_start * stride_dot + h.to(tl.int64) * stride_doh
+                do = tl.load(do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
+                             mask=q_rows & (offs_dv[None, :] < D_V), other=0.0)
+                k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh
+                v_base = V + k_start * stride_vt + hk.to(tl.int64) * stride_vh
+                diag = band(Lq, Lk, win_left, win_right, BOTTOM_RIGHT)
+                lo = 0
+                hi = Lk
+                if HAS_WINDOW:
+                    lo = tl.maximum(m0 + diag - win_left, 0)
+                    hi = tl.minimum(m0 + BLOCK_M + diag + win_right, Lk)
+                for n0 in range(lo, hi, BLOCK_N):
+                    offs_n = n0 + tl.arange(0, BLOCK_N)
+                    kv_rows = offs_n[:, None] < Lk
+                    k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_dq[None, :],
+                                mask=kv_rows & (offs_dq[None, :] < D_QK), other=0.0)
+                    v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
+                                mask=kv_rows & (offs_dv[None, :] < D_V), other=0.0)
+                    s = tl.dot(q, tl.trans(k))
+                    if PER_HEAD:
+                        _, g = act_fwd_bwd_dyn(s, act_id, FAST)
+                    else:
+                        _, g = act_fwd_bwd(s, ACT, FAST)
+                    ds = g * tl.dot(do, tl.trans(v)) * scale
+                    if HAS_WINDOW:
+                        ds = tl.where(band_mask(offs_m, offs_n, diag, win_left, win_right), ds, 0.0)
+                    acc = tl.dot(ds.to(dtype), k, acc)
+            tl.store(dq_base + offs_m[:, None] * stride_dqt + offs_dq[None, :], acc.to(DQ.dtype.element_ty),
+                     mask=(offs_m[:, None] < Lq) & (offs_dq[None, :] < D_QK))
+        n_eff = tl.cdiv(Lq_eff, BLOCK_M)
+        if m == tl.maximum(n_eff, 1) - 1:
+            zeros = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=DQ.dtype.element_ty)
+            for z0 in range(n_eff * BLOCK_M, Lq, BLOCK_M):
+                offs_z = z0 + tl.arange(0, BLOCK_M)
+                z_mask = (offs_z[:, None] < Lq) & (offs_dq[None, :] < D_QK)
+                tl.store(dq_base + offs_z[:, None] * stride_dqt + offs_dq[None, :], zeros, mask=z_mask)

@@ -1,0 +1,48 @@
+"""@triton.jit helpers shared by the forward and backward kernels: sequence bounds and masks."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q: tl.constexpr):
+    """Row ranges of sequence ``b``.
+
+    Returns (q_start, o_start, Lq, Lq_eff, k_start, Lk): Q rows [q_start, q_start+Lq), output rows
+    [o_start, o_start+Lq), K/V rows [k_start, k_start+Lk). Lq_eff = min(Lq, max_q): query rows past
+    it are written as zeros. With BROADCAST_Q all batches share the one Q sequence and the output of
+    batch b starts at b * Lq. Offsets are widened to int64 so offset * stride cannot overflow.
+    """
+    if BROADCAST_Q:
+        q_start = tl.load(CU_Q).to(tl.int64)
+        Lq = (tl.load(CU_Q + 1) - tl.load(CU_Q)).to(tl.int32)
+        o_start = b.to(tl.int64) * Lq
+    else:
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        Lq = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        o_start = q_start
+    k_start = tl.load(CU_K + b).to(tl.int64)
+    Lk = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
+    Lq_eff = tl.minimum(Lq, max_q)
+    return q_start, o_start, Lq, Lq_eff, k_start, Lk
+
+
+@triton.jit
+def band(Lq, Lk, win_left, win_right, BOTTOM_RIGHT: tl.constexpr):
+    """Diagonal offset of the band mask: j allowed iff i + diag - left <= j <= i + diag + right.
+
+    Top-left (upstream symmetric window) uses diag = 0; bottom-right (FlashAttention causal/local)
+    aligns the last query with the last key, diag = Lk - Lq.
+    """
+    if BOTTOM_RIGHT:
+        diag = Lk - Lq
+    else:
+        diag = Lk * 0
+    return diag
+
+
+@triton.jit
+def band_mask(offs_m, offs_n, diag, win_left, win_right):
+    """(BLOCK_M, BLOCK_N) bool: keys inside the band of each query row."""
+    rel = offs_n[None, :] - offs_m[:, None] - diag
+    return (rel >= -win_left) & (rel <= win_right)

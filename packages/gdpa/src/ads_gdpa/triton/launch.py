@@ -1,0 +1,246 @@
+"""Host launchers for the Triton kernels: config choice (autotune or pinned), TMA, tile maps, grids."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .. import config as cfg
+from ..scheduler import num_sms, tile_map
+from ._bwd import gdpa_bwd_dkdv_kernel, gdpa_bwd_dq_kernel
+from ._fwd import gdpa_fwd_kernel
+
+_BIG = 1 << 30  # "unbounded" band side; window arithmetic stays well inside int32
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything a launch needs besides tensors. win_left/right = _BIG means unbounded."""
+
+    max_q: int
+    max_k: int
+    act: int
+    scale: float
+    has_window: bool
+    bottom_right: bool
+    win_left: int
+    win_right: int
+    broadcast_q: bool
+    host_q: tuple[int, ...] | None = None  # CPU copy of cu_seqlens_q (enables tile maps)
+    host_k: tuple[int, ...] | None = None
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned(kind: str, space: tuple[cfg.TileConfig, ...]):
+    kernel = {"fwd": gdpa_fwd_kernel, "dkdv": gdpa_bwd_dkdv_kernel, "dq": gdpa_bwd_dq_kernel}[kind]
+    key = ["TUNE_KEY", "H" if kind != "dkdv" else "H_KV", "G", "D_QK", "D_V", "ACT"]
+    reset = ["DQ"] if kind == "dkdv" else None
+    return triton.autotune([c.triton() for c in space], key=key, reset_to_zero=reset)(kernel)
+
+
+def _launch(kind: str, pinned: cfg.TileConfig, space: list[cfg.TileConfig], grid, args, kwargs) -> None:
+    """Run the kernel with the pinned config (interpreter / env) or through its autotuner."""
+    if cfg.autotune_disabled() or len(space) == 1:
+        c = pinned if cfg.autotune_disabled() else space[0]
+        kernel = {"fwd": gdpa_fwd_kernel, "dkdv": gdpa_bwd_dkdv_kernel, "dq": gdpa_bwd_dq_kernel}[kind]
+        kernel[grid(c.kwargs())](*args, **kwargs, **c.kwargs())
+    else:
+        _tuned(kind, tuple(space))[grid](*args, **kwargs)
+
+
+def _fast_math(device: torch.device) -> bool:
+    # PTX tanh.approx: CUDA only, never in the interpreter (it cannot execute inline asm)
+    return device.type == "cuda" and not cfg.interpreter_active()
+
+
+def _ensure_allocator() -> None:
+    """Device-side TMA descriptors need scratch memory from a Triton allocator (set once)."""
+    if getattr(_ensure_allocator, "done", False):
+        return
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    _ensure_allocator.done = True
+
+
+def _tma_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """TMA on sm90+ when every base/stride is 16-byte aligned (descriptor requirement)."""
+    import os
+
+    forced = os.environ.get("ADS_GDPA_TMA")
+    if forced is not None:
+        return forced == "1"
+    if q.device.type != "cuda" or cfg.interpreter_active() or q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] < 9:
+        return False
+    es = q.element_size()
+    return all(
+        t.stride(-1) == 1 and (t.stride(0) * es) % 16 == 0 and (t.stride(1) * es) % 16 == 0
+        and t.data_ptr() % 16 == 0 and (t.shape[-1] * es) % 16 == 0
+        for t in (q, k, v)
+    )
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def _lengths(host: tuple[int, ...]) -> list[int]:
+    return [host[i + 1] - host[i] for i in range(len(host) - 1)]
+
+
+def fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    pb: Problem,
+    out: torch.Tensor,
+    act_tbl: torch.Tensor | None = None,
+    descale: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Launch the forward into ``out`` (To, H, D_V). q (Tq, H, D_QK); k, v (Tk, H_KV, D).
+
+    FP8 (``descale`` given): q/k/v e4m3, out bf16; V is copied K-major (H_KV, D_V, Tk) because
+    Hopper fp8 wgmma wants the B operand contiguous along the reduction dim.
+    """
+    B = cu_k.shape[0] - 1
+    H, H_KV, D_QK, D_V = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
+    if B == 0 or out.numel() == 0:
+        return out
+    fp8 = descale is not None
+    if fp8:
+        v_arg = v.permute(1, 2, 0).contiguous()
+        stride_vt, stride_vh, stride_vd = 1, v_arg.stride(0), v_arg.stride(1)
+        use_tma = False
+    else:
+        v_arg = v
+        stride_vt, stride_vh, stride_vd = v.stride(0), v.stride(1), 1
+        use_tma = _tma_ok(q, k, v)
+    if use_tma and q.device.type == "cuda":
+        _ensure_allocator()
+    dense_kv = k.shape[0] == B * pb.max_k
+    short = pb.max_k <= cfg.SHORT_KV_MAX and dense_kv and not pb.has_window
+    if short:
+        bn = max(16, triton.next_power_of_2(pb.max_k))
+        space = cfg.short_kv_space(bn)
+        pinned = cfg.TileConfig(cfg.FWD_PINNED_INTERP.block_m, bn, 4, 1) if cfg.interpreter_active() else space[0]
+    else:
+        space = cfg.FWD_SPACE
+        pinned = cfg.FWD_PINNED_INTERP if cfg.interpreter_active() else cfg.FWD_PINNED_GPU
+    # tile map (workload-sorted) only when host offsets exist: building it needs lengths on the CPU
+    tmap = None
+    if pb.host_q is not None and pb.host_k is not None and not pb.broadcast_q:
+        lq, lk = _lengths(pb.host_q), _lengths(pb.host_k)
+        bm = pinned.block_m if cfg.autotune_disabled() else space[0].block_m
+        space = [c for c in space if c.block_m == bm]
+        rows = [max(min(a, pb.max_q), 1 if a > 0 else 0) for a in lq]
+        progs = num_sms(q.device) * 2 if cfg.persistent() else None
+        tmap = tile_map(rows, lk, H, bm, progs, q.device)
+    n_map = tmap.shape[1] if tmap is not None else 0
+    dummy = cu_q  # unused pointer slots still need a tensor
+
+    def grid(meta):
+        if tmap is not None:
+            n = n_map
+        else:
+            n = B * H * max(triton.cdiv(pb.max_q, meta["BLOCK_M"]), 1)
+        if cfg.persistent():
+            n = min(n, num_sms(q.device) * 2)
+        return (max(n, 1),)
+
+    qd, kd, vd = descale if fp8 else (dummy, dummy, dummy)
+    args = (
+        q, k, v_arg, out, cu_q, cu_k, act_tbl if act_tbl is not None else dummy, qd, kd, vd,
+        tmap if tmap is not None else dummy,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), stride_vt, stride_vh, stride_vd,
+        out.stride(0), out.stride(1),
+        pb.max_q, B, H, H // H_KV, n_map, pb.scale, pb.win_left, pb.win_right,
+        cfg.seqlen_bucket(pb.max_q) * 4096 + cfg.seqlen_bucket(pb.max_k),
+    )  # fmt: skip
+    kwargs = dict(
+        D_QK=D_QK, D_V=D_V, BLOCK_DQK=_block_d(D_QK), BLOCK_DV=_block_d(D_V), ACT=pb.act,
+        PER_HEAD=act_tbl is not None, FAST=_fast_math(q.device), HAS_WINDOW=pb.has_window,
+        BOTTOM_RIGHT=pb.bottom_right, BROADCAST_Q=pb.broadcast_q, FP8=fp8, USE_TMA=use_tma,
+        HAS_TILE_MAP=tmap is not None,
+    )  # fmt: skip
+    _launch("fwd", pinned, space, grid, args, kwargs)
+    return out
+
+
+def bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    pb: Problem,
+    act_tbl: torch.Tensor | None = None,
+    deterministic: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) shaped like (q, k, v). do (To, H, D_V)."""
+    B = cu_k.shape[0] - 1
+    H, H_KV, D_QK, D_V = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
+    G = H // H_KV
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if B == 0 or q.shape[0] == 0:
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    do = do.contiguous() if do.stride(-1) != 1 else do
+    atomic = not deterministic
+    # fp32 accumulation buffer for atomics; it must start at zero (rows no tile touches stay zero)
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else torch.empty_like(q)
+    dummy = cu_q
+    fast = _fast_math(q.device)
+    consts = dict(
+        D_QK=D_QK, D_V=D_V, BLOCK_DQK=_block_d(D_QK), BLOCK_DV=_block_d(D_V), ACT=pb.act,
+        PER_HEAD=act_tbl is not None, FAST=fast, HAS_WINDOW=pb.has_window, BOTTOM_RIGHT=pb.bottom_right,
+        BROADCAST_Q=pb.broadcast_q,
+    )  # fmt: skip
+    tune_key = cfg.seqlen_bucket(pb.max_q) * 4096 + cfg.seqlen_bucket(pb.max_k)
+    tbl = act_tbl if act_tbl is not None else dummy
+
+    # dK/dV (+ atomic dQ): tiles over kv rows, sorted by the query work they face when offsets are on host
+    pinned = cfg.BWD_PINNED_INTERP if cfg.interpreter_active() else cfg.BWD_PINNED_GPU
+    space = cfg.BWD_SPACE
+    tmap = None
+    if pb.host_q is not None and pb.host_k is not None and not pb.broadcast_q:
+        lq, lk = _lengths(pb.host_q), _lengths(pb.host_k)
+        bn = pinned.block_n if cfg.autotune_disabled() else space[0].block_n
+        space = [c for c in space if c.block_n == bn]
+        tmap = tile_map(lk, [min(a, pb.max_q) for a in lq], H_KV, bn, None, q.device)
+    n_map = tmap.shape[1] if tmap is not None else 0
+
+    def grid_kv(meta):
+        n = n_map if tmap is not None else B * H_KV * max(triton.cdiv(pb.max_k, meta["BLOCK_N"]), 1)
+        return (max(n, 1),)
+
+    args = (
+        q, k, v, do, dk, dv, dq_acc, cu_q, cu_k, tbl, tmap if tmap is not None else dummy,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_acc.stride(0), dq_acc.stride(1),
+        pb.max_q, pb.max_k, B, H_KV, G, n_map, pb.scale, pb.win_left, pb.win_right, tune_key,
+    )  # fmt: skip
+    _launch("dkdv", pinned, space, grid_kv, args, dict(consts, DQ_ATOMIC=atomic, HAS_TILE_MAP=tmap is not None))
+    if atomic:
+        return dq_acc.to(q.dtype), dk, dv
+
+    # deterministic dQ: a second pass over query tiles (S and dP recomputed), fixed summation order
+    pinned = cfg.FWD_PINNED_INTERP if cfg.interpreter_active() else cfg.DQ_SPACE[0]
+    n_b = 1 if pb.broadcast_q else B
+
+    def grid_q(meta):
+        return (max(n_b * H * max(triton.cdiv(pb.max_q, meta["BLOCK_M"]), 1), 1),)
+
+    args = (
+        q, k, v, do, dq_acc, cu_q, cu_k, tbl, dummy,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+        dq_acc.stride(0), dq_acc.stride(1),
+        pb.max_q, B, H, G, 0, pb.scale, pb.win_left, pb.win_right, tune_key,
+    )  # fmt: skip
+    _launch("dq", pinned, cfg.DQ_SPACE, grid_q, args, dict(consts, HAS_TILE_MAP=False))
+    return dq_acc, dk, dv
