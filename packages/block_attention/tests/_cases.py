@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
+
+from ads_block_attention import block_attention
 from ads_kernel_tools.reference.block import block_attention_ref
 from ads_kernel_tools.testing import lengths_to_offsets, make_generator
 from ads_kernel_tools.tolerance import assert_close, assert_close_vs_baseline, sqnr_db
-
-from ads_block_attention import block_attention
 
 GRAD_RTOL, GRAD_ATOL, GRAD_SNR_DB = 0.2, 0.1, 45.0  # upstream test 1 (spec A5)
 
@@ -59,8 +59,9 @@ def check_block_attention(
     leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
     ref = block_attention_ref(*leaves, host_offsets, block_size=block_size, scale=scale)
     ref.backward(dout.float())
-    base = block_attention_ref(*(t.detach() for t in (q, k, v)), host_offsets, block_size=block_size, scale=scale,
-                               dtype=dtype)
+    base = block_attention_ref(
+        *(t.detach() for t in (q, k, v)), host_offsets, block_size=block_size, scale=scale, dtype=dtype
+    )
     if dtype == torch.float32:  # the fp32 "baseline" is the reference itself: use a plain fp32 tolerance
         assert_close(out, ref, atol=1e-4, rtol=1e-4, name="out")
     else:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _cases import check_block_attention, on_gpu
+from _cases import check_block_attention, jagged_qkv, on_gpu
+
+from ads_block_attention import block_attention
 from ads_kernel_tools.testing import jagged_lengths, make_generator
 
 
@@ -12,7 +14,9 @@ def test_upstream_jagged_bf16(device: str) -> None:
     """Upstream test 1: lengths uniform in [1, 256], D=64, bf16, seed 123 (B=64, H=4 on the GPU)."""
     batch, heads = (64, 4) if on_gpu(device) else (5, 2)
     lengths = torch.randint(1, 257, (batch,), generator=make_generator(123)).tolist()
-    check_block_attention(lengths, heads=heads, heads_kv=heads, head_dim=64, dtype=torch.bfloat16, device=device)
+    check_block_attention(
+        lengths, heads=heads, heads_kv=heads, head_dim=64, dtype=torch.bfloat16, device=device
+    )
 
 
 def test_edge_lengths(device: str) -> None:
@@ -28,40 +32,90 @@ def test_all_empty(device: str) -> None:
 @pytest.mark.parametrize("heads,heads_kv", [(2, 1), (4, 2)])
 def test_gqa(device: str, heads: int, heads_kv: int) -> None:
     lengths = [70, 0, 33, 64] if not on_gpu(device) else jagged_lengths(32, 512, 0.7, seed=1)
-    check_block_attention(lengths, heads=heads, heads_kv=heads_kv, head_dim=32, dtype=torch.bfloat16,
-                          device=device, seed=7)
+    check_block_attention(
+        lengths, heads=heads, heads_kv=heads_kv, head_dim=32, dtype=torch.bfloat16, device=device, seed=7
+    )
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_head_dims(device: str, head_dim: int) -> None:
     lengths = [65, 20] if not on_gpu(device) else jagged_lengths(64, 1024, 0.7, seed=2)
-    check_block_attention(lengths, heads=1 if not on_gpu(device) else 4, heads_kv=1 if not on_gpu(device) else 4,
-                          head_dim=head_dim, dtype=torch.bfloat16, device=device)
+    check_block_attention(
+        lengths,
+        heads=1 if not on_gpu(device) else 4,
+        heads_kv=1 if not on_gpu(device) else 4,
+        head_dim=head_dim,
+        dtype=torch.bfloat16,
+        device=device,
+    )
 
 
 @pytest.mark.gpu
 def test_head_dim_256_gqa(device: str) -> None:
-    check_block_attention(jagged_lengths(16, 512, 0.7, seed=3), heads=4, heads_kv=2, head_dim=256,
-                          dtype=torch.bfloat16, device=device)
+    check_block_attention(
+        jagged_lengths(16, 512, 0.7, seed=3),
+        heads=4,
+        heads_kv=2,
+        head_dim=256,
+        dtype=torch.bfloat16,
+        device=device,
+    )
 
 
 def test_fp16_int64_offsets_host_offsets(device: str) -> None:
-    check_block_attention([5, 64, 100], heads=2, heads_kv=2, head_dim=32, dtype=torch.float16, device=device,
-                          offsets_dtype=torch.int64, pass_offsets_cpu=True)
+    check_block_attention(
+        [5, 64, 100],
+        heads=2,
+        heads_kv=2,
+        head_dim=32,
+        dtype=torch.float16,
+        device=device,
+        offsets_dtype=torch.int64,
+        pass_offsets_cpu=True,
+    )
 
 
 def test_fp32_custom_scale(device: str) -> None:
-    check_block_attention([40, 90], heads=2, heads_kv=1, head_dim=32, dtype=torch.float32, device=device,
-                          scale=0.3)
+    check_block_attention(
+        [40, 90], heads=2, heads_kv=1, head_dim=32, dtype=torch.float32, device=device, scale=0.3
+    )
 
 
 def test_block_size_32(device: str) -> None:
-    check_block_attention([31, 32, 33, 0, 70], heads=1, heads_kv=1, head_dim=32, dtype=torch.bfloat16,
-                          device=device, block_size=32)
+    check_block_attention(
+        [31, 32, 33, 0, 70],
+        heads=1,
+        heads_kv=1,
+        head_dim=32,
+        dtype=torch.bfloat16,
+        device=device,
+        block_size=32,
+    )
 
 
 @pytest.mark.gpu
 def test_benchmark_shape_d128(device: str) -> None:
     """The benchmark's jagged batch (B=1152, max 2048, sparsity 0.7) at D=128 with the exact grid size."""
-    check_block_attention(jagged_lengths(1152, 2048, 0.7, seed=0), heads=4, heads_kv=4, head_dim=128,
-                          dtype=torch.bfloat16, device=device, pass_offsets_cpu=True)
+    check_block_attention(
+        jagged_lengths(1152, 2048, 0.7, seed=0),
+        heads=4,
+        heads_kv=4,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        device=device,
+        pass_offsets_cpu=True,
+    )
+
+
+@pytest.mark.gpu
+def test_no_host_sync(device: str) -> None:
+    """Without offsets_cpu, forward and backward never synchronise with the host (grid sized by a bound)."""
+    q, k, v, offsets = jagged_qkv([0, 100, 64, 3], 4, 2, 64, torch.bfloat16, device, seed=3)
+    block_attention(q, k, v, offsets).sum().backward()  # compile outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = block_attention(q, k, v, offsets)
+        out.backward(torch.ones_like(out))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 from _cases import jagged_qkv
-from ads_kernel_tools.testing import lengths_to_offsets
 from torch.utils.flop_counter import FlopCounterMode
 
 import ads_block_attention._ops as ops
 from ads_block_attention import block_attention, qkv_proj_rotary_block_attention
+from ads_kernel_tools.testing import lengths_to_offsets
 
 LENGTHS = [0, 20, 70]
 
@@ -18,7 +18,9 @@ def test_opcheck_block_ops(device: str) -> None:
     args = (q, k, v, offsets, 5, 64, 0.2)
     torch.library.opcheck(ops.fwd, args)
     out, table = ops.fwd(*args)
-    torch.library.opcheck(ops.bwd, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), table, 64, 0.2))
+    torch.library.opcheck(
+        ops.bwd, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), table, 64, 0.2)
+    )
 
 
 def test_opcheck_rotary_ops(device: str) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-from ads_kernel_tools.testing import assert_rows_written, lengths_to_offsets, poisoned_empty
 
 from ads_block_attention.triton.launch import build_block_table, launch_bwd, launch_fwd, max_blocks_bound
+from ads_kernel_tools.testing import assert_rows_written, lengths_to_offsets, poisoned_empty
 
 
 def _expected_blocks(lengths: list[int], block: int) -> list[tuple[int, int]]:
@@ -47,8 +47,10 @@ def test_poisoned_outputs(device: str) -> None:
     table = build_block_table(offsets, max_blocks_bound(used, len(lengths), 64), 64)
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(total, heads, dim, generator=gen).to(device=device, dtype=torch.bfloat16)
-    k, v = (torch.randn(total, heads_kv, dim, generator=gen).to(device=device, dtype=torch.bfloat16)
-            for _ in range(2))
+    k, v = (
+        torch.randn(total, heads_kv, dim, generator=gen).to(device=device, dtype=torch.bfloat16)
+        for _ in range(2)
+    )
     valid = torch.arange(total) < used
     out = poisoned_empty(q.shape, dtype=q.dtype, device=device)
     launch_fwd(q, k, v, out, table, 0.125, 64)

@@ -1,4 +1,4 @@
-"""ads_block_attention: 64-token block-diagonal attention (jagged, GQA) with a fused projection+rotary path."""
+"""ads_block_attention: 64-token block-diagonal attention (jagged, GQA); fused projection+rotary path."""
 
 from .__about__ import __version__
 from .interface import block_attention, qkv_proj_rotary_block_attention

@@ -29,7 +29,9 @@ def _split_qkv(qkv: Tensor, num_heads: int, num_kv_heads: int) -> tuple[Tensor, 
     total = qkv.shape[0]
     head_dim = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
     q = qkv[:, : num_heads * head_dim].view(total, num_heads, head_dim)
-    k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(total, num_kv_heads, head_dim)
+    k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(
+        total, num_kv_heads, head_dim
+    )
     v = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(total, num_kv_heads, head_dim)
     return q, k, v
 
@@ -85,8 +87,14 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
 # ---------------------------------------------------------------- projection + rotary path
 @torch.library.custom_op("ads_block_attention::rotary_fwd", mutates_args=())
 def rotary_fwd(
-    qkv: Tensor, sinu: Tensor, offsets: Tensor, num_slots: int, num_heads: int, num_kv_heads: int,
-    rotate_v: bool, scale: float,
+    qkv: Tensor,
+    sinu: Tensor,
+    offsets: Tensor,
+    num_slots: int,
+    num_heads: int,
+    num_kv_heads: int,
+    rotate_v: bool,
+    scale: float,
 ) -> tuple[Tensor, Tensor]:
     q, k, v = _split_qkv(qkv, num_heads, num_kv_heads)
     table = build_block_table(offsets, num_slots, _ROTARY_BLOCK)
@@ -104,8 +112,14 @@ def _(qkv, sinu, offsets, num_slots, num_heads, num_kv_heads, rotate_v, scale):
 
 @torch.library.custom_op("ads_block_attention::rotary_bwd", mutates_args=())
 def rotary_bwd(
-    dout: Tensor, qkv: Tensor, sinu: Tensor, table: Tensor, num_heads: int, num_kv_heads: int,
-    rotate_v: bool, scale: float,
+    dout: Tensor,
+    qkv: Tensor,
+    sinu: Tensor,
+    table: Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    rotate_v: bool,
+    scale: float,
 ) -> Tensor:
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     q, k, v = _split_qkv(qkv, num_heads, num_kv_heads)
@@ -150,12 +164,16 @@ def _bwd_flops(dout_shape, q_shape, k_shape, v_shape, table_shape, block_size, s
 
 
 @register_flop_formula(torch.ops.ads_block_attention.rotary_fwd)
-def _rotary_fwd_flops(qkv_shape, sinu_shape, offsets_shape, num_slots, num_heads, num_kv_heads, *a, **kw) -> int:
+def _rotary_fwd_flops(
+    qkv_shape, sinu_shape, offsets_shape, num_slots, num_heads, num_kv_heads, *a, **kw
+) -> int:
     head_dim = qkv_shape[1] // (num_heads + 2 * num_kv_heads)
     return 4 * num_heads * head_dim * _ROTARY_BLOCK * qkv_shape[0]
 
 
 @register_flop_formula(torch.ops.ads_block_attention.rotary_bwd)
-def _rotary_bwd_flops(dout_shape, qkv_shape, sinu_shape, table_shape, num_heads, num_kv_heads, *a, **kw) -> int:
+def _rotary_bwd_flops(
+    dout_shape, qkv_shape, sinu_shape, table_shape, num_heads, num_kv_heads, *a, **kw
+) -> int:
     head_dim = qkv_shape[1] // (num_heads + 2 * num_kv_heads)
     return 10 * num_heads * head_dim * _ROTARY_BLOCK * qkv_shape[0]

@@ -20,7 +20,9 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INT32_MAX = 2**31 - 1
 
 
-def _check_offsets(offsets: Tensor, total: int, device: torch.device, offsets_cpu: Tensor | None) -> Tensor | None:
+def _check_offsets(
+    offsets: Tensor, total: int, device: torch.device, offsets_cpu: Tensor | None
+) -> Tensor | None:
     """Checks offsets' metadata; returns host offsets when available (for value checks and exact sizing)."""
     if not isinstance(offsets, Tensor) or offsets.dim() != 1 or offsets.numel() < 1:
         raise ValueError("offsets must be a 1-D tensor of B+1 prefix sums")
@@ -92,7 +94,9 @@ def block_attention(
         raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
     total, heads, head_dim = q.shape
     if k.shape != v.shape or k.shape[0] != total or k.shape[2] != head_dim:
-        raise ValueError(f"k and v must be (T, H_kv, D) = ({total}, H_kv, {head_dim}); got {k.shape}, {v.shape}")
+        raise ValueError(
+            f"k and v must be (T, H_kv, D) = ({total}, H_kv, {head_dim}); got {k.shape}, {v.shape}"
+        )
     heads_kv = k.shape[1]
     if heads_kv == 0 or heads % heads_kv != 0:
         raise ValueError(f"H={heads} must be a multiple of H_kv={heads_kv}")
@@ -139,7 +143,9 @@ def qkv_proj_rotary_block_attention(
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
         raise ValueError(f"x (T, hidden) and w (hidden, N) do not match: {tuple(x.shape)}, {tuple(w.shape)}")
     if x.dtype not in _DTYPES or w.dtype != x.dtype or sinu_pos.dtype != x.dtype:
-        raise ValueError(f"x, w, sinu_pos need one dtype among {_DTYPES}: {x.dtype}, {w.dtype}, {sinu_pos.dtype}")
+        raise ValueError(
+            f"x, w, sinu_pos need one dtype among {_DTYPES}: {x.dtype}, {w.dtype}, {sinu_pos.dtype}"
+        )
     if w.device != x.device or sinu_pos.device != x.device:
         raise ValueError("x, w and sinu_pos must be on one device")
     if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads != 0:

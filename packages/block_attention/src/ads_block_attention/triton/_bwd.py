@@ -14,12 +14,39 @@ from ._rotary import load_sin_cos, rotate
 
 @triton.jit
 def block_attn_bwd_kernel(
-    Q, K, V, DO, DQ, DK, DV, SINU, TABLE,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dqt, stride_dqh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_st,
-    sm_scale, qk_scale,  # scale and scale * log2(e)
-    H_KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    ROT_QK: tl.constexpr, ROT_V: tl.constexpr, PRECISION: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    DQ,
+    DK,
+    DV,
+    SINU,
+    TABLE,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_dqt,
+    stride_dqh,
+    stride_dkt,
+    stride_dkh,
+    stride_dvt,
+    stride_dvh,
+    stride_st,
+    sm_scale,
+    qk_scale,  # scale and scale * log2(e)
+    H_KV: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROT_QK: tl.constexpr,
+    ROT_V: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     hk = pid % H_KV
@@ -45,9 +72,12 @@ def block_attn_bwd_kernel(
         dv = tl.zeros((BLOCK, D), dtype=tl.float32)
         for g in tl.static_range(G):
             h = hk * G + g
-            q = tl.load(Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=mask_2d, other=0.0)
-            do = tl.load(DO + rows[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=mask_2d,
-                         other=0.0)
+            q = tl.load(
+                Q + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=mask_2d, other=0.0
+            )
+            do = tl.load(
+                DO + rows[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=mask_2d, other=0.0
+            )
             if ROT_QK:
                 q = rotate(q.to(tl.float32), s_tab, c_tab, BLOCK, D, False).to(dtype)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
@@ -64,13 +94,22 @@ def block_attn_bwd_kernel(
             dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
             if ROT_QK:
                 dq = rotate(dq, s_tab, c_tab, BLOCK, D, True)
-            tl.store(DQ + rows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :], dq.to(DQ.dtype.element_ty),
-                     mask=mask_2d)
+            tl.store(
+                DQ + rows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :],
+                dq.to(DQ.dtype.element_ty),
+                mask=mask_2d,
+            )
         if ROT_QK:
             dk = rotate(dk, s_tab, c_tab, BLOCK, D, True)
         if ROT_V:
             dv = rotate(dv, s_tab, c_tab, BLOCK, D, True)
-        tl.store(DK + rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :], dk.to(DK.dtype.element_ty),
-                 mask=mask_2d)
-        tl.store(DV + rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :], dv.to(DV.dtype.element_ty),
-                 mask=mask_2d)
+        tl.store(
+            DK + rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :],
+            dk.to(DK.dtype.element_ty),
+            mask=mask_2d,
+        )
+        tl.store(
+            DV + rows[:, None] * stride_dvt + hk * stride_dvh + offs_d[None, :],
+            dv.to(DV.dtype.element_ty),
+            mask=mask_2d,
+        )

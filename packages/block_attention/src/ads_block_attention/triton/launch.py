@@ -39,7 +39,9 @@ def build_block_table(offsets: torch.Tensor, num_slots: int, block_size: int) ->
         block_cum_kernel[(1,)](offsets, cum, batch, BLOCK=block_size, CHUNK=_CUM_CHUNK, NUM_CHUNKS=num_chunks)
     steps = max(batch, 1).bit_length()
     grid = (triton.cdiv(num_slots, _TABLE_SLOTS),)
-    block_table_kernel[grid](offsets, cum, table, batch, num_slots, BLOCK=block_size, SLOTS=_TABLE_SLOTS, SEARCH_STEPS=steps)
+    block_table_kernel[grid](
+        offsets, cum, table, batch, num_slots, BLOCK=block_size, SLOTS=_TABLE_SLOTS, SEARCH_STEPS=steps
+    )
     return table
 
 
@@ -60,7 +62,7 @@ def launch_fwd(
     rot_qk: bool = False,
     rot_v: bool = False,
 ) -> None:
-    """out[rows, h] = softmax(q kᵀ·scale) v per block. q/out (T, H, D), k/v (T, H_kv, D); last dims unit-stride."""
+    """out = softmax(q kᵀ·scale) v per block. q/out (T, H, D), k/v (T, H_kv, D); last dims unit-stride."""
     heads, head_dim = q.shape[1], q.shape[2]
     heads_kv = k.shape[1]
     grid = (table.shape[0] * heads_kv,)
@@ -69,13 +71,31 @@ def launch_fwd(
     sinu_t, stride_st = _sinu_args(sinu, q)
     cfg = fwd_config(head_dim, block_size)
     block_attn_fwd_kernel[grid](
-        q, k, v, out, sinu_t, table,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), stride_st,
+        q,
+        k,
+        v,
+        out,
+        sinu_t,
+        table,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        stride_st,
         scale * _LOG2E,
-        H_KV=heads_kv, G=heads // heads_kv, D=head_dim, BLOCK=block_size,
-        ROT_QK=rot_qk, ROT_V=rot_v, PRECISION=_precision(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        H_KV=heads_kv,
+        G=heads // heads_kv,
+        D=head_dim,
+        BLOCK=block_size,
+        ROT_QK=rot_qk,
+        ROT_V=rot_v,
+        PRECISION=_precision(q.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
 
 
@@ -103,14 +123,41 @@ def launch_bwd(
     sinu_t, stride_st = _sinu_args(sinu, q)
     cfg = bwd_config(head_dim, block_size)
     block_attn_bwd_kernel[grid](
-        q, k, v, dout, dq, dk, dv, sinu_t, table,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        dout.stride(0), dout.stride(1),
-        dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), stride_st,
-        scale, scale * _LOG2E,
-        H_KV=heads_kv, G=heads // heads_kv, D=head_dim, BLOCK=block_size,
-        ROT_QK=rot_qk, ROT_V=rot_v, PRECISION=_precision(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q,
+        k,
+        v,
+        dout,
+        dq,
+        dk,
+        dv,
+        sinu_t,
+        table,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        dout.stride(0),
+        dout.stride(1),
+        dq.stride(0),
+        dq.stride(1),
+        dk.stride(0),
+        dk.stride(1),
+        dv.stride(0),
+        dv.stride(1),
+        stride_st,
+        scale,
+        scale * _LOG2E,
+        H_KV=heads_kv,
+        G=heads // heads_kv,
+        D=head_dim,
+        BLOCK=block_size,
+        ROT_QK=rot_qk,
+        ROT_V=rot_v,
+        PRECISION=_precision(q.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
 
 
