@@ -166,7 +166,7 @@ def gdpa_varlen(
     if host_k is not None:
         if host_k[-1] > k.shape[0]:
             raise _err(f"cu_seqlens_k ends at {host_k[-1]} but k has {k.shape[0]} rows")
-        longest = max((b - a for a, b in zip(host_k, host_k[1:])), default=0)
+        longest = max([0] + [b - a for a, b in zip(host_k, host_k[1:])])
         if longest > max_seqlen_k:
             raise _err(f"a key sequence has {longest} rows > max_seqlen_k={max_seqlen_k}")
     per_head = None

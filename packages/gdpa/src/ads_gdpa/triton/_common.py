@@ -16,7 +16,7 @@ def seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q: tl.constexpr):
     if BROADCAST_Q:
         q_start = tl.load(CU_Q).to(tl.int64)
         Lq = (tl.load(CU_Q + 1) - tl.load(CU_Q)).to(tl.int32)
-        o_start = b.to(tl.int64) * Lq
+        o_start = Lq.to(tl.int64) * b
     else:
         q_start = tl.load(CU_Q + b).to(tl.int64)
         Lq = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)

@@ -1,0 +1,73 @@
+"""Bad inputs raise ValueError with a message naming the problem."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ads_gdpa import gdpa, gdpa_varlen
+
+
+def _inputs(dtype=torch.bfloat16, d=32, dv=None, heads=2, kv_heads=1):
+    q = torch.zeros(10, heads, d, dtype=dtype)
+    k = torch.zeros(12, kv_heads, d, dtype=dtype)
+    v = torch.zeros(12, kv_heads, dv or d, dtype=dtype)
+    cu_q = torch.tensor([0, 4, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 6, 12], dtype=torch.int32)
+    return q, k, v, cu_q, cu_k
+
+
+def _call(q, k, v, cu_q, cu_k, max_q=6, max_k=6, **kw):
+    return gdpa_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+
+
+CASES = {
+    "fp32": (lambda: _inputs(torch.float32), {}, "dtype"),
+    "mixed_dtype": (lambda: (lambda t: (t[0], t[1].half(), t[2].half(), *t[3:]))(_inputs()), {}, "share a dtype"),
+    "rank": (lambda: (lambda t: (t[0][None], *t[1:]))(_inputs()), {}, "dims"),
+    "noncontig_last": (lambda: (lambda t: (t[0].transpose(1, 2).contiguous().transpose(1, 2), *t[1:]))(
+        _inputs(heads=32)), {}, "contiguous"),
+    "heads": (lambda: _inputs(heads=3, kv_heads=2), {}, "multiple"),
+    "head_dim": (lambda: _inputs(d=80), {}, "head dims"),
+    "qk_dim": (lambda: (lambda t: (t[0], t[1][..., :16].contiguous(), *t[2:]))(_inputs()), {}, "head dims differ"),
+    "offsets_float": (lambda: (lambda t: (*t[:3], t[3].float(), t[4]))(_inputs()), {}, "int32 or int64"),
+    "offsets_decreasing": (lambda: (lambda t: (*t[:3], torch.tensor([0, 6, 4], dtype=torch.int32), t[4]))(
+        _inputs()), {}, "non-decreasing"),
+    "offsets_len": (lambda: (lambda t: (*t[:3], torch.tensor([0, 10], dtype=torch.int32), t[4]))(_inputs()), {},
+                    "entries"),
+    "activation": (lambda: _inputs(), {"activation": "softmax"}, "unknown GDPA activation"),
+    "activation_id": (lambda: _inputs(), {"activation": 12}, "unknown GDPA activation"),
+    "per_head_too_long": (lambda: _inputs(), {"activation_per_head": ["relu"] * 3}, "activation_per_head"),
+    "window_and_causal": (lambda: _inputs(), {"window_size": 3, "causal": True}, "cannot be combined"),
+    "negative_window": (lambda: _inputs(), {"window_size": -1}, ">= 0"),
+    "max_k_too_small": (lambda: _inputs(), {"max_k": 3}, "max_seqlen_k"),
+    "broadcast_offsets": (lambda: _inputs(), {"broadcast_q": True}, "broadcast_q"),
+    "fp8_no_descale": (lambda: _inputs(torch.float8_e4m3fn), {}, "descale"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_raises(name):
+    make, kw, msg = CASES[name]
+    args = make()
+    with pytest.raises(ValueError, match=msg):
+        _call(*args, **kw)
+
+
+def test_cpu_copy_checked_without_device_read():
+    q, k, v, cu_q, cu_k = _inputs()
+    with pytest.raises(ValueError, match="non-decreasing"):
+        _call(q, k, v, cu_q, cu_k, cu_seqlens_q_cpu=[0, 7, 5])
+
+
+def test_dense_batch_mismatch():
+    q = torch.zeros(2, 4, 1, 32, dtype=torch.bfloat16)
+    k = torch.zeros(3, 4, 1, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="batch"):
+        gdpa(q, k, k)
+
+
+def test_backend_env(monkeypatch):
+    monkeypatch.setenv("ADS_GDPA_BACKEND", "cute")
+    with pytest.raises(ValueError, match="ADS_GDPA_BACKEND"):
+        _call(*_inputs())

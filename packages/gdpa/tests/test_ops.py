@@ -1,0 +1,112 @@
+"""torch.library integration: opcheck, torch.compile(fullgraph=True), FLOP formula, poisoned outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ads_kernel_tools.testing import assert_rows_written, lengths_to_offsets, randn
+from torch.utils.flop_counter import FlopCounterMode
+
+import ads_gdpa  # noqa: F401  (registers the ops)
+from ads_gdpa import gdpa_varlen
+from ads_gdpa.triton import launch
+
+LQ, LK = [5, 0, 17], [9, 4, 17]
+
+
+def _inputs(device, dtype=torch.bfloat16, requires_grad=False):
+    q = randn((sum(LQ), 2, 32), dtype=dtype, device=device, seed=0, scale=0.5).requires_grad_(requires_grad)
+    k = randn((sum(LK), 1, 32), dtype=dtype, device=device, seed=1, scale=0.5).requires_grad_(requires_grad)
+    v = randn((sum(LK), 1, 32), dtype=dtype, device=device, seed=2).requires_grad_(requires_grad)
+    return q, k, v, lengths_to_offsets(LQ, device=device), lengths_to_offsets(LK, device=device)
+
+
+def _fwd_args(q, k, v, cu_q, cu_k, host=None, mask_mode=0):
+    return (q, k, v, cu_q, cu_k, max(LQ), max(LK), 3, None, 1.0, mask_mode, 1 << 30, 1 << 30, False,
+            None, None, None, host, host and list(lengths_to_offsets(LK).tolist()), False)  # fmt: skip
+
+
+@pytest.mark.parametrize("host", [False, True], ids=["nohost", "host"])
+def test_opcheck_fwd(host, device):
+    q, k, v, cu_q, cu_k = _inputs(device, requires_grad=True)
+    hq = lengths_to_offsets(LQ).tolist() if host else None
+    torch.library.opcheck(torch.ops.ads_gdpa.fwd.default, _fwd_args(q, k, v, cu_q, cu_k, hq))
+
+
+def test_opcheck_bwd(device):
+    q, k, v, cu_q, cu_k = _inputs(device)
+    do = randn(q.shape, dtype=q.dtype, device=device, seed=5)
+    args = (do, q, k, v, cu_q, cu_k, max(LQ), max(LK), 7, None, 0.5, 2, 3, 0, False, True, None, None)
+    torch.library.opcheck(torch.ops.ads_gdpa.bwd.default, args)
+
+
+def test_compile_fullgraph_fwd_bwd(device):
+    q, k, v, cu_q, cu_k = _inputs(device, requires_grad=True)
+    hq, hk = lengths_to_offsets(LQ).tolist(), lengths_to_offsets(LK).tolist()
+
+    def f(q, k, v):
+        o = gdpa_varlen(q, k, v, cu_q, cu_k, max(LQ), max(LK), activation="silu", scale=0.5,
+                        cu_seqlens_q_cpu=hq, cu_seqlens_k_cpu=hk)  # fmt: skip
+        return (o.float() * 2).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    loss = compiled(q, k, v)
+    grads = torch.autograd.grad(loss, (q, k, v))
+    loss_e = f(q, k, v)
+    grads_e = torch.autograd.grad(loss_e, (q, k, v))
+    torch.testing.assert_close(loss, loss_e)
+    for a, b in zip(grads, grads_e):
+        torch.testing.assert_close(a, b)
+
+
+def test_flop_formula_per_sequence(device):
+    q, k, v, cu_q, cu_k = _inputs(device, requires_grad=True)
+    hq, hk = lengths_to_offsets(LQ).tolist(), lengths_to_offsets(LK).tolist()
+    with FlopCounterMode(display=False) as fc:
+        o = gdpa_varlen(q, k, v, cu_q, cu_k, max(LQ), max(LK), cu_seqlens_q_cpu=hq, cu_seqlens_k_cpu=hk)
+        o.sum().backward()
+    pairs = sum(a * b for a, b in zip(LQ, LK))
+    fwd = 4 * 2 * 32 * pairs
+    assert fc.get_total_flops() == fwd + int(2.5 * fwd)
+
+
+def test_flop_formula_bound_without_host(device):
+    q, k, v, cu_q, cu_k = _inputs(device)
+    with FlopCounterMode(display=False) as fc:
+        gdpa_varlen(q, k, v, cu_q, cu_k, max(LQ), max(LK))
+    # CPU offsets are host data already (exact count); on CUDA without copies: the max-length bound
+    pairs = sum(a * b for a, b in zip(LQ, LK)) if device == "cpu" else len(LQ) * max(LQ) * max(LK)
+    assert fc.get_total_flops() == 4 * 2 * 32 * pairs
+
+
+@pytest.mark.parametrize("max_q", [17, 3], ids=["full", "clamped"])
+def test_poisoned_output_rows(max_q, device):
+    """Every row of every sequence is written (zeros past max_q); rows owned by no sequence are not."""
+    q, k, v, cu_q, cu_k = _inputs(device)
+    extra = 4  # trailing rows past cu_seqlens_q[-1]: no sequence owns them, they must stay NaN
+    out = torch.full((q.shape[0] + extra, 2, 32), float("nan"), dtype=q.dtype, device=device)
+    pb = launch.Problem(max_q=max_q, max_k=max(LK), act=1, scale=1.0, has_window=False, bottom_right=False,
+                        win_left=1 << 30, win_right=1 << 30, broadcast_q=False)  # fmt: skip
+    launch.fwd(q, k, v, cu_q, cu_k, pb, out)
+    valid = torch.arange(out.shape[0], device=device) < q.shape[0]
+    assert_rows_written(out, valid)
+    starts = cu_q.tolist()
+    for b, lq in enumerate(LQ):
+        rows = out[starts[b] + min(lq, max_q) : starts[b] + lq]
+        assert torch.all(rows == 0), "rows past max_seqlen_q must be zero"
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_poisoned_grads(deterministic, device):
+    """Backward outputs come from torch.empty; NaN-filled allocations prove every element is written."""
+    q, k, v, cu_q, cu_k = _inputs(device, requires_grad=True)
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        o = gdpa_varlen(q, k, v, cu_q, cu_k, 3, max(LK), activation="gelu", deterministic=deterministic)
+        dq, dk, dv = torch.autograd.grad(o.float().sum(), (q, k, v))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for t in (o, dq, dk, dv):
+        assert torch.isfinite(t).all()
