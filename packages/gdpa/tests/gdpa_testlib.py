@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from ads_gdpa import gdpa_varlen
 from ads_kernel_tools.reference.gdpa import gdpa_ref
 from ads_kernel_tools.testing import lengths_to_offsets, randn
 from ads_kernel_tools.tolerance import assert_close_vs_baseline
-
-from ads_gdpa import gdpa_varlen
 
 
 @dataclass(frozen=True)

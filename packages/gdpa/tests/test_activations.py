@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from ads_kernel_tools.reference.gdpa import ACTIVATIONS, activation_grad_ref, activation_ref
 
 from ads_gdpa.activations import Activation, act_grad_torch, act_torch, activation_id, activation_name
+from ads_kernel_tools.reference.gdpa import ACTIVATIONS, activation_grad_ref, activation_ref
 
 
 @pytest.mark.parametrize("name", ACTIVATIONS)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ads_kernel_tools.reference.gdpa import ACTIVATIONS
-from ads_kernel_tools.testing import edge_lengths
 from gdpa_testlib import Case, make_inputs, run_case
 
 from ads_gdpa import Activation, gdpa, gdpa_varlen, generalized_dot_product_attention
+from ads_kernel_tools.reference.gdpa import ACTIVATIONS
+from ads_kernel_tools.testing import edge_lengths
 
 TILE = 32  # the pinned interpreter tile (BLOCK_M = BLOCK_N = 32 forward, 16 x 32 backward)
 EDGES = tuple(edge_lengths(TILE, 2 * TILE + 5))  # 0, 1, 31, 32, 33, 69

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ads_kernel_tools.testing import assert_rows_written, lengths_to_offsets, randn
 from torch.utils.flop_counter import FlopCounterMode
 
 import ads_gdpa  # noqa: F401  (registers the ops)
 from ads_gdpa import gdpa_varlen
 from ads_gdpa.triton import launch
+from ads_kernel_tools.testing import assert_rows_written, lengths_to_offsets, randn
 
 LQ, LK = [5, 0, 17], [9, 4, 17]
 

@@ -44,12 +44,12 @@ def _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts) -> bool
     try:
         from . import gluon  # optional, owned by the Gluon kernel work
         from .gluon import fwd_sm90
-    except Exception:  # noqa: BLE001 - any import problem means "not available"
+    except Exception:
         return False
     try:
         if not gluon.supports(q, k, v, **opts):
             return False
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
     fwd_sm90.gdpa_fwd_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out)
     return True
@@ -70,9 +70,8 @@ def gdpa_fwd_op(
     fp8 = q_descale is not None
     out_dtype = torch.bfloat16 if fp8 else q.dtype
     out = torch.empty((_out_rows(q, cu_k, broadcast_q), q.shape[1], v.shape[2]), dtype=out_dtype, device=q.device)
-    opts = dict(activation=act, scale=scale, mask_mode=mask_mode, broadcast_q=broadcast_q,
-                act_per_head=act_per_head, fp8=fp8, max_seqlen_q=max_q, max_seqlen_k=max_k)  # fmt: skip
-    if _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts):
+    opts = dict(activation_id=act, window=mask_mode != 0, broadcast_q=broadcast_q, fp8=fp8)
+    if act_per_head is None and _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts):
         return out
     pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, host_q, host_k)
     tbl = _act_table(tuple(act_per_head), str(q.device)) if act_per_head is not None else None

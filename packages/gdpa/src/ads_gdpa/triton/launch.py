@@ -33,7 +33,7 @@ class Problem:
     host_k: tuple[int, ...] | None = None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tuned(kind: str, space: tuple[cfg.TileConfig, ...]):
     kernel = {"fwd": gdpa_fwd_kernel, "dkdv": gdpa_bwd_dkdv_kernel, "dq": gdpa_bwd_dq_kernel}[kind]
     key = ["TUNE_KEY", "H" if kind != "dkdv" else "H_KV", "G", "D_QK", "D_V", "ACT"]

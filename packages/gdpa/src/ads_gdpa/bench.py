@@ -1,0 +1,197 @@
+"""Benchmark: ``python -m ads_gdpa.bench [--quick] [--json PATH] [--plot PATH] [--variants]``.
+
+Upstream shapes (B=1152, H=4, D=128, bf16, fast_gelu, scale 1): self attention at max length
+256..2048 and sparsity 1.0 / 0.5; short-KV cross attention (dense KV of 256 keys, Q up to 2048);
+dense (4, 16, 4096, 128). FLOPs = 4·H·D·Σ Lq·Lk forward, x2.5 backward (spec §4) for every provider,
+so padded peers are credited with useful work only.
+
+Providers: ours; naive PyTorch GDPA (padded, eager and torch.compile; skipped where the S×S scores
+would not fit); FA4 CuTe varlen and cuDNN SDPA (softmax attention: speed references only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+TARGETS = {"fwd": 600.0, "bwd": 420.0}
+_NAIVE_MAX_SCORE_ELEMS = 6e9  # B·H·Sq·Sk above which the naive S×S buffers (x ~8 bf16 copies) would OOM
+
+
+def _lengths(batch: int, max_len: int, sparsity: float, seed: int) -> list[int]:
+    from ads_kernel_tools.testing import jagged_lengths
+
+    return jagged_lengths(batch, max_len, sparsity, seed=seed)
+
+
+def _naive(q, k, v, mask, scale=1.0):
+    """Padded dense GDPA the way a user writes it: (B, H, S, D) in, S×S scores materialised."""
+    s = q @ k.transpose(-1, -2)
+    p = torch.nn.functional.gelu(s, approximate="tanh") * scale
+    if mask is not None:
+        p = p * mask
+    return p @ v
+
+
+def _pad(x: torch.Tensor, lens: list[int], s: int) -> torch.Tensor:
+    """(T, H, D) jagged -> (B, H, S, D) zero-padded."""
+    out = x.new_zeros(len(lens), s, x.shape[1], x.shape[2])
+    mask = torch.arange(s, device=x.device)[None, :] < torch.tensor(lens, device=x.device)[:, None]
+    out[mask] = x
+    return out.transpose(1, 2).contiguous()
+
+
+class Bench:
+    def __init__(self, args) -> None:
+        from ads_kernel_tools.bench import Report
+
+        self.args = args
+        self.report = Report("ads_gdpa: GDPA fast_gelu bf16 (TFLOP/s, 4·H·D·ΣLqLk; bwd x2.5)")
+        self._compiled = None
+
+    def _time(self, fn) -> float:
+        from ads_kernel_tools.bench import time_fn
+
+        warm, rep = (10, 50) if self.args.quick else (25, 200)
+        return time_fn(fn, warmup_ms=warm, rep_ms=rep)["ms"]
+
+    def _add(self, op, provider, mode, shape, ms, flop, note=""):
+        from ads_kernel_tools.bench import Row
+
+        tf = flop / (ms * 1e-3) / 1e12 if ms else None
+        self.report.add(Row(op, provider, mode, shape, ms, tf, note=note))
+
+    def _fwd_bwd(self, op, provider, shape, fwd, flop, make_grad=True):
+        """Time fwd, then bwd alone (autograd.grad with a retained graph)."""
+        from ads_kernel_tools.bench import peers
+
+        with peers.skip_on_error(provider):
+            self._add(op, provider, "fwd", shape, self._time(lambda: fwd()), flop)
+            if make_grad:
+                out, leaves = fwd(grad=True)
+                do = torch.randn_like(out)
+                ms = self._time(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
+                self._add(op, provider, "bwd", shape, ms, 2.5 * flop)
+                del out
+        torch.cuda.empty_cache()
+
+    def case(self, op: str, lq: list[int], lk: list[int], heads: int, d: int) -> None:
+        from ads_kernel_tools.bench import peers
+        from ads_kernel_tools.testing import lengths_to_offsets
+
+        from . import gdpa_varlen
+
+        dev, dt = "cuda", torch.bfloat16
+        b = len(lq)
+        mq, mk = max(lq), max(lk)
+        shape = f"B={b} H={heads} D={d} maxq={mq} maxk={mk} Σq={sum(lq)}"
+        flop = 4.0 * heads * d * sum(a * c for a, c in zip(lq, lk))
+        q = torch.randn(sum(lq), heads, d, device=dev, dtype=dt) * 0.3
+        k = torch.randn(sum(lk), heads, d, device=dev, dtype=dt) * 0.3
+        v = torch.randn(sum(lk), heads, d, device=dev, dtype=dt)
+        cu_q, cu_k = lengths_to_offsets(lq, device=dev), lengths_to_offsets(lk, device=dev)
+        hq, hk = cu_q.tolist(), cu_k.tolist()
+
+        def ours(grad=False, **kw):
+            leaves = [t.detach().requires_grad_(grad) for t in (q, k, v)]
+            out = gdpa_varlen(*leaves, cu_q, cu_k, mq, mk, activation="fast_gelu",
+                              cu_seqlens_q_cpu=hq, cu_seqlens_k_cpu=hk, **kw)  # fmt: skip
+            return (out, leaves) if grad else out
+
+        self._fwd_bwd(op, "ours", shape, ours, flop)
+        if self.args.variants:
+            self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
+
+        # padded dense peers
+        dense_ok = b * heads * mq * mk <= _NAIVE_MAX_SCORE_ELEMS
+        if self.args.quick and op != "dense":
+            dense_ok = False
+        if dense_ok:
+            qp, kp, vp = _pad(q, lq, mq), _pad(k, lk, mk), _pad(v, lk, mk)
+            mask = None
+            if min(lk) < mk or min(lq) < mq:
+                lq_t, lk_t = torch.tensor(lq, device=dev), torch.tensor(lk, device=dev)
+                rows = torch.arange(mq, device=dev)[None, :] < lq_t[:, None]
+                cols = torch.arange(mk, device=dev)[None, :] < lk_t[:, None]
+                mask = (rows[:, None, :, None] & cols[:, None, None, :]).to(dt)
+
+            def naive(fn):
+                def run(grad=False):
+                    leaves = [t.detach().requires_grad_(grad) for t in (qp, kp, vp)]
+                    out = fn(*leaves, mask)
+                    return (out, leaves) if grad else out
+
+                return run
+
+            self._fwd_bwd(op, "torch-eager", shape, naive(_naive), flop)
+            if self._compiled is None:
+                self._compiled = peers.compiled(_naive)
+            self._fwd_bwd(op, "torch-compile", shape, naive(self._compiled), flop)
+        else:
+            peers.note(f"torch-naive {op} {shape}", "skipped: the padded S×S scores would not fit (or --quick)")
+        self._softmax_peers(op, shape, q, k, v, lq, lk, cu_q, cu_k, flop)
+        torch.cuda.empty_cache()
+
+    def _softmax_peers(self, op, shape, q, k, v, lq, lk, cu_q, cu_k, flop) -> None:
+        from ads_kernel_tools.bench import peers
+
+        mq, mk = max(lq), max(lk)
+        fa = peers.fa4_varlen()
+        if fa is not None:
+
+            def fa_run(grad=False):
+                leaves = [t.detach().requires_grad_(grad) for t in (q, k, v)]
+                out = fa(*leaves, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk)
+                out = out[0] if isinstance(out, tuple) else out
+                return (out, leaves) if grad else out
+
+            self._fwd_bwd(op, "fa4-varlen(softmax)", shape, fa_run, flop)
+        cudnn = peers.sdpa("cudnn")
+        if cudnn is not None and len(lq) * max(mq, mk) * q.shape[1] * q.shape[2] * 2 * 4 < 40e9:
+            qp, kp, vp = _pad(q, lq, mq), _pad(k, lk, mk), _pad(v, lk, mk)
+
+            def cudnn_run(grad=False):
+                leaves = [t.detach().requires_grad_(grad) for t in (qp, kp, vp)]
+                out = cudnn(*leaves)
+                return (out, leaves) if grad else out
+
+            self._fwd_bwd(op, "cudnn-sdpa(softmax,padded)", shape, cudnn_run, flop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ads_gdpa.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a subset that runs in under 2 minutes on an H200")
+    ap.add_argument("--json", help="write the report as JSON here")
+    ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    ap.add_argument("--variants", action="store_true", help="also time ours[det] (deterministic backward)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("ads_gdpa.bench needs a CUDA GPU (sm80+); none found, nothing to do.")
+        return 0
+    from ads_kernel_tools.bench import peers
+
+    bench = Bench(args)
+    batch, heads, d = 1152, 4, 128
+    self_lens = [(2048, 1.0), (2048, 0.5), (1024, 1.0)] if args.quick else [
+        (n, s) for n in (256, 512, 1024, 2048) for s in (1.0, 0.5)]  # fmt: skip
+    for n, s in self_lens:
+        lens = _lengths(batch, n, s, seed=n)
+        bench.case(f"self n={n} s={s}", lens, lens, heads, d)
+    for n in (2048,) if args.quick else (256, 512, 1024, 2048):
+        bench.case(f"shortkv q={n}", _lengths(batch, n, 1.0, seed=n), [256] * batch, heads, d)
+    bench.case("dense", [4096] * 4, [4096] * 4, 16, d)
+    bench.report.print_table()
+    for name, why in peers.notes().items():
+        print(f"  note: {name}: {why}")
+    print(f"targets (H200, max len 2048, s=1.0): fwd >= {TARGETS['fwd']:.0f}, bwd >= {TARGETS['bwd']:.0f} TFLOP/s")
+    if args.json:
+        bench.report.write_json(args.json)
+    if args.plot:
+        bench.report.plot_png(args.plot, x_key="shape")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
