@@ -26,9 +26,10 @@ def _act_table(acts: tuple[int, ...], device: str) -> Tensor:
 
 def _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, host_q, host_k):
     return launch.Problem(
-        max_q=max_q, max_k=max_k, act=act, scale=scale, has_window=mask_mode != 0, bottom_right=mask_mode == 2,
-        win_left=win_left, win_right=win_right, broadcast_q=broadcast_q,
-        host_q=tuple(host_q) if host_q is not None else None, host_k=tuple(host_k) if host_k is not None else None,
+        max_q=max_q, max_k=max_k, act=act, scale=scale, has_window=mask_mode != 0,
+        bottom_right=mask_mode == 2, win_left=win_left, win_right=win_right, broadcast_q=broadcast_q,
+        host_q=tuple(host_q) if host_q is not None else None,
+        host_k=tuple(host_k) if host_k is not None else None,
     )  # fmt: skip
 
 
@@ -69,7 +70,8 @@ def gdpa_fwd_op(
     """
     fp8 = q_descale is not None
     out_dtype = torch.bfloat16 if fp8 else q.dtype
-    out = torch.empty((_out_rows(q, cu_k, broadcast_q), q.shape[1], v.shape[2]), dtype=out_dtype, device=q.device)
+    rows = _out_rows(q, cu_k, broadcast_q)
+    out = torch.empty((rows, q.shape[1], v.shape[2]), dtype=out_dtype, device=q.device)
     opts = dict(activation_id=act, window=mask_mode != 0, broadcast_q=broadcast_q, fp8=fp8)
     if act_per_head is None and _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts):
         return out
@@ -144,7 +146,8 @@ def _pair_count(host_q, host_k, max_q, max_k, n_b, broadcast_q, mask_mode, win_l
 
 def _fwd_flops(q, k, v, cu_q, cu_k, max_q, max_k, act, act_per_head, scale, mask_mode, win_left, win_right,
                broadcast_q, *rest, host_q=None, host_k=None) -> int:  # fmt: skip
-    pairs = _pair_count(host_q, host_k, max_q, max_k, cu_k.shape[0] - 1, broadcast_q, mask_mode, win_left, win_right)
+    n_b = cu_k.shape[0] - 1
+    pairs = _pair_count(host_q, host_k, max_q, max_k, n_b, broadcast_q, mask_mode, win_left, win_right)
     return 2 * q.shape[1] * (q.shape[2] + v.shape[2]) * pairs
 
 

@@ -130,7 +130,8 @@ class Bench:
                 self._compiled = peers.compiled(_naive)
             self._fwd_bwd(op, "torch-compile", shape, naive(self._compiled), flop)
         else:
-            peers.note(f"torch-naive {op} {shape}", "skipped: the padded S×S scores would not fit (or --quick)")
+            why = "skipped: the padded S×S scores would not fit (or --quick)"
+            peers.note(f"torch-naive {op} {shape}", why)
         self._softmax_peers(op, shape, q, k, v, lq, lk, cu_q, cu_k, flop)
         torch.cuda.empty_cache()
 
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.report.print_table()
     for name, why in peers.notes().items():
         print(f"  note: {name}: {why}")
-    print(f"targets (H200, max len 2048, s=1.0): fwd >= {TARGETS['fwd']:.0f}, bwd >= {TARGETS['bwd']:.0f} TFLOP/s")
+    fwd_t, bwd_t = TARGETS["fwd"], TARGETS["bwd"]
+    print(f"targets (H200, max len 2048, s=1.0): fwd >= {fwd_t:.0f}, bwd >= {bwd_t:.0f} TFLOP/s")
     if args.json:
         bench.report.write_json(args.json)
     if args.plot:

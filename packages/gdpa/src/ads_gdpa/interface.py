@@ -218,7 +218,8 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.T
     sk = k.shape[1]
     out = gdpa_varlen(
         q.reshape(b * sq, h, q.shape[-1]), k.reshape(b * sk, k.shape[2], k.shape[3]),
-        v.reshape(b * sk, v.shape[2], v.shape[3]), _dense_offsets(b, sq, q.device), _dense_offsets(b, sk, q.device),
+        v.reshape(b * sk, v.shape[2], v.shape[3]),
+        _dense_offsets(b, sq, q.device), _dense_offsets(b, sk, q.device),
         sq, sk, cu_seqlens_q_cpu=list(range(0, (b + 1) * sq, sq)) if sq else [0] * (b + 1),
         cu_seqlens_k_cpu=list(range(0, (b + 1) * sk, sk)) if sk else [0] * (b + 1), **kwargs,
     )  # fmt: skip

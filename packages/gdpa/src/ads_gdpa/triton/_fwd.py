@@ -28,7 +28,7 @@ def _tile_coords(TILE_MAP, t, n_tiles, n_m_tiles, H, HAS_TILE_MAP: tl.constexpr)
 
 @triton.jit
 def gdpa_fwd_kernel(
-    Q, K, V, O, CU_Q, CU_K, ACT_TBL, Q_DESCALE, K_DESCALE, V_DESCALE, TILE_MAP,
+    Q, K, V, O, CU_Q, CU_K, ACT_TBL, Q_DESCALE, K_DESCALE, V_DESCALE, TILE_MAP,  # noqa: E741
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_vd, stride_ot, stride_oh,
     max_q, B, H, G, n_map_tiles, scale, win_left, win_right, TUNE_KEY,
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -69,7 +69,9 @@ def gdpa_fwd_kernel(
             k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh
             v_base = V + k_start * stride_vt + hk.to(tl.int64) * stride_vh
             if USE_TMA:
-                q_desc = tl.make_tensor_descriptor(q_base, [Lq_eff, D_QK], [stride_qt, 1], [BLOCK_M, BLOCK_DQK])
+                q_desc = tl.make_tensor_descriptor(
+                    q_base, [Lq_eff, D_QK], [stride_qt, 1], [BLOCK_M, BLOCK_DQK]
+                )
                 k_desc = tl.make_tensor_descriptor(k_base, [Lk, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_DQK])
                 v_desc = tl.make_tensor_descriptor(v_base, [Lk, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV])
                 q = q_desc.load([m0, 0])
@@ -89,7 +91,8 @@ def gdpa_fwd_kernel(
                     v = v_desc.load([n0, 0])
                 else:
                     k_mask = (offs_n[:, None] < Lk) & (offs_dq[None, :] < D_QK)
-                    k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_dq[None, :], mask=k_mask, other=0.0)
+                    k_ptrs = k_base + offs_n[:, None] * stride_kt + offs_dq[None, :]
+                    k = tl.load(k_ptrs, mask=k_mask, other=0.0)
                     v_mask = (offs_n[:, None] < Lk) & (offs_dv[None, :] < D_V)
                     v_ptrs = v_base + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd
                     v = tl.load(v_ptrs, mask=v_mask, other=0.0)
@@ -107,7 +110,8 @@ def gdpa_fwd_kernel(
             if FP8:
                 acc = acc * tl.load(V_DESCALE + hk)
             o_mask = (offs_m[:, None] < Lq) & (offs_dv[None, :] < D_V)
-            tl.store(o_base + offs_m[:, None] * stride_ot + offs_dv[None, :], acc.to(O.dtype.element_ty), mask=o_mask)
+            o_ptrs = o_base + offs_m[:, None] * stride_ot + offs_dv[None, :]
+            tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=o_mask)
         # Rows in [max_q, Lq) are outside every computed tile: the last tile of the sequence zeroes them.
         n_eff = tl.cdiv(Lq_eff, BLOCK_M)
         if m == tl.maximum(n_eff, 1) - 1:

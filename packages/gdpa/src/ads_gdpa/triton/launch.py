@@ -127,7 +127,8 @@ def fwd(
     if short:
         bn = max(16, triton.next_power_of_2(pb.max_k))
         space = cfg.short_kv_space(bn)
-        pinned = cfg.TileConfig(cfg.FWD_PINNED_INTERP.block_m, bn, 4, 1) if cfg.interpreter_active() else space[0]
+        interp = cfg.TileConfig(cfg.FWD_PINNED_INTERP.block_m, bn, 4, 1)
+        pinned = interp if cfg.interpreter_active() else space[0]
     else:
         space = cfg.FWD_SPACE
         pinned = cfg.FWD_PINNED_INTERP if cfg.interpreter_active() else cfg.FWD_PINNED_GPU
@@ -221,11 +222,13 @@ def bwd(
 
     args = (
         q, k, v, do, dk, dv, dq_acc, cu_q, cu_k, tbl, tmap if tmap is not None else dummy,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        do.stride(0), do.stride(1),
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_acc.stride(0), dq_acc.stride(1),
         pb.max_q, pb.max_k, B, H_KV, G, n_map, pb.scale, pb.win_left, pb.win_right, tune_key,
     )  # fmt: skip
-    _launch("dkdv", pinned, space, grid_kv, args, dict(consts, DQ_ATOMIC=atomic, HAS_TILE_MAP=tmap is not None))
+    kw = dict(consts, DQ_ATOMIC=atomic, HAS_TILE_MAP=tmap is not None)
+    _launch("dkdv", pinned, space, grid_kv, args, kw)
     if atomic:
         return dq_acc.to(q.dtype), dk, dv
 
@@ -238,7 +241,8 @@ def bwd(
 
     args = (
         q, k, v, do, dq_acc, cu_q, cu_k, tbl, dummy,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        do.stride(0), do.stride(1),
         dq_acc.stride(0), dq_acc.stride(1),
         pb.max_q, B, H, G, 0, pb.scale, pb.win_left, pb.win_right, tune_key,
     )  # fmt: skip
