@@ -94,8 +94,23 @@ def test_block_size_32(device: str) -> None:
 
 
 @pytest.mark.gpu
+def test_large_jagged_d128_host_offsets(device: str) -> None:
+    """A real-size jagged batch (B=128, max 1024, sparsity 0.7, H=4, D=128) with the exact grid size."""
+    check_block_attention(
+        jagged_lengths(128, 1024, 0.7, seed=0),
+        heads=4,
+        heads_kv=4,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        device=device,
+        pass_offsets_cpu=True,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
 def test_benchmark_shape_d128(device: str) -> None:
-    """The benchmark's jagged batch (B=1152, max 2048, sparsity 0.7) at D=128 with the exact grid size."""
+    """The benchmark's batch (B=1152, max 2048, sparsity 0.7) at D=128; slow: the checks run on the CPU."""
     check_block_attention(
         jagged_lengths(1152, 2048, 0.7, seed=0),
         heads=4,
@@ -119,3 +134,18 @@ def test_no_host_sync(device: str) -> None:
         out.backward(torch.ones_like(out))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_persistent_backward(device: str, head_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The persistent, pipelined backward variant (ADS_BLOCK_ATTN_BWD_PERSISTENT=1), GQA and empty slots."""
+    monkeypatch.setenv("ADS_BLOCK_ATTN_BWD_PERSISTENT", "1")
+    check_block_attention(
+        [0, 1, 63, 64, 65] + jagged_lengths(60, 700, 0.7, seed=4),
+        heads=4,
+        heads_kv=2,
+        head_dim=head_dim,
+        dtype=torch.bfloat16,
+        device=device,
+    )
