@@ -12,6 +12,7 @@ would not fit); FA4 CuTe varlen and cuDNN SDPA (softmax attention: speed referen
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -103,6 +104,9 @@ class Bench:
         self._fwd_bwd(op, "ours", shape, ours, flop)
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
+            os.environ["ADS_GDPA_PERSISTENT"] = "1"
+            self._fwd_bwd(op, "ours[persistent]", shape, ours, flop, make_grad=False)
+            os.environ.pop("ADS_GDPA_PERSISTENT")
 
         # padded dense peers
         dense_ok = b * heads * mq * mk <= _NAIVE_MAX_SCORE_ELEMS

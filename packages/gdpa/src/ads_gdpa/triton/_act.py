@@ -8,16 +8,16 @@ runtime id (per-head activation lists) by unrolling over the ids. ``FAST`` turns
 import triton
 import triton.language as tl
 
-BETA: tl.constexpr = 0.7978845608  # sqrt(2/pi)
-BETA_BF16: tl.constexpr = 0.796875  # BETA rounded to bf16, as the upstream fast_gelu_bf16 kernel uses
-GELU_C: tl.constexpr = 0.044715
-GELU_DC: tl.constexpr = 0.1070322243  # 3 * GELU_C * BETA
-INV_SQRT2: tl.constexpr = 0.7071067811865476
-INV_SQRT_2PI: tl.constexpr = 0.3989422804
-TAYLOR_C2: tl.constexpr = 0.3989422804
-TAYLOR_C4: tl.constexpr = -0.0664903801
-TAYLOR_C6: tl.constexpr = 0.0099735570
-N_ACT: tl.constexpr = 12
+BETA = tl.constexpr(0.7978845608)  # sqrt(2/pi)
+BETA_BF16 = tl.constexpr(0.796875)  # BETA rounded to bf16, as the upstream fast_gelu_bf16 kernel uses
+GELU_C = tl.constexpr(0.044715)
+GELU_DC = tl.constexpr(0.1070322243)  # 3 * GELU_C * BETA
+INV_SQRT2 = tl.constexpr(0.7071067811865476)
+INV_SQRT_2PI = tl.constexpr(0.3989422804)
+TAYLOR_C2 = tl.constexpr(0.3989422804)
+TAYLOR_C4 = tl.constexpr(-0.0664903801)
+TAYLOR_C6 = tl.constexpr(0.0099735570)
+N_ACT = tl.constexpr(12)
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def act_fwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
     elif ACT == 6:
         # bf16 inputs and bf16 tanh as upstream: round x, the tanh argument and tanh itself to bf16
         xb = x.to(tl.bfloat16).to(tl.float32)
-        u = (BETA_BF16 * xb * (1.0 + GELU_C * xb * xb)).to(tl.bfloat16).to(tl.float32)
+        u = (xb * BETA_BF16 * (1.0 + xb * xb * GELU_C)).to(tl.bfloat16).to(tl.float32)
         t = _tanh(u, FAST).to(tl.bfloat16).to(tl.float32)
         y = 0.5 * xb * (1.0 + t)
     elif ACT == 7:

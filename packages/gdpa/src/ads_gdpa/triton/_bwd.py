@@ -153,7 +153,7 @@ def gdpa_bwd_dq_kernel(
                 b_lo = 0
                 b_hi = B
             for bb in range(b_lo, b_hi):
-                _, o_start, _, _, k_start, Lk = seq_bounds(CU_Q, CU_K, bb, max_q, BROADCAST_Q)
+                _qs, o_start, _lq, _lqe, k_start, Lk = seq_bounds(CU_Q, CU_K, bb, max_q, BROADCAST_Q)
                 do_base = DO + o_start * stride_dot + h.to(tl.int64) * stride_doh
                 do = tl.load(do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
                              mask=q_rows & (offs_dv[None, :] < D_V), other=0.0)
@@ -174,9 +174,9 @@ def gdpa_bwd_dq_kernel(
                                 mask=kv_rows & (offs_dv[None, :] < D_V), other=0.0)
                     s = tl.dot(q, tl.trans(k))
                     if PER_HEAD:
-                        _, g = act_fwd_bwd_dyn(s, act_id, FAST)
+                        _p, g = act_fwd_bwd_dyn(s, act_id, FAST)
                     else:
-                        _, g = act_fwd_bwd(s, ACT, FAST)
+                        _p, g = act_fwd_bwd(s, ACT, FAST)
                     ds = g * tl.dot(do, tl.trans(v)) * scale
                     if HAS_WINDOW:
                         ds = tl.where(band_mask(offs_m, offs_n, diag, win_left, win_right), ds, 0.0)

@@ -72,8 +72,10 @@ def gdpa_fwd_kernel(
                 q_desc = tl.make_tensor_descriptor(
                     q_base, [Lq_eff, D_QK], [stride_qt, 1], [BLOCK_M, BLOCK_DQK]
                 )
-                k_desc = tl.make_tensor_descriptor(k_base, [Lk, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_DQK])
-                v_desc = tl.make_tensor_descriptor(v_base, [Lk, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV])
+                # an empty sequence never loads, but a descriptor dimension must still be >= 1
+                Lk1 = tl.maximum(Lk, 1)
+                k_desc = tl.make_tensor_descriptor(k_base, [Lk1, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_DQK])
+                v_desc = tl.make_tensor_descriptor(v_base, [Lk1, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV])
                 q = q_desc.load([m0, 0])
             else:
                 q_mask = (offs_m[:, None] < Lq_eff) & (offs_dq[None, :] < D_QK)
