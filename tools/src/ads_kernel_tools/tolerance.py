@@ -28,9 +28,11 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 
 def _pair(out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both tensors in float64 on out's device: comparing on the GPU keeps checks of
+    benchmark-sized tensors (10^9 elements) from spending minutes in host copies."""
     if out.shape != ref.shape:
         raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs ref {tuple(ref.shape)}")
-    return out.detach().to(torch.float64).cpu(), ref.detach().to(torch.float64).cpu()
+    return out.detach().to(torch.float64), ref.detach().to(device=out.device, dtype=torch.float64)
 
 
 def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -101,7 +103,7 @@ def mismatch_report(
         if finite.any():
             diff = torch.where(finite, (o - r).abs(), torch.zeros_like(o))
             lines.append(f"  max |out-ref| over finite entries: {diff.max().item():.4g}")
-    for idx in bad.nonzero()[:max_items].tolist():
+    for idx in bad.nonzero()[:max_items].cpu().tolist():
         t = tuple(idx)
         lines.append(f"  at {t}: out={o[t].item():.6g} ref={r[t].item():.6g}")
     return "\n".join(lines)
