@@ -176,3 +176,45 @@ def test_interpreter_bf16_cast_rounds_to_nearest_even(monkeypatch):
     finally:
         if was:
             tt.apply_interpreter_patches(force=True)
+
+
+def _interpreted_loop_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def loop_kernel(x_ptr, out_ptr, n, n_ptr):
+        acc = 0.0
+        for i in range(n):  # bound from a runtime argument
+            acc += tl.load(x_ptr + i)
+        m = tl.load(n_ptr)
+        for i in range(m):  # bound loaded from memory
+            acc += 10.0 * tl.load(x_ptr + i)
+        tl.store(out_ptr, acc)
+
+    return loop_kernel
+
+
+def test_interpreter_runtime_loop_bounds(monkeypatch):
+    pytest.importorskip("triton")
+    from triton.runtime.errors import InterpreterError
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = _interpreted_loop_kernel()
+    x = torch.arange(1.0, 6.0)
+    out = torch.zeros(1)
+    m = torch.tensor([2], dtype=torch.int32)
+    was = tt.bf16_dot_patched()
+    tt.remove_interpreter_patches()
+    try:
+        import numpy as np
+
+        if int(np.__version__.split(".")[0]) >= 2:
+            with pytest.raises(InterpreterError, match="0-dimensional"):
+                kernel[(1,)](x, out, 3, m)
+        with tt.interpreter_bf16_dot_patch():
+            kernel[(1,)](x, out, 3, m)
+        assert out.item() == (1 + 2 + 3) + 10 * (1 + 2)
+    finally:
+        if was:
+            tt.apply_interpreter_patches(force=True)

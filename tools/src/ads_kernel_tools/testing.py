@@ -159,6 +159,20 @@ def _patched_cast_impl(original):
     return cast_impl
 
 
+# Third fix: a runtime scalar (a kernel argument, or a value loaded from memory) used as a loop bound
+# reaches int() as a one-element 1-D numpy array, which numpy 2 refuses ("only 0-dimensional arrays
+# can be converted to Python scalars"), so `for i in range(n)` fails in the interpreter alone.
+
+
+def _patched_lang_tensor(original):
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor.__wrapped__ = original
+    return patch_lang_tensor
+
+
 def _builder_class():
     from triton.runtime import interpreter
 
@@ -170,27 +184,34 @@ def bf16_dot_patched() -> bool:
 
 
 def apply_interpreter_patches(force: bool = False) -> bool:
-    """Install the bf16 fixes (dot, round-to-nearest-even casts) into Triton's interpreter (idempotent).
+    """Install the interpreter fixes (bf16 dot, round-to-nearest-even bf16 casts, runtime loop bounds)
+    into Triton's interpreter (idempotent).
 
     Does nothing unless TRITON_INTERPRET=1 (or ``force``): compiled kernels never see it.
     Returns whether the patch is in place afterwards.
     """
     if not (force or interpreter_active()):
         return False
+    from triton.runtime import interpreter
+
     cls = _builder_class()
     if not getattr(cls, _PATCH_ATTR, False):
         cls.create_dot = _patched_create_dot(cls.create_dot)
         cls.cast_impl = _patched_cast_impl(cls.cast_impl)
+        interpreter._patch_lang_tensor = _patched_lang_tensor(interpreter._patch_lang_tensor)
         # create_fp_trunc and the other cast entry points call self.cast_impl, so they follow the patch
         setattr(cls, _PATCH_ATTR, True)
     return True
 
 
 def remove_interpreter_patches() -> None:
+    from triton.runtime import interpreter
+
     cls = _builder_class()
     if getattr(cls, _PATCH_ATTR, False):
         cls.create_dot = cls.create_dot.__wrapped__
         cls.cast_impl = cls.cast_impl.__wrapped__
+        interpreter._patch_lang_tensor = interpreter._patch_lang_tensor.__wrapped__
         setattr(cls, _PATCH_ATTR, False)
 
 
