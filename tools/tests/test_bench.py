@@ -94,3 +94,15 @@ def test_peers_report_missing_instead_of_raising(capsys):
     q = torch.randn(1, 2, 8, 16)
     out = peers.sdpa("math")(q, q, q)
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, q, q))
+
+
+def test_demo_reports_agreement_and_mismatch(capsys):
+    from ads_kernel_tools.bench import DemoCase, run_demo
+
+    ref = torch.linspace(-1, 1, 11)
+    good = DemoCase("good", lambda: (ref + 1e-4, ref, ref + 1e-4))
+    bad = DemoCase("bad", lambda: (ref + 1.0, ref, ref + 1e-4))
+    assert run_demo("demo", [good]) == 0
+    assert run_demo("demo", [good, bad]) == 1
+    text = capsys.readouterr().out
+    assert "1/2 ops agree" in text and "MISMATCH" in text and "good" in text

@@ -264,13 +264,67 @@ def _summary(report) -> None:
                 print(f"pipeline bwd {shape}: {speed:.2f}x eager ({verdict})")
 
 
+def demo() -> int:
+    """One small case per op, through the interpreter on a CPU, checked against the fp32 reference."""
+    from ads_kernel_tools.bench import DemoCase, run_demo
+    from ads_kernel_tools.reference.block import block_attention_ref, qkv_proj_rotary_block_attention_ref
+    from ads_kernel_tools.testing import lengths_to_offsets, randn
+
+    from . import block_attention, qkv_proj_rotary_block_attention
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dt = torch.bfloat16
+    lengths = [0, 1, 63, 65]  # empty, single token, partial and whole blocks
+    total, heads, heads_kv, dim = sum(lengths), 2, 1, 32
+    offsets = lengths_to_offsets(lengths, device=device)
+    q = randn((total, heads, dim), dtype=dt, device=device, seed=1)
+    k = randn((total, heads_kv, dim), dtype=dt, device=device, seed=2)
+    v = randn((total, heads_kv, dim), dtype=dt, device=device, seed=3)
+    dout = randn((total, heads, dim), dtype=dt, device=device, seed=4)
+
+    def forward():
+        out = block_attention(q, k, v, offsets)
+        return out, block_attention_ref(q, k, v, offsets), block_attention_ref(q, k, v, offsets, dtype=dt)
+
+    def dq_of(fn, dtype, **kw):
+        qq = q.detach().to(dtype).requires_grad_()
+        out = fn(qq, k.to(dtype), v.to(dtype), offsets, **kw)
+        return torch.autograd.grad(out, qq, dout.to(out.dtype))[0]
+
+    def backward_dq():
+        ours = dq_of(block_attention, dt)
+        return ours, dq_of(block_attention_ref, torch.float32), dq_of(block_attention_ref, dt, dtype=dt)
+
+    x = randn((total, heads * dim), dtype=dt, device=device, seed=5)
+    w = randn((heads * dim, (heads + 2 * heads_kv) * dim), dtype=dt, device=device, seed=6, scale=0.05)
+    sinu = randn((total, dim), dtype=dt, device=device, seed=7)
+
+    def fused():
+        kw = {"num_heads": heads, "num_kv_heads": heads_kv}
+        out = qkv_proj_rotary_block_attention(x, w, sinu, offsets, **kw)
+        ref = qkv_proj_rotary_block_attention_ref(x, w, sinu, offsets, **kw)
+        return out, ref, qkv_proj_rotary_block_attention_ref(x, w, sinu, offsets, dtype=dt, **kw)
+
+    return run_demo(
+        "ads_block_attention",
+        [
+            DemoCase("block_attention fwd (GQA, lengths 0/1/63/65)", forward),
+            DemoCase("block_attention bwd dq", backward_dq),
+            DemoCase("qkv_proj_rotary_block_attention fwd", fused),
+        ],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="max length 2048 only (< 90 s)")
     parser.add_argument("--json", help="write the rows and environment as JSON")
     parser.add_argument("--plot", help="write a PNG of GB/s per provider")
     parser.add_argument("--sweep", action="store_true", help="only sweep warp counts of ours")
+    parser.add_argument("--demo", action="store_true", help="run each op once on a small case, checked")
     args = parser.parse_args(argv)
+    if args.demo:
+        return demo()
     if not torch.cuda.is_available():
         print("ads_block_attention.bench needs a CUDA GPU; nothing to measure here.")
         return 0
