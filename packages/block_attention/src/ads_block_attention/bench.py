@@ -286,9 +286,9 @@ def demo() -> int:
         out = block_attention(q, k, v, offsets)
         return out, block_attention_ref(q, k, v, offsets), block_attention_ref(q, k, v, offsets, dtype=dt)
 
-    def dq_of(fn, dtype, **kw):
-        qq = q.detach().to(dtype).requires_grad_()
-        out = fn(qq, k.to(dtype), v.to(dtype), offsets, **kw)
+    def dq_of(fn, in_dtype, **kw):
+        qq = q.detach().to(in_dtype).requires_grad_()
+        out = fn(qq, k.to(in_dtype), v.to(in_dtype), offsets, **kw)
         return torch.autograd.grad(out, qq, dout.to(out.dtype))[0]
 
     def backward_dq():
