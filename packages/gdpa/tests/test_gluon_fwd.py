@@ -150,7 +150,7 @@ def _cases(quick: bool):
     return cases
 
 
-@pytest.mark.parametrize("variant", ["ws", "plain"])
+@pytest.mark.parametrize("variant", ["ws", "ws_simple", "plain"])
 @pytest.mark.parametrize("case", range(len(_cases(False))))
 def test_gluon_fwd(variant, case):
     _check(_load_fwd(), variant=variant, **_cases(False)[case])
@@ -180,9 +180,10 @@ def _bench(fwd, variant, sparsity_half: bool, B=1152, H=4, D=128, max_len=2048):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variant", default="ws", choices=["ws", "plain"])
+    ap.add_argument("--variant", default="ws", choices=["ws", "ws_simple", "plain"])
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cfgs", default="", help="';'-separated ADS_GDPA_GLUON_CFG values to bench (stages,qbuf,direct)")
     args = ap.parse_args()
     fwd = _load_fwd()
     failed = 0
@@ -195,10 +196,13 @@ def main():
             print("FAIL", args.variant, c.get("act"), c.get("D", 128), e, flush=True)
     print(f"{args.variant}: {failed} failed, {time.time() - t0:.1f}s", flush=True)
     if args.bench and failed == 0:
-        for sp in (False, True):
-            ms, tf = _bench(fwd, args.variant, sp)
-            print(f"BENCH {args.variant} B=1152 H=4 D=128 len=2048 {'uniform[1,2048]' if sp else 'full'} "
-                  f"fast_gelu: {ms:.3f} ms  {tf:.1f} TFLOP/s", flush=True)
+        for cfg in [c for c in args.cfgs.split(";") if c] or [None]:
+            if cfg:
+                os.environ["ADS_GDPA_GLUON_CFG"] = cfg
+            for sp in (False, True):
+                ms, tf = _bench(fwd, args.variant, sp)
+                print(f"BENCH {args.variant} cfg={cfg or 'default'} B=1152 H=4 D=128 len=2048 "
+                      f"{'uniform[1,2048]' if sp else 'full'} fast_gelu: {ms:.3f} ms  {tf:.1f} TFLOP/s", flush=True)
     sys.exit(1 if failed else 0)
 
 
