@@ -72,6 +72,7 @@ BWD_PINNED_GPU = TileConfig(64, 128, 8, 2)
 # (tile-sorted) launch fixes BLOCK_M, so only BLOCK_N / warps / stages are tuned.
 FWD_SPACE = [
     TileConfig(128, 64, 4, 3),
+    TileConfig(128, 64, 4, 2),  # 96 KB of shared memory: two CTAs per SM overlap each other's activation
     TileConfig(128, 64, 8, 3),
     TileConfig(128, 128, 8, 2),
     TileConfig(128, 32, 4, 4),
@@ -79,6 +80,8 @@ FWD_SPACE = [
 # Backward (dK/dV kernel): BLOCK_N kv rows held in registers, BLOCK_M query rows streamed.
 BWD_SPACE = [
     TileConfig(64, 128, 8, 2),
+    TileConfig(64, 128, 8, 3),
+    TileConfig(32, 128, 8, 2),
     TileConfig(32, 128, 4, 2),
     TileConfig(64, 64, 4, 2),
     TileConfig(32, 64, 4, 3),
@@ -91,8 +94,47 @@ DQ_SPACE = [
 
 
 def short_kv_space(block_n: int) -> list[TileConfig]:
-    """Short-KV forward: all keys of a sequence in one step (BLOCK_N = next_pow2(max Lk))."""
-    return [TileConfig(128, block_n, 8, 2), TileConfig(64, block_n, 4, 2), TileConfig(128, block_n, 4, 2)]
+    """Short-KV forward: all keys of a sequence in one step (BLOCK_N = next_pow2(max Lk)), raced
+    against the streaming configs: a one-step tile has no load/compute overlap inside the CTA and
+    needs ~160 KB of shared memory at Lk = 256 (one CTA per SM), so on H200 the 2-CTA streaming
+    configs can win; autotuning decides per shape.
+    """
+    # one loop iteration: a second pipeline stage would only double the shared memory
+    return [TileConfig(128, block_n, 8, 1), TileConfig(64, block_n, 4, 1), TileConfig(128, block_n, 4, 1)] + [
+        c for c in FWD_SPACE if c.block_n < block_n
+    ]
+
+
+SMEM_LIMIT = 232448  # bytes per CTA on sm90
+# estimates below are scaled by 4/3: layout-conversion scratch measured on H200 at D=256 (256 KB vs 192 KB)
+
+
+def fwd_smem(c: TileConfig, d_qk: int, d_v: int, elem: int = 2) -> int:
+    """Shared memory of a forward config: the Q tile plus num_stages K/V tiles (padded head dims)."""
+    return elem * (c.block_m * d_qk + c.num_stages * c.block_n * (d_qk + d_v)) * 4 // 3
+
+
+def bwd_smem(c: TileConfig, d_qk: int, d_v: int, elem: int = 2) -> int:
+    """dK/dV kernel: resident K/V tiles plus num_stages Q/dO tiles."""
+    return elem * (c.block_n * (d_qk + d_v) + max(c.num_stages, 1) * c.block_m * (d_qk + d_v)) * 4 // 3
+
+
+def fit(space: list[TileConfig], pinned: TileConfig, smem, d_qk: int, d_v: int) -> tuple:
+    """Drop configs over the shared-memory budget (large head dims, e.g. 192 padded to 256)."""
+    ok = [c for c in space if smem(c, d_qk, d_v) <= SMEM_LIMIT]
+    if not ok:  # shrink the cheapest config until it fits
+        c = min(space, key=lambda c: smem(c, d_qk, d_v))
+        while smem(c, d_qk, d_v) > SMEM_LIMIT and (c.num_stages > 1 or c.block_n > 16 or c.block_m > 16):
+            if c.num_stages > 1:
+                c = TileConfig(c.block_m, c.block_n, c.num_warps, c.num_stages - 1)
+            elif c.block_n >= c.block_m:
+                c = TileConfig(c.block_m, c.block_n // 2, c.num_warps, 1)
+            else:
+                c = TileConfig(c.block_m // 2, c.block_n, c.num_warps, 1)
+        ok = [c]
+    if smem(pinned, d_qk, d_v) > SMEM_LIMIT:
+        pinned = ok[0]
+    return ok, pinned
 
 
 def seqlen_bucket(n: int) -> int:

@@ -132,6 +132,8 @@ def fwd(
     else:
         space = cfg.FWD_SPACE
         pinned = cfg.FWD_PINNED_INTERP if cfg.interpreter_active() else cfg.FWD_PINNED_GPU
+    if q.device.type == "cuda" and not cfg.interpreter_active():
+        space, pinned = cfg.fit(space, pinned, cfg.fwd_smem, _block_d(D_QK), _block_d(D_V))
     # tile map (workload-sorted) only when host offsets exist: building it needs lengths on the CPU
     tmap = None
     if pb.host_q is not None and pb.host_k is not None and not pb.broadcast_q:
@@ -208,6 +210,8 @@ def bwd(
     # dK/dV (+ atomic dQ): tiles over kv rows, sorted by the query work they face when offsets are on host
     pinned = cfg.BWD_PINNED_INTERP if cfg.interpreter_active() else cfg.BWD_PINNED_GPU
     space = cfg.BWD_SPACE
+    if q.device.type == "cuda" and not cfg.interpreter_active():
+        space, pinned = cfg.fit(space, pinned, cfg.bwd_smem, _block_d(D_QK), _block_d(D_V))
     tmap = None
     if pb.host_q is not None and pb.host_k is not None and not pb.broadcast_q:
         lq, lk = _lengths(pb.host_q), _lengths(pb.host_k)
@@ -234,6 +238,9 @@ def bwd(
 
     # deterministic dQ: a second pass over query tiles (S and dP recomputed), fixed summation order
     pinned = cfg.FWD_PINNED_INTERP if cfg.interpreter_active() else cfg.DQ_SPACE[0]
+    dq_space = cfg.DQ_SPACE
+    if q.device.type == "cuda" and not cfg.interpreter_active():
+        dq_space, pinned = cfg.fit(dq_space, pinned, cfg.fwd_smem, _block_d(D_QK), _block_d(D_V))
     n_b = 1 if pb.broadcast_q else B
 
     def grid_q(meta):
@@ -246,5 +253,5 @@ def bwd(
         dq_acc.stride(0), dq_acc.stride(1),
         pb.max_q, B, H, G, 0, pb.scale, pb.win_left, pb.win_right, tune_key,
     )  # fmt: skip
-    _launch("dq", pinned, cfg.DQ_SPACE, grid_q, args, dict(consts, HAS_TILE_MAP=False))
+    _launch("dq", pinned, dq_space, grid_q, args, dict(consts, HAS_TILE_MAP=False))
     return dq_acc, dk, dv
