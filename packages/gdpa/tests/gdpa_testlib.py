@@ -40,7 +40,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        return f"lq{list(self.lq)}-lk{list(self.lk or self.lq)}-h{self.heads}/{self.kv_heads}-d{self.d}-{self.act}"
+        lk = list(self.lk or self.lq)
+        return f"lq{list(self.lq)}-lk{lk}-h{self.heads}/{self.kv_heads}-d{self.d}-{self.act}"
 
 
 def make_inputs(case: Case, device: str):

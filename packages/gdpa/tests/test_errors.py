@@ -23,17 +23,20 @@ def _call(q, k, v, cu_q, cu_k, max_q=6, max_k=6, **kw):
 
 CASES = {
     "fp32": (lambda: _inputs(torch.float32), {}, "dtype"),
-    "mixed_dtype": (lambda: (lambda t: (t[0], t[1].half(), t[2].half(), *t[3:]))(_inputs()), {}, "share a dtype"),
+    "mixed_dtype": (lambda: (lambda t: (t[0], t[1].half(), t[2].half(), *t[3:]))(_inputs()), {},
+                    "share a dtype"),
     "rank": (lambda: (lambda t: (t[0][None], *t[1:]))(_inputs()), {}, "dims"),
     "noncontig_last": (lambda: (lambda t: (t[0].transpose(1, 2).contiguous().transpose(1, 2), *t[1:]))(
         _inputs(heads=32)), {}, "contiguous"),
     "heads": (lambda: _inputs(heads=3, kv_heads=2), {}, "multiple"),
     "head_dim": (lambda: _inputs(d=80), {}, "head dims"),
-    "qk_dim": (lambda: (lambda t: (t[0], t[1][..., :16].contiguous(), *t[2:]))(_inputs()), {}, "head dims differ"),
+    "qk_dim": (lambda: (lambda t: (t[0], t[1][..., :16].contiguous(), *t[2:]))(_inputs()), {},
+               "head dims differ"),
     "offsets_float": (lambda: (lambda t: (*t[:3], t[3].float(), t[4]))(_inputs()), {}, "int32 or int64"),
     "offsets_decreasing": (lambda: (lambda t: (*t[:3], torch.tensor([0, 6, 4], dtype=torch.int32), t[4]))(
         _inputs()), {}, "non-decreasing"),
-    "offsets_len": (lambda: (lambda t: (*t[:3], torch.tensor([0, 10], dtype=torch.int32), t[4]))(_inputs()), {},
+    "offsets_len": (lambda: (lambda t: (*t[:3], torch.tensor([0, 10], dtype=torch.int32), t[4]))(
+        _inputs()), {},
                     "entries"),
     "activation": (lambda: _inputs(), {"activation": "softmax"}, "unknown GDPA activation"),
     "activation_id": (lambda: _inputs(), {"activation": 12}, "unknown GDPA activation"),

@@ -65,7 +65,9 @@ def _host_offsets(name: str, t: torch.Tensor, cpu_copy) -> list[int] | None:
         host = [int(x) for x in (cpu_copy.tolist() if isinstance(cpu_copy, torch.Tensor) else cpu_copy)]
         if len(host) != t.shape[0]:
             raise _err(f"{name}_cpu has {len(host)} entries, {name} has {t.shape[0]}")
-    elif t.device.type == "cpu":
+    elif t.device.type == "cpu" and not torch.compiler.is_compiling():
+        # CPU offsets are host data already (no sync); under torch.compile reading them would
+        # break the graph, so pass cu_seqlens_*_cpu there
         host = [int(x) for x in t.tolist()]
     if host is not None and any(b < a for a, b in zip(host, host[1:])):
         raise _err(f"{name} must be non-decreasing, got {host[:8]}{'...' if len(host) > 8 else ''}")
