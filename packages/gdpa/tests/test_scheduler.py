@@ -30,5 +30,6 @@ def test_fit_respects_shared_memory():
     space, pinned = cfg.fit(cfg.BWD_SPACE, cfg.BWD_PINNED_GPU, cfg.bwd_smem, 256, 128)
     assert space and all(cfg.bwd_smem(c, 256, 128) <= cfg.SMEM_LIMIT for c in space)
     assert cfg.bwd_smem(pinned, 256, 128) <= cfg.SMEM_LIMIT
-    huge, _ = cfg.fit([cfg.TileConfig(256, 256, 8, 4)], cfg.TileConfig(256, 256, 8, 4), cfg.fwd_smem, 256, 256)
+    big = cfg.TileConfig(256, 256, 8, 4)
+    huge, _ = cfg.fit([big], big, cfg.fwd_smem, 256, 256)
     assert cfg.fwd_smem(huge[0], 256, 256) <= cfg.SMEM_LIMIT
