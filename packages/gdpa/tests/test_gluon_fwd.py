@@ -3,16 +3,13 @@
 pytest:   pytest -m gpu packages/gdpa/tests/test_gluon_fwd.py
 script:   python packages/gdpa/tests/test_gluon_fwd.py [--variant ws|plain] [--bench] [--quick]
 
-The reference is a plain fp32 PyTorch loop over sequences. The tolerance follows the upstream rule:
-max|out - ref| <= 2 * max|base - ref| + floor, where ``base`` is the same computation carried out
-in the input precision (S, act(S) and P rounded to bf16/fp16 as a kernel would).
+The reference is ads_kernel_tools' fp32 ``gdpa_ref``; the tolerance is the shared rule:
+max|out - ref| <= 2 * max|base - ref| + floor, where ``base`` is ``gdpa_ref`` in the input precision.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import math
 import os
 import sys
 import time
@@ -20,21 +17,14 @@ import time
 import pytest
 import torch
 
-_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+from ads_kernel_tools.reference.gdpa import gdpa_ref
+from ads_kernel_tools.tolerance import assert_close_vs_baseline
 
 
 def _load_fwd():
-    """The kernel module; by file path when the ads_gdpa package itself does not import."""
-    try:
-        from ads_gdpa.gluon import fwd_sm90
+    from ads_gdpa.gluon import fwd_sm90
 
-        return fwd_sm90
-    except Exception:  # noqa: BLE001 - the sibling package may be mid-edit
-        path = os.path.join(_SRC, "ads_gdpa", "gluon", "fwd_sm90.py")
-        spec = importlib.util.spec_from_file_location("_gdpa_gluon_fwd_sm90", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
+    return fwd_sm90
 
 
 def _cuda_sm90() -> bool:
@@ -46,49 +36,6 @@ pytestmark = [
     pytest.mark.skipif(not _cuda_sm90(), reason="needs a CUDA sm_90 GPU"),
 ]
 
-_BETA = math.sqrt(2.0 / math.pi)
-
-
-def _act(a: int, x: torch.Tensor) -> torch.Tensor:
-    if a == 0:
-        return x
-    if a == 1:
-        return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
-    if a in (2, 3):
-        return 0.5 * x * (1.0 + torch.tanh(_BETA * (x + 0.044715 * x * x * x)))
-    if a == 4:
-        return torch.where(x >= 0, x, 0.01 * x)
-    if a == 5:
-        return torch.clamp_min(x, 0.0)
-    if a in (7, 8):
-        return x * torch.sigmoid(x)
-    if a == 9:
-        return x * torch.clamp(x + 3.0, 0.0, 6.0) / 6.0
-    if a == 10:
-        return torch.clamp_min(x, 0.0) ** 2
-    raise ValueError(a)
-
-
-def _reference(q, k, v, cu_q, cu_k, max_q, act, scale, low_precision: bool):
-    """Per-sequence GDPA; fp32 throughout, or rounding S / P to the input dtype when low_precision."""
-    total_q, H, D = q.shape
-    group = H // k.shape[1]
-    dt = q.dtype if low_precision else torch.float32
-    out = torch.zeros(total_q, H, D, dtype=torch.float32, device=q.device)
-    cq, ck = cu_q.tolist(), cu_k.tolist()
-    for b in range(len(cq) - 1):
-        q0, lq, k0, lk = cq[b], cq[b + 1] - cq[b], ck[b], ck[b + 1] - ck[b]
-        lq_eff = min(lq, max_q)
-        if lq_eff <= 0 or lk <= 0:
-            continue
-        qb = q[q0:q0 + lq_eff].to(dt).transpose(0, 1)  # (H, L, D)
-        kb = k[k0:k0 + lk].to(dt).repeat_interleave(group, dim=1).transpose(0, 1)
-        vb = v[k0:k0 + lk].to(dt).repeat_interleave(group, dim=1).transpose(0, 1)
-        s = torch.matmul(qb, kb.transpose(1, 2))  # low precision: fp32 accumulate, rounded to dt
-        p = (_act(act, s.float()) * scale).to(dt)
-        out[q0:q0 + lq_eff] = torch.matmul(p, vb).float().transpose(0, 1)
-    return out
-
 
 def _make_case(lens_q, lens_k, H, H_kv, D, dtype, seed, pad_rows=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -96,37 +43,44 @@ def _make_case(lens_q, lens_k, H, H_kv, D, dtype, seed, pad_rows=0):
     cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
     tq, tk = int(cu_q[-1]) + pad_rows, max(int(cu_k[-1]), 1)
     # S ~ N(0, 1): q, k scaled by D^-1/4 so activations see their interesting range.
-    sc = D ** -0.25
+    sc = D**-0.25
     q = (torch.randn(tq, H, D, generator=g, device="cuda") * sc).to(dtype)
     k = (torch.randn(tk, H_kv, D, generator=g, device="cuda") * sc).to(dtype)
     v = torch.randn(tk, H_kv, D, generator=g, device="cuda").to(dtype)
     return q, k, v, cu_q, cu_k
 
 
-def _check(fwd, lens_q, lens_k, *, H=4, H_kv=2, D=128, dtype=torch.bfloat16, act=3, scale=1.0, max_q=None,
-           pad_rows=3, seed=0, variant="ws"):
+def _check(
+    fwd,
+    lens_q,
+    lens_k,
+    *,
+    H=4,
+    H_kv=2,
+    D=128,
+    dtype=torch.bfloat16,
+    act=3,
+    scale=1.0,
+    max_q=None,
+    pad_rows=3,
+    seed=0,
+    variant="ws",
+):
     q, k, v, cu_q, cu_k = _make_case(lens_q, lens_k, H, H_kv, D, dtype, seed, pad_rows)
     max_q = max(lens_q) if max_q is None else max_q
     out = torch.full_like(q, float("nan"))
     fwd.gdpa_fwd_gluon(q, k, v, cu_q, cu_k, max_q, max(lens_k), act, scale, out, variant=variant)
     torch.cuda.synchronize()
-    ref = _reference(q, k, v, cu_q, cu_k, max_q, act, scale, low_precision=False)
-    base = _reference(q, k, v, cu_q, cu_k, max_q, act, scale, low_precision=True)
     n_seq_rows = int(cu_q[-1])
     # Contract: every row of every sequence is written (zeros past max_seqlen_q); rows that belong
     # to no sequence stay untouched.
     assert torch.isfinite(out[:n_seq_rows]).all(), "rows inside sequences not written (NaN left)"
     assert torch.isnan(out[n_seq_rows:]).all(), "rows outside every sequence were written"
-    o = out[:n_seq_rows].float()
-    r = ref[:n_seq_rows]
-    err = (o - r).abs().max().item()
-    base_err = (base[:n_seq_rows] - r).abs().max().item()
-    ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
-    floor = 2 * ulp * r.abs().max().item() + 1e-5
-    ok = err <= 2 * base_err + floor
-    desc = (f"{variant} act={act} D={D} {str(dtype)[6:]} H={H}/{H_kv} scale={scale} max_q={max_q} "
-            f"err={err:.3g} base={base_err:.3g} floor={floor:.3g}")
-    assert ok, "too far from the fp32 reference: " + desc
+    args = (q[:n_seq_rows], k, v, cu_q, cu_k, max_q, max(lens_k))
+    ref = gdpa_ref(*args, activation=act, scale=scale)
+    base = gdpa_ref(*args, activation=act, scale=scale, dtype=dtype)
+    desc = f"{variant} act={act} D={D} {str(dtype)[6:]} H={H}/{H_kv} scale={scale} max_q={max_q}"
+    assert_close_vs_baseline(out[:n_seq_rows], ref, base, name=desc)
     return desc
 
 
@@ -161,16 +115,16 @@ def _bench(fwd, variant, sparsity_half: bool, B=1152, H=4, D=128, max_len=2048):
 
     g = torch.Generator().manual_seed(123)
     if sparsity_half:
-        lens = torch.randint(1, max_len + 1, (B, ), generator=g).tolist()
+        lens = torch.randint(1, max_len + 1, (B,), generator=g).tolist()
     else:
         lens = [max_len] * B
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     T = int(cu[-1])
-    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * D ** -0.25
-    k = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * D ** -0.25
+    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * D**-0.25
+    k = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * D**-0.25
     v = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(q)
-    fn = lambda: fwd.gdpa_fwd_gluon(q, k, v, cu, cu, max_len, max_len, 3, 1.0, out, variant=variant)  # noqa: E731
+    fn = lambda: fwd.gdpa_fwd_gluon(q, k, v, cu, cu, max_len, max_len, 3, 1.0, out, variant=variant)
     fn()
     torch.cuda.synchronize()
     ms = triton.testing.do_bench(fn, warmup=100, rep=600, return_mode="median")
@@ -183,7 +137,9 @@ def main():
     ap.add_argument("--variant", default="ws", choices=["ws", "ws_simple", "plain"])
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--cfgs", default="", help="';'-separated ADS_GDPA_GLUON_CFG values to bench (stages,qbuf,direct)")
+    ap.add_argument(
+        "--cfgs", default="", help="';'-separated ADS_GDPA_GLUON_CFG values to bench (stages,qbuf,direct)"
+    )
     args = ap.parse_args()
     fwd = _load_fwd()
     failed = 0
@@ -201,8 +157,11 @@ def main():
                 os.environ["ADS_GDPA_GLUON_CFG"] = cfg
             for sp in (False, True):
                 ms, tf = _bench(fwd, args.variant, sp)
-                print(f"BENCH {args.variant} cfg={cfg or 'default'} B=1152 H=4 D=128 len=2048 "
-                      f"{'uniform[1,2048]' if sp else 'full'} fast_gelu: {ms:.3f} ms  {tf:.1f} TFLOP/s", flush=True)
+                print(
+                    f"BENCH {args.variant} cfg={cfg or 'default'} B=1152 H=4 D=128 len=2048 "
+                    f"{'uniform[1,2048]' if sp else 'full'} fast_gelu: {ms:.3f} ms  {tf:.1f} TFLOP/s",
+                    flush=True,
+                )
     sys.exit(1 if failed else 0)
 
 

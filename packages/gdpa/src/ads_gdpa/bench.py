@@ -5,7 +5,9 @@ Upstream shapes (B=1152, H=4, D=128, bf16, fast_gelu, scale 1): self attention a
 dense (4, 16, 4096, 128). FLOPs = 4·H·D·Σ Lq·Lk forward, x2.5 backward (spec §4) for every provider,
 so padded peers are credited with useful work only.
 
-Providers: ours; naive PyTorch GDPA (padded, eager and torch.compile; skipped where the S×S scores
+Providers: ours (default dispatch: the Gluon warp-specialised forward on Hopper where it applies,
+Triton otherwise; backward always Triton), ours[triton-fwd] (the portable Triton forward, for
+comparison); naive PyTorch GDPA (padded, eager and torch.compile; skipped where the S×S scores
 would not fit); FA4 CuTe varlen and cuDNN SDPA (softmax attention: speed references only).
 """
 
@@ -51,6 +53,7 @@ class Bench:
         self.args = args
         self.report = Report("ads_gdpa: GDPA fast_gelu bf16 (TFLOP/s, 4·H·D·ΣLqLk; bwd x2.5)")
         self._compiled = None
+        self._max_len = 0
 
     def _time(self, fn) -> float:
         from ads_kernel_tools.bench import time_fn
@@ -62,7 +65,8 @@ class Bench:
         from ads_kernel_tools.bench import Row
 
         tf = flop / (ms * 1e-3) / 1e12 if ms else None
-        self.report.add(Row(op, provider, mode, shape, ms, tf, note=note))
+        extra = {"max_len": self._max_len}
+        self.report.add(Row(op, provider, mode, shape, ms, tf, note=note, extra=extra))
 
     def _fwd_bwd(self, op, provider, shape, fwd, flop, make_grad=True):
         """Time fwd, then bwd alone (autograd.grad with a retained graph)."""
@@ -87,6 +91,7 @@ class Bench:
         dev, dt = "cuda", torch.bfloat16
         b = len(lq)
         mq, mk = max(lq), max(lk)
+        self._max_len = mq
         shape = f"B={b} H={heads} D={d} maxq={mq} maxk={mk} Σq={sum(lq)}"
         flop = 4.0 * heads * d * sum(a * c for a, c in zip(lq, lk))
         q = torch.randn(sum(lq), heads, d, device=dev, dtype=dt) * 0.3
@@ -102,6 +107,11 @@ class Bench:
             return (out, leaves) if grad else out
 
         self._fwd_bwd(op, "ours", shape, ours, flop)
+        os.environ["ADS_GDPA_BACKEND"] = "triton"
+        try:
+            self._fwd_bwd(op, "ours[triton-fwd]", shape, ours, flop, make_grad=False)
+        finally:
+            os.environ.pop("ADS_GDPA_BACKEND")
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
             os.environ["ADS_GDPA_PERSISTENT"] = "1"
@@ -171,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the report as JSON here")
     ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     ap.add_argument("--variants", action="store_true", help="also time ours[det] (deterministic backward)")
+    ap.add_argument("--demo", action="store_true", help="run each op once on a small case, checked")
     args = ap.parse_args(argv)
+    if args.demo:
+        from ._demo import demo
+
+        return demo()
     if not torch.cuda.is_available():
         print("ads_gdpa.bench needs a CUDA GPU (sm80+); none found, nothing to do.")
         return 0
@@ -183,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         (n, s) for n in (256, 512, 1024, 2048) for s in (1.0, 0.5)]  # fmt: skip
     for n, s in self_lens:
         lens = _lengths(batch, n, s, seed=n)
-        bench.case(f"self n={n} s={s}", lens, lens, heads, d)
+        bench.case(f"self s={s}", lens, lens, heads, d)
     for n in (2048,) if args.quick else (256, 512, 1024, 2048):
-        bench.case(f"shortkv q={n}", _lengths(batch, n, 1.0, seed=n), [256] * batch, heads, d)
+        bench.case("shortkv kv=256", _lengths(batch, n, 1.0, seed=n), [256] * batch, heads, d)
     bench.case("dense", [4096] * 4, [4096] * 4, 16, d)
     bench.report.print_table()
     for name, why in peers.notes().items():
@@ -195,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         bench.report.write_json(args.json)
     if args.plot:
-        bench.report.plot_png(args.plot, x_key="shape")
+        bench.report.plot_png(args.plot, x_key="max_len")
     return 0
 
 

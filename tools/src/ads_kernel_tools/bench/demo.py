@@ -49,10 +49,10 @@ def run_demo(title: str, cases: Sequence[DemoCase]) -> int:
         secs = time.perf_counter() - t0
         if out is not None:
             print(
-                f"  {case.name:<40} max err {max_abs_error(out, ref):.2e} "
+                f"  {case.name:<44} max err {max_abs_error(out, ref):.2e} "
                 f"(PyTorch at input precision: {max_abs_error(baseline, ref):.2e})  {secs:5.1f}s  {verdict}"
             )
         else:
-            print(f"  {case.name:<40} {verdict}")
+            print(f"  {case.name:<44} {verdict}")
     print(f"{title}: {len(cases) - failed}/{len(cases)} ops agree with the reference")
     return 1 if failed else 0

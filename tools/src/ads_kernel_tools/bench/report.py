@@ -64,8 +64,13 @@ def environment() -> dict[str, Any]:
         info["clocks_mhz"] = clocks.splitlines()[0] if clocks else None
     else:
         info["gpu"] = "cpu"
+    # a copy of the tree without .git (the GPU runner's) gets the revision from the environment
     here = Path(__file__).resolve().parent
-    info["git_sha"] = _run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"]) or "unknown"
+    info["git_sha"] = (
+        os.environ.get("ADS_GIT_SHA")
+        or _run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"])
+        or "unknown"
+    )
     return info
 
 

@@ -1,10 +1,8 @@
 """Gluon (triton.experimental.gluon) GDPA kernels for Hopper.
 
 Importing this package never fails on a machine without a GPU or without Gluon: the kernel module
-is loaded lazily and ``supports`` answers False whenever the fast path cannot run.
-
-``ADS_GDPA_GLUON``: "1" forces the Gluon path on wherever it can run (including activations
-implemented but not yet measured faster than the Triton path); "0" turns it off.
+is loaded lazily and ``supports`` answers False whenever the fast path cannot run. Whether it is used
+at all is the dispatcher's choice (``ADS_GDPA_BACKEND``, see ``ads_gdpa.config``).
 """
 
 from __future__ import annotations
@@ -15,10 +13,6 @@ __all__ = ["supports", "available"]
 
 # Activation ids (spec §1.4) that the kernel implements and that passed the GPU tests.
 _IMPLEMENTED = frozenset({0, 1, 2, 3, 4, 5, 7, 8, 9, 10})
-# Subset enabled by default: all of them. On an H200 (B=1152, H=4, D=128, bf16, fast_gelu) the
-# warp-specialised kernel measured 556 TFLOP/s at full length 2048 and 423 at lengths uniform in
-# [1, 2048], against ~480 for the plain Triton forward at full length.
-_DEFAULT_ON: frozenset[int] = _IMPLEMENTED
 
 _AVAILABLE: bool | None = None
 
@@ -31,12 +25,15 @@ def available() -> bool:
         try:
             import torch
 
-            if (torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
-                    and torch.cuda.get_device_capability()[0] == 9):
+            if (
+                torch.cuda.is_available()
+                and os.environ.get("TRITON_INTERPRET", "0") != "1"
+                and torch.cuda.get_device_capability()[0] == 9
+            ):
                 from . import fwd_sm90  # noqa: F401  (import errors mean no Gluon path)
 
                 ok = True
-        except Exception:  # noqa: BLE001 - any failure means the path is unavailable
+        except Exception:
             ok = False
         _AVAILABLE = ok
     return _AVAILABLE
@@ -44,11 +41,7 @@ def available() -> bool:
 
 def supports(q, k, v, *, activation_id: int, window: bool, broadcast_q: bool, fp8: bool) -> bool:
     """Whether ``fwd_sm90.gdpa_fwd_gluon`` should run this forward call."""
-    env = os.environ.get("ADS_GDPA_GLUON", "")
-    if env == "0":
-        return False
-    enabled = _IMPLEMENTED if env == "1" else _DEFAULT_ON
-    if activation_id not in enabled or window or broadcast_q or fp8:
+    if activation_id not in _IMPLEMENTED or window or broadcast_q or fp8:
         return False
     try:
         import torch
@@ -62,6 +55,6 @@ def supports(q, k, v, *, activation_id: int, window: bool, broadcast_q: bool, fp
         d = q.shape[2]
         if d not in (64, 128) or k.shape[2] != d or q.shape[1] % k.shape[1] != 0:
             return False
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
     return available()

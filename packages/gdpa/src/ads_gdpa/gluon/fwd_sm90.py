@@ -48,8 +48,19 @@ ACT_FAST_SILU = 8
 ACT_HARDSWISH = 9
 ACT_RELU_SQUARE = 10
 SUPPORTED_ACTIVATIONS = frozenset(
-    {ACT_RAW, ACT_GELU, ACT_GELU_APPROX, ACT_FAST_GELU, ACT_LEAKY_RELU, ACT_RELU, ACT_SILU, ACT_FAST_SILU,
-     ACT_HARDSWISH, ACT_RELU_SQUARE})
+    {
+        ACT_RAW,
+        ACT_GELU,
+        ACT_GELU_APPROX,
+        ACT_FAST_GELU,
+        ACT_LEAKY_RELU,
+        ACT_RELU,
+        ACT_SILU,
+        ACT_FAST_SILU,
+        ACT_HARDSWISH,
+        ACT_RELU_SQUARE,
+    }
+)
 
 BLOCK_M = 128  # query rows per tile (two 64-row consumer warpgroups)
 BLOCK_N = 128  # keys per step
@@ -66,8 +77,9 @@ def _act_scaled(x, scale, ACT: gl.constexpr):
         # tanh-GELU with the MUFU tanh: 0.5x(1+t), t = tanh(x(β + βc·x²)); h = 0.5·scale·x so the
         # result is one fma: h + h·t.
         u = x * gl.fma(x * x, 0.035677408136300125, 0.7978845608028654)
-        t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=gl.float32,
-                                      is_pure=True, pack=1)
+        t = gl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=gl.float32, is_pure=True, pack=1
+        )
         h = x * (0.5 * scale)
         y = gl.fma(h, t, h)
     elif ACT == 2:
@@ -95,8 +107,19 @@ def _act_scaled(x, scale, ACT: gl.constexpr):
 
 
 @gluon.jit
-def _store_rows(out_ptr, o, row0, n_rows, n_valid, col0, stride_row, ROWS: gl.constexpr, D: gl.constexpr,
-                NUM_WARPS: gl.constexpr, DIRECT: gl.constexpr = False):
+def _store_rows(
+    out_ptr,
+    o,
+    row0,
+    n_rows,
+    n_valid,
+    col0,
+    stride_row,
+    ROWS: gl.constexpr,
+    D: gl.constexpr,
+    NUM_WARPS: gl.constexpr,
+    DIRECT: gl.constexpr = False,
+):
     """Store an fp32 [ROWS, D] tile: rows < n_valid get o, rows in [n_valid, n_rows) get zeros.
 
     DIRECT stores straight from the accumulator layout (4-byte pieces, no shared-memory scratch,
@@ -122,8 +145,7 @@ def _store_rows(out_ptr, o, row0, n_rows, n_valid, col0, stride_row, ROWS: gl.co
 
 
 @gluon.jit
-def _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q,
-                 BM: gl.constexpr):
+def _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q, BM: gl.constexpr):
     """Decode virtual tile t -> (batch, head, q-tile, q start, Lq, Lq clamped, k start, Lk)."""
     per_b = H * M_TILES
     rank = t // per_b
@@ -145,17 +167,41 @@ def _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q,
 
 
 @gluon.jit
-def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-               v_ready, v_empty, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES,
-               H, GROUP, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-               STAGES: gl.constexpr, QBUF: gl.constexpr):
+def _ws_loader(
+    q_desc,
+    k_desc,
+    v_desc,
+    q_smem,
+    k_smem,
+    v_smem,
+    q_ready,
+    q_empty,
+    k_ready,
+    k_empty,
+    v_ready,
+    v_empty,
+    order_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    max_seqlen_q,
+    n_tiles,
+    M_TILES,
+    H,
+    GROUP,
+    D: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    STAGES: gl.constexpr,
+    QBUF: gl.constexpr,
+):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     it = 0  # position in the K/V ring, continued across tiles
     tc = 0  # tiles handled by this program
     for t in range(pid, n_tiles, nprog):
-        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES,
-                                                        max_seqlen_q, BM)
+        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(
+            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q, BM
+        )
         if m * BM < lq:
             hk = h // GROUP
             # Q buffer: free once both consumers finished their last Q·Kᵀ of the tile that used it.
@@ -169,17 +215,30 @@ def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
                 ph = (it // STAGES) & 1
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
                 mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [k0 + j * BN, hk * D], k_ready.index(s), k_smem.index(s))
+                tma.async_copy_global_to_shared(
+                    k_desc, [k0 + j * BN, hk * D], k_ready.index(s), k_smem.index(s)
+                )
                 mbarrier.wait(v_empty.index(s), ph ^ 1)
                 mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [k0 + j * BN, hk * D], v_ready.index(s), v_smem.index(s))
+                tma.async_copy_global_to_shared(
+                    v_desc, [k0 + j * BN, hk * D], v_ready.index(s), v_smem.index(s)
+                )
                 it += 1
             tc += 1
 
 
 @gluon.jit
-def _ws_mask_act(sacc, cols2, j, lk, scale, p_layout: gl.constexpr, in_dtype: gl.constexpr, BN: gl.constexpr,
-                 ACT: gl.constexpr):
+def _ws_mask_act(
+    sacc,
+    cols2,
+    j,
+    lk,
+    scale,
+    p_layout: gl.constexpr,
+    in_dtype: gl.constexpr,
+    BN: gl.constexpr,
+    ACT: gl.constexpr,
+):
     if (j + 1) * BN > lk:
         # Keys past the sequence end belong to the next sequence (or are TMA zero fill).
         sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
@@ -188,16 +247,43 @@ def _ws_mask_act(sacc, cols2, j, lk, scale, p_layout: gl.constexpr, in_dtype: gl
 
 
 @gluon.jit
-def _ws_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn, out_ptr,
-                 order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, WG: gl.constexpr,
-                 H, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                 STAGES: gl.constexpr, QBUF: gl.constexpr, ACT: gl.constexpr, PINGPONG: gl.constexpr,
-                 DIRECT_STORE: gl.constexpr):
+def _ws_consumer(
+    q_smem,
+    k_smem,
+    v_smem,
+    q_ready,
+    q_empty,
+    k_ready,
+    k_empty,
+    v_ready,
+    v_empty,
+    turn,
+    out_ptr,
+    order_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    max_seqlen_q,
+    n_tiles,
+    M_TILES,
+    scale,
+    WG: gl.constexpr,
+    H,
+    D: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    STAGES: gl.constexpr,
+    QBUF: gl.constexpr,
+    ACT: gl.constexpr,
+    PINGPONG: gl.constexpr,
+    DIRECT_STORE: gl.constexpr,
+):
     ROWS: gl.constexpr = BM // 2
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, D, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]
+    )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     in_dtype: gl.constexpr = q_smem.dtype
     cols = gl.arange(0, BN, gl.SliceLayout(0, s_layout))
@@ -216,8 +302,9 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_r
     tc = 0
     nturn = 0
     for t in range(pid, n_tiles, nprog):
-        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES,
-                                                        max_seqlen_q, BM)
+        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(
+            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q, BM
+        )
         if m * BM < lq:
             qb = tc % QBUF
             q_half = q_smem.index(qb).slice(WG * ROWS, ROWS, dim=0)
@@ -230,11 +317,12 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_r
                     s = it % STAGES
                     mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
                     mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
-                    sacc = warpgroup_mma(q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False,
-                                         is_async=True)
+                    sacc = warpgroup_mma(
+                        q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
+                    )
                     mbarrier.arrive(other_turn, count=1)
                     nturn += 1
-                    sacc = warpgroup_mma_wait(0, deps=(sacc, ))
+                    sacc = warpgroup_mma_wait(0, deps=(sacc,))
                     mbarrier.arrive(k_empty.index(s), count=1)
                     mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 1)
                     p = _ws_mask_act(sacc, cols2, 0, lk, scale, p_layout, in_dtype, BN, ACT)
@@ -247,14 +335,15 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_r
                         mbarrier.wait(k_ready.index(s), ph)
                         mbarrier.wait(v_ready.index(sp), php)
                         mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
-                        sacc = warpgroup_mma(q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False,
-                                             is_async=True)
+                        sacc = warpgroup_mma(
+                            q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
+                        )
                         acc = warpgroup_mma(p, v_smem.index(sp), acc, is_async=True)
                         mbarrier.arrive(other_turn, count=1)
                         nturn += 1
                         # S_j retires first (groups complete in order); P_{j-1}·V keeps running under
                         # this step's activation.
-                        sacc = warpgroup_mma_wait(1, deps=(sacc, ))
+                        sacc = warpgroup_mma_wait(1, deps=(sacc,))
                         mbarrier.arrive(k_empty.index(s), count=1)
                         mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
                         p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT)
@@ -269,7 +358,7 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_r
                     acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
                     mbarrier.arrive(other_turn, count=1)
                     nturn += 1
-                    acc = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc, )))
+                    acc = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc,)))
                     mbarrier.arrive(v_empty.index(s), count=1)
                     it += 1
                 else:
@@ -279,10 +368,11 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_r
                     s = it % STAGES
                     ph = (it // STAGES) & 1
                     mbarrier.wait(k_ready.index(s), ph)
-                    sacc = warpgroup_mma(q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False,
-                                         is_async=True)
+                    sacc = warpgroup_mma(
+                        q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
+                    )
                     # Retires this S and the previous step's P·V (wgmma groups complete in order).
-                    sacc = warpgroup_mma_wait(0, deps=(sacc, ))
+                    sacc = warpgroup_mma_wait(0, deps=(sacc,))
                     mbarrier.arrive(k_empty.index(s), count=1)
                     prev = (it + STAGES - 1) % STAGES
                     mbarrier.arrive(v_empty.index(prev), count=1, pred=j > 0)
@@ -291,22 +381,44 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_r
                     mbarrier.wait(v_ready.index(s), ph)
                     acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
                     it += 1
-                acc = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc, )))
+                acc = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc,)))
                 last = (it + STAGES - 1) % STAGES
                 mbarrier.arrive(v_empty.index(last), count=1, pred=n_k > 0)
                 mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 0)
-            o = warpgroup_mma_wait(0, deps=(acc, ))
+            o = warpgroup_mma_wait(0, deps=(acc,))
             row0 = m * BM + WG * ROWS
-            _store_rows(out_ptr, o, q0 + row0, lq - row0, lq_eff - row0, h * D, H * D, ROWS, D, 4, DIRECT_STORE)
+            _store_rows(
+                out_ptr, o, q0 + row0, lq - row0, lq_eff - row0, h * D, H * D, ROWS, D, 4, DIRECT_STORE
+            )
             tc += 1
 
 
 @gluon.jit
-def _gdpa_fwd_ws(q_desc, k_desc, v_desc, out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles,
-                 M_TILES, scale, H, GROUP, D: gl.constexpr, BM: gl.constexpr,
-                 BN: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr, QBUF: gl.constexpr,
-                 PINGPONG: gl.constexpr, DIRECT_STORE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                 LOADER_REGS: gl.constexpr):
+def _gdpa_fwd_ws(
+    q_desc,
+    k_desc,
+    v_desc,
+    out_ptr,
+    order_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    max_seqlen_q,
+    n_tiles,
+    M_TILES,
+    scale,
+    H,
+    GROUP,
+    D: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    STAGES: gl.constexpr,
+    ACT: gl.constexpr,
+    QBUF: gl.constexpr,
+    PINGPONG: gl.constexpr,
+    DIRECT_STORE: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    LOADER_REGS: gl.constexpr,
+):
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [QBUF, BM, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
@@ -331,17 +443,108 @@ def _gdpa_fwd_ws(q_desc, k_desc, v_desc, out_ptr, order_ptr, cu_q_ptr, cu_k_ptr,
 
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
-    gl.warp_specialize([
-        (_ws_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-                        out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, WG0, H, D,
-                        BM, BN, STAGES, QBUF, ACT, PINGPONG, DIRECT_STORE)),
-        (_ws_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-                        out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, WG1, H, D,
-                        BM, BN, STAGES, QBUF, ACT, PINGPONG, DIRECT_STORE)),
-        (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                      v_ready, v_empty, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, H,
-                      GROUP, D, BM, BN, STAGES, QBUF)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    gl.warp_specialize(
+        [
+            (
+                _ws_consumer,
+                (
+                    q_smem,
+                    k_smem,
+                    v_smem,
+                    q_ready,
+                    q_empty,
+                    k_ready,
+                    k_empty,
+                    v_ready,
+                    v_empty,
+                    turn,
+                    out_ptr,
+                    order_ptr,
+                    cu_q_ptr,
+                    cu_k_ptr,
+                    max_seqlen_q,
+                    n_tiles,
+                    M_TILES,
+                    scale,
+                    WG0,
+                    H,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                    QBUF,
+                    ACT,
+                    PINGPONG,
+                    DIRECT_STORE,
+                ),
+            ),
+            (
+                _ws_consumer,
+                (
+                    q_smem,
+                    k_smem,
+                    v_smem,
+                    q_ready,
+                    q_empty,
+                    k_ready,
+                    k_empty,
+                    v_ready,
+                    v_empty,
+                    turn,
+                    out_ptr,
+                    order_ptr,
+                    cu_q_ptr,
+                    cu_k_ptr,
+                    max_seqlen_q,
+                    n_tiles,
+                    M_TILES,
+                    scale,
+                    WG1,
+                    H,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                    QBUF,
+                    ACT,
+                    PINGPONG,
+                    DIRECT_STORE,
+                ),
+            ),
+            (
+                _ws_loader,
+                (
+                    q_desc,
+                    k_desc,
+                    v_desc,
+                    q_smem,
+                    k_smem,
+                    v_smem,
+                    q_ready,
+                    q_empty,
+                    k_ready,
+                    k_empty,
+                    v_ready,
+                    v_empty,
+                    order_ptr,
+                    cu_q_ptr,
+                    cu_k_ptr,
+                    max_seqlen_q,
+                    n_tiles,
+                    M_TILES,
+                    H,
+                    GROUP,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                    QBUF,
+                ),
+            ),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, LOADER_REGS],
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,14 +561,34 @@ def _plain_issue_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, row, col, 
 
 
 @gluon.jit
-def _gdpa_fwd_plain(q_desc, k_desc, v_desc, out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles,
-                    M_TILES, scale, H, GROUP, D: gl.constexpr, BM: gl.constexpr,
-                    BN: gl.constexpr, STAGES: gl.constexpr, ACT: gl.constexpr, num_warps: gl.constexpr):
+def _gdpa_fwd_plain(
+    q_desc,
+    k_desc,
+    v_desc,
+    out_ptr,
+    order_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    max_seqlen_q,
+    n_tiles,
+    M_TILES,
+    scale,
+    H,
+    GROUP,
+    D: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    STAGES: gl.constexpr,
+    ACT: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BN, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, D, 16]
+    )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
@@ -386,8 +609,9 @@ def _gdpa_fwd_plain(q_desc, k_desc, v_desc, out_ptr, order_ptr, cu_q_ptr, cu_k_p
     it = 0
     tc = 0
     for t in range(pid, n_tiles, nprog):
-        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES,
-                                                        max_seqlen_q, BM)
+        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(
+            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q, BM
+        )
         if m * BM < lq:
             hk = h // GROUP
             n_k = gl.cdiv(lk, BN)
@@ -399,23 +623,42 @@ def _gdpa_fwd_plain(q_desc, k_desc, v_desc, out_ptr, order_ptr, cu_q_ptr, cu_k_p
             # Every stage is free here: the previous tile ended with all wgmma retired.
             for jj in gl.static_range(STAGES - 1):
                 if jj < n_k:
-                    _plain_issue_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k0 + jj * BN, hk * D,
-                                    (it + jj) % STAGES)
+                    _plain_issue_kv(
+                        k_desc,
+                        v_desc,
+                        k_smem,
+                        v_smem,
+                        k_ready,
+                        v_ready,
+                        k0 + jj * BN,
+                        hk * D,
+                        (it + jj) % STAGES,
+                    )
             mbarrier.wait(q_ready, tc & 1)
             acc = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, o_layout))
             for j in range(n_k):
                 s = it % STAGES
                 ph = (it // STAGES) & 1
                 mbarrier.wait(k_ready.index(s), ph)
-                sacc = warpgroup_mma(q_smem, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False,
-                                     is_async=True)
-                sacc = warpgroup_mma_wait(0, deps=(sacc, ))
+                sacc = warpgroup_mma(
+                    q_smem, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
+                )
+                sacc = warpgroup_mma_wait(0, deps=(sacc,))
                 # The stage of step j-1 is free once both warpgroups retired its P·V (the wait above,
                 # then the barrier across the two warpgroups): refill it.
                 gl.thread_barrier()
                 if j + STAGES - 1 < n_k:
-                    _plain_issue_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready,
-                                    k0 + (j + STAGES - 1) * BN, hk * D, (it + STAGES - 1) % STAGES)
+                    _plain_issue_kv(
+                        k_desc,
+                        v_desc,
+                        k_smem,
+                        v_smem,
+                        k_ready,
+                        v_ready,
+                        k0 + (j + STAGES - 1) * BN,
+                        hk * D,
+                        (it + STAGES - 1) % STAGES,
+                    )
                 if (j + 1) * BN > lk:
                     sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
                 p = _act_scaled(sacc, scale, ACT)
@@ -423,7 +666,7 @@ def _gdpa_fwd_plain(q_desc, k_desc, v_desc, out_ptr, order_ptr, cu_q_ptr, cu_k_p
                 mbarrier.wait(v_ready.index(s), ph)
                 acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
                 it += 1
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            acc = warpgroup_mma_wait(0, deps=(acc,))
             row0 = m * BM
             _store_rows(out_ptr, acc, q0 + row0, lq - row0, lq_eff - row0, h * D, H * D, BM, D, num_warps)
             tc += 1
@@ -477,8 +720,20 @@ def _config(d: int) -> tuple[int, int, bool]:
     return (2, 2, False) if d == 128 else (5, 2, False)
 
 
-def gdpa_fwd_gluon(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-                   activation_id: int, scale: float, out: torch.Tensor, *, variant: str | None = None) -> None:
+def gdpa_fwd_gluon(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    activation_id: int,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    variant: str | None = None,
+) -> None:
     """Jagged GDPA forward into ``out`` (total_q, H, D). See the module docstring for the contract.
 
     ``variant`` (default from env ADS_GDPA_GLUON_VARIANT, else "ws"): "ws" (warp specialised,
@@ -524,15 +779,33 @@ def gdpa_fwd_gluon(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_s
 
     m_tiles = triton.cdiv(max_seqlen_q, BM)
     n_tiles = B * H * m_tiles
-    grid = (min(n_tiles, _sm_count(q.device)), )
-    args = (q_desc, k_desc, v_desc, out, order, cu_q, cu_k, max_seqlen_q, n_tiles, m_tiles, float(scale), H,
-            H // H_kv, D, BM, BN)
+    grid = (min(n_tiles, _sm_count(q.device)),)
+    args = (
+        q_desc,
+        k_desc,
+        v_desc,
+        out,
+        order,
+        cu_q,
+        cu_k,
+        max_seqlen_q,
+        n_tiles,
+        m_tiles,
+        float(scale),
+        H,
+        H // H_kv,
+        D,
+        BM,
+        BN,
+    )
     if variant in ("ws", "ws_simple"):
-        _gdpa_fwd_ws[grid](*args, stages, int(activation_id), qbuf, variant == "ws", direct, 232, 24, num_warps=4)
+        _gdpa_fwd_ws[grid](
+            *args, stages, int(activation_id), qbuf, variant == "ws", direct, 232, 24, num_warps=4
+        )
     elif variant == "plain":
         # Its own Q buffer and epilogue scratch leave room for two 64 KB stages at D=128.
         _gdpa_fwd_plain[grid](*args, 2 if D == 128 else 4, int(activation_id), num_warps=8)
     else:
         raise ValueError(f"unknown variant {variant!r}")
     # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
-    _zero_tail[(B, )](out, cu_q, m_tiles * BM, H * D, num_warps=4)
+    _zero_tail[(B,)](out, cu_q, m_tiles * BM, H * D, num_warps=4)

@@ -53,10 +53,16 @@ def gdpa_bwd_dkdv_kernel(
             n0 = n * BLOCK_N
             offs_n = n0 + tl.arange(0, BLOCK_N)
             kv_rows = offs_n[:, None] < Lk
-            k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_dq[None, :],
-                        mask=kv_rows & (offs_dq[None, :] < D_QK), other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
-                        mask=kv_rows & (offs_dv[None, :] < D_V), other=0.0)
+            k = tl.load(
+                k_base + offs_n[:, None] * stride_kt + offs_dq[None, :],
+                mask=kv_rows & (offs_dq[None, :] < D_QK),
+                other=0.0,
+            )
+            v = tl.load(
+                v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
+                mask=kv_rows & (offs_dv[None, :] < D_V),
+                other=0.0,
+            )
             dk = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
             dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
             lo = 0
@@ -75,10 +81,16 @@ def gdpa_bwd_dkdv_kernel(
                 for m0 in range(lo, hi, BLOCK_M):
                     offs_m = m0 + tl.arange(0, BLOCK_M)
                     q_rows = offs_m[:, None] < Lq_eff
-                    q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_dq[None, :],
-                                mask=q_rows & (offs_dq[None, :] < D_QK), other=0.0)
-                    do = tl.load(do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
-                                 mask=q_rows & (offs_dv[None, :] < D_V), other=0.0)
+                    q = tl.load(
+                        q_base + offs_m[:, None] * stride_qt + offs_dq[None, :],
+                        mask=q_rows & (offs_dq[None, :] < D_QK),
+                        other=0.0,
+                    )
+                    do = tl.load(
+                        do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
+                        mask=q_rows & (offs_dv[None, :] < D_V),
+                        other=0.0,
+                    )
                     s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M)
                     if PER_HEAD:
                         p_t, g_t = act_fwd_bwd_dyn(s_t, act_id, FAST)
@@ -96,14 +108,24 @@ def gdpa_bwd_dkdv_kernel(
                     dk = tl.dot(ds_lp, q, dk)
                     if DQ_ATOMIC:
                         dq = tl.dot(tl.trans(ds_lp), k)  # (BLOCK_M, BLOCK_DQK)
-                        tl.atomic_add(dq_base + offs_m[:, None] * stride_dqt + offs_dq[None, :], dq,
-                                      mask=q_rows & (offs_dq[None, :] < D_QK), sem="relaxed")
+                        tl.atomic_add(
+                            dq_base + offs_m[:, None] * stride_dqt + offs_dq[None, :],
+                            dq,
+                            mask=q_rows & (offs_dq[None, :] < D_QK),
+                            sem="relaxed",
+                        )
             dk_base = DK + k_start * stride_dkt + hk.to(tl.int64) * stride_dkh
             dv_base = DV + k_start * stride_dvt + hk.to(tl.int64) * stride_dvh
-            tl.store(dk_base + offs_n[:, None] * stride_dkt + offs_dq[None, :], dk.to(DK.dtype.element_ty),
-                     mask=kv_rows & (offs_dq[None, :] < D_QK))
-            tl.store(dv_base + offs_n[:, None] * stride_dvt + offs_dv[None, :], dv.to(DV.dtype.element_ty),
-                     mask=kv_rows & (offs_dv[None, :] < D_V))
+            tl.store(
+                dk_base + offs_n[:, None] * stride_dkt + offs_dq[None, :],
+                dk.to(DK.dtype.element_ty),
+                mask=kv_rows & (offs_dq[None, :] < D_QK),
+            )
+            tl.store(
+                dv_base + offs_n[:, None] * stride_dvt + offs_dv[None, :],
+                dv.to(DV.dtype.element_ty),
+                mask=kv_rows & (offs_dv[None, :] < D_V),
+            )
 
 
 @triton.jit
@@ -142,8 +164,11 @@ def gdpa_bwd_dq_kernel(
         if m0 < Lq_eff:
             q_rows = offs_m[:, None] < Lq_eff
             q_base = Q + q_start * stride_qt + h.to(tl.int64) * stride_qh
-            q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_dq[None, :],
-                        mask=q_rows & (offs_dq[None, :] < D_QK), other=0.0)
+            q = tl.load(
+                q_base + offs_m[:, None] * stride_qt + offs_dq[None, :],
+                mask=q_rows & (offs_dq[None, :] < D_QK),
+                other=0.0,
+            )
             if PER_HEAD:
                 act_id = tl.load(ACT_TBL + h)
             acc = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
@@ -155,8 +180,11 @@ def gdpa_bwd_dq_kernel(
             for bb in range(b_lo, b_hi):
                 _qs, o_start, _lq, _lqe, k_start, Lk = seq_bounds(CU_Q, CU_K, bb, max_q, BROADCAST_Q)
                 do_base = DO + o_start * stride_dot + h.to(tl.int64) * stride_doh
-                do = tl.load(do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
-                             mask=q_rows & (offs_dv[None, :] < D_V), other=0.0)
+                do = tl.load(
+                    do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
+                    mask=q_rows & (offs_dv[None, :] < D_V),
+                    other=0.0,
+                )
                 k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh
                 v_base = V + k_start * stride_vt + hk.to(tl.int64) * stride_vh
                 diag = band(Lq, Lk, win_left, win_right, BOTTOM_RIGHT)
@@ -168,10 +196,16 @@ def gdpa_bwd_dq_kernel(
                 for n0 in range(lo, hi, BLOCK_N):
                     offs_n = n0 + tl.arange(0, BLOCK_N)
                     kv_rows = offs_n[:, None] < Lk
-                    k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_dq[None, :],
-                                mask=kv_rows & (offs_dq[None, :] < D_QK), other=0.0)
-                    v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
-                                mask=kv_rows & (offs_dv[None, :] < D_V), other=0.0)
+                    k = tl.load(
+                        k_base + offs_n[:, None] * stride_kt + offs_dq[None, :],
+                        mask=kv_rows & (offs_dq[None, :] < D_QK),
+                        other=0.0,
+                    )
+                    v = tl.load(
+                        v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
+                        mask=kv_rows & (offs_dv[None, :] < D_V),
+                        other=0.0,
+                    )
                     s = tl.dot(q, tl.trans(k))
                     if PER_HEAD:
                         _p, g = act_fwd_bwd_dyn(s, act_id, FAST)
@@ -181,8 +215,11 @@ def gdpa_bwd_dq_kernel(
                     if HAS_WINDOW:
                         ds = tl.where(band_mask(offs_m, offs_n, diag, win_left, win_right), ds, 0.0)
                     acc = tl.dot(ds.to(dtype), k, acc)
-            tl.store(dq_base + offs_m[:, None] * stride_dqt + offs_dq[None, :], acc.to(DQ.dtype.element_ty),
-                     mask=(offs_m[:, None] < Lq) & (offs_dq[None, :] < D_QK))
+            tl.store(
+                dq_base + offs_m[:, None] * stride_dqt + offs_dq[None, :],
+                acc.to(DQ.dtype.element_ty),
+                mask=(offs_m[:, None] < Lq) & (offs_dq[None, :] < D_QK),
+            )
         n_eff = tl.cdiv(Lq_eff, BLOCK_M)
         if m == tl.maximum(n_eff, 1) - 1:
             zeros = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=DQ.dtype.element_ty)

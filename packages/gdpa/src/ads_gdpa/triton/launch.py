@@ -77,8 +77,11 @@ def _tma_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     es = q.element_size()
     return all(
-        t.stride(-1) == 1 and (t.stride(0) * es) % 16 == 0 and (t.stride(1) * es) % 16 == 0
-        and t.data_ptr() % 16 == 0 and (t.shape[-1] * es) % 16 == 0
+        t.stride(-1) == 1
+        and (t.stride(0) * es) % 16 == 0
+        and (t.stride(1) * es) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        and (t.shape[-1] * es) % 16 == 0
         for t in (q, k, v)
     )
 
