@@ -58,7 +58,7 @@ def test_time_fn_passes_rotating_index_and_reports_median():
     seen = []
     res = time_fn(lambda i: seen.append(i), rep_ms=5, max_reps=20)
     assert res["n"] >= 1 and res["p20"] <= res["ms"] <= res["p80"]
-    assert seen[:3] == [0, 1, 2]
+    assert seen == list(range(len(seen))) and len(seen) >= 3  # one counter over every call
     calls = []
     time_fn(lambda: calls.append(1), rep_ms=1, max_reps=3)
     assert len(calls) >= 2

@@ -1,7 +1,7 @@
 """GPU tests at real sizes (marker ``gpu``): the CPU matrix scaled up, FP8, short KV, determinism.
 
-Run with ADS_GDPA_DISABLE_AUTOTUNE=1 to compile one config per specialisation (the tests check
-numerics, the benchmark tunes).
+conftest pins one config per specialisation (the tests check numerics, the benchmark tunes);
+``test_autotuned_configs`` runs the autotuned path once.
 """
 
 from __future__ import annotations
@@ -30,6 +30,12 @@ def test_activations_real_size(act):
 @pytest.mark.parametrize("d,dv", [(64, 64), (96, 96), (192, 128)])
 def test_head_dims_real_size(d, dv):
     run_case(Case(lq=LENS, heads=2, kv_heads=2, d=d, dv=dv), "cuda")
+
+
+def test_autotuned_configs(monkeypatch):
+    """The configs the autotuner picks (what users and the benchmark run) are numerically right too."""
+    monkeypatch.setenv("ADS_GDPA_DISABLE_AUTOTUNE", "0")
+    run_case(Case(lq=LENS, lk=LENS_K, heads=4, kv_heads=2, d=128, act="fast_gelu"), "cuda")
 
 
 def test_fp16_mqa_nohost():

@@ -9,6 +9,7 @@ reported, which resists clock ramps and the occasional preemption better than a 
 from __future__ import annotations
 
 import inspect
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -49,48 +50,54 @@ def time_fn(
     short kernels (inputs then cannot rotate). Without CUDA the wall clock is used, so the same
     code runs in the CPU demo.
     """
-    call = fn if _takes_index(fn) else (lambda i: fn())
+    indexed = fn if _takes_index(fn) else (lambda i: fn())
+    counter = itertools.count()
+
+    def call() -> None:
+        # one counter across warm-up, estimate and measurement, so consecutive calls never reuse
+        # the input set just touched (and still hot in L2)
+        indexed(next(counter))
+
     if not torch.cuda.is_available():
-        call(0)
-        samples, i, start = [], 1, time.perf_counter()
-        while (time.perf_counter() - start) * 1e3 < rep_ms and i <= max_reps:
+        call()
+        samples, start = [], time.perf_counter()
+        while (time.perf_counter() - start) * 1e3 < rep_ms and len(samples) < max_reps:
             t0 = time.perf_counter()
-            call(i)
+            call()
             samples.append((time.perf_counter() - t0) * 1e3)
-            i += 1
         return _quantiles(samples)
 
     if use_cuda_graph:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            call(0)  # allocations and autotuning happen outside the capture
+            call()  # allocations and autotuning happen outside the capture
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            call(0)
-        call = lambda i: graph.replay()
+            call()
+        call = graph.replay
 
     # estimate one call, then size warm-up and repetitions from it
-    call(0)
+    call()
     torch.cuda.synchronize()
     t0 = torch.cuda.Event(enable_timing=True)
     t1 = torch.cuda.Event(enable_timing=True)
     t0.record()
-    for i in range(3):
-        call(i)
+    for _ in range(3):
+        call()
     t1.record()
     torch.cuda.synchronize()
     est = max(t0.elapsed_time(t1) / 3, 1e-3)
     n_warm = max(1, int(warmup_ms / est))
     n_rep = max(5, min(max_reps, int(rep_ms / est)))
-    for i in range(n_warm):
-        call(i)
+    for _ in range(n_warm):
+        call()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     for i in range(n_rep):
         starts[i].record()
-        call(i)
+        call()
         ends[i].record()
     torch.cuda.synchronize()
     return _quantiles([s.elapsed_time(e) for s, e in zip(starts, ends)])
