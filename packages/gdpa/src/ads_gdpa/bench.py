@@ -5,10 +5,10 @@ Upstream shapes (B=1152, H=4, D=128, bf16, fast_gelu, scale 1): self attention a
 dense (4, 16, 4096, 128). FLOPs = 4·H·D·Σ Lq·Lk forward, x2.5 backward (spec §4) for every provider,
 so padded peers are credited with useful work only.
 
-Providers: ours (default dispatch: the Gluon warp-specialised forward on Hopper where it applies,
-Triton otherwise; backward always Triton), ours[triton-fwd] (the portable Triton forward, for
-comparison); naive PyTorch GDPA (padded, eager and torch.compile; skipped where the S×S scores
-would not fit); FA4 CuTe varlen and cuDNN SDPA (softmax attention: speed references only).
+Providers: ours (default dispatch: Triton forward and backward), ours[gluon-fwd] (the
+warp-specialised Gluon forward on Hopper, forward only: the backward is Triton either way); naive
+PyTorch GDPA (padded, eager and torch.compile; skipped where the S×S scores would not fit); FA4
+CuTe varlen and cuDNN SDPA (softmax attention: speed references only).
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ class Bench:
             return (out, leaves) if grad else out
 
         self._fwd_bwd(op, "ours", shape, ours, flop)
-        os.environ["ADS_GDPA_BACKEND"] = "triton"
+        os.environ["ADS_GDPA_BACKEND"] = "gluon"
         try:
-            self._fwd_bwd(op, "ours[triton-fwd]", shape, ours, flop, make_grad=False)
+            self._fwd_bwd(op, "ours[gluon-fwd]", shape, ours, flop, make_grad=False)
         finally:
             os.environ.pop("ADS_GDPA_BACKEND")
         if self.args.variants:
