@@ -134,18 +134,3 @@ def test_no_host_sync(device: str) -> None:
         out.backward(torch.ones_like(out))
     finally:
         torch.cuda.set_sync_debug_mode("default")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_persistent_backward(device: str, head_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The persistent, pipelined backward variant (ADS_BLOCK_ATTN_BWD_PERSISTENT=1), GQA and empty slots."""
-    monkeypatch.setenv("ADS_BLOCK_ATTN_BWD_PERSISTENT", "1")
-    check_block_attention(
-        [0, 1, 63, 64, 65] + jagged_lengths(60, 700, 0.7, seed=4),
-        heads=4,
-        heads_kv=2,
-        head_dim=head_dim,
-        dtype=torch.bfloat16,
-        device=device,
-    )

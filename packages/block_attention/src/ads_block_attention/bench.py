@@ -191,7 +191,7 @@ def bench_pipeline(report, bench, batch, heads, dim, max_len, sparsity) -> None:
 
 
 def sweep(bench, dims=(64, 128)) -> None:
-    """Launch settings of ours (env knobs of config.py) on the max-2048 shape: warps, persistent bwd."""
+    """Launch settings of ours (env knobs of config.py) on the max-2048 shape: warp counts."""
     from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
 
     from . import block_attention
@@ -199,7 +199,7 @@ def sweep(bench, dims=(64, 128)) -> None:
     lengths = jagged_lengths(1152, 2048, 0.7, seed=0)
     total = sum(lengths)
     offsets = lengths_to_offsets(lengths, device="cuda")
-    knobs = ("ADS_BLOCK_ATTN_FWD_WARPS", "ADS_BLOCK_ATTN_BWD_WARPS", "ADS_BLOCK_ATTN_BWD_PERSISTENT")
+    knobs = ("ADS_BLOCK_ATTN_FWD_WARPS", "ADS_BLOCK_ATTN_BWD_WARPS")
     for dim in dims:
         q, k, v = (
             torch.randn(total, 4, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -207,20 +207,18 @@ def sweep(bench, dims=(64, 128)) -> None:
         )
         dout = torch.randn_like(q)
         fwd_bytes, bwd_bytes = _attn_bytes(total, 4, 4, dim, "fwd"), _attn_bytes(total, 4, 4, dim, "bwd")
-        for warps, persistent in ((4, 0), (8, 0), (4, 1), (8, 1)):
-            for knob, value in zip(knobs, (warps, warps, persistent)):
-                os.environ[knob] = str(value)
+        for warps in (4, 8):
+            for knob in knobs:
+                os.environ[knob] = str(warps)
             try:
                 fwd = bench.time_fn(_fwd_fn(block_attention, q, k, v, offsets))["ms"]
                 out = block_attention(q, k, v, offsets)
                 bwd = bench.time_fn(_grad_fn(out, (q, k, v), dout))["ms"]
             except Exception as e:  # a config that fails to compile must not end the sweep
-                print(
-                    f"sweep D={dim} warps={warps} persistent_bwd={persistent}: {type(e).__name__}: {e}"[:300]
-                )
+                print(f"sweep D={dim} warps={warps}: {type(e).__name__}: {e}"[:300])
                 continue
             print(
-                f"sweep D={dim} warps={warps} persistent_bwd={persistent}: fwd {fwd:.3f} ms "
+                f"sweep D={dim} warps={warps}: fwd {fwd:.3f} ms "
                 f"{fwd_bytes / fwd / 1e6:.0f} GB/s | bwd {bwd:.3f} ms {bwd_bytes / bwd / 1e6:.0f} GB/s",
                 flush=True,
             )

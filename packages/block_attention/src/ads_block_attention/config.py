@@ -1,9 +1,10 @@
 """Launch settings for the block-attention kernels, with environment overrides for tuning runs.
 
 Defaults were picked on the H200 (see BENCHMARKS.md): one 64×D tile per program needs no software
-pipelining, so only the warp count matters. Env knobs (for sweeps, never needed in normal use):
-``ADS_BLOCK_ATTN_FWD_WARPS``, ``ADS_BLOCK_ATTN_BWD_WARPS`` and ``ADS_BLOCK_ATTN_BWD_PERSISTENT`` (0/1:
-a grid of ``programs_per_sm`` programs per SM striding over tiles, loads pipelined by ``tl.range``).
+pipelining, so only the warp count matters. (A persistent backward striding over tiles with
+``tl.range`` pipelining measured slower than this plain grid at every setting and was removed.)
+Env knobs (for sweeps, never needed in normal use): ``ADS_BLOCK_ATTN_FWD_WARPS``,
+``ADS_BLOCK_ATTN_BWD_WARPS``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,6 @@ class LaunchConfig:
     """Triton launch parameters for one kernel."""
 
     num_warps: int
-    num_stages: int = 1
-    persistent: bool = False
-    programs_per_sm: int = 2
 
 
 def _env_int(name: str) -> int | None:
@@ -44,6 +42,4 @@ def bwd_config(head_dim: int, block_size: int) -> LaunchConfig:
     warps = _env_int("ADS_BLOCK_ATTN_BWD_WARPS")
     if warps is None:
         warps = 8 if head_dim * block_size > 64 * 128 else 4
-    persistent = _env_int("ADS_BLOCK_ATTN_BWD_PERSISTENT")
-    persistent = bool(persistent) if persistent is not None else False
-    return LaunchConfig(num_warps=warps, num_stages=2 if persistent else 1, persistent=persistent)
+    return LaunchConfig(num_warps=warps)

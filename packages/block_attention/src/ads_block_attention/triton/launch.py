@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ..config import bwd_config, fwd_config
-from ._bwd import block_attn_bwd_kernel, block_attn_bwd_persistent_kernel
+from ._bwd import block_attn_bwd_kernel
 from ._fwd import block_attn_fwd_kernel
 from ._table import block_cum_kernel, block_table_kernel
 
@@ -23,18 +21,6 @@ _CUM_CHUNK = 1024  # sequences per step of the single-program prefix scan
 def _precision(dtype: torch.dtype) -> tl.constexpr:
     # fp32 inputs get true fp32 dots; tf32 would lose ~3 decimal digits against the reference
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@functools.lru_cache(maxsize=8)
-def num_sms(device: torch.device) -> int:
-    """Multiprocessor count of a CUDA device (1 elsewhere), cached: the query costs a driver call."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def build_block_table(offsets: torch.Tensor, num_slots: int, block_size: int) -> torch.Tensor:
@@ -109,7 +95,7 @@ def launch_fwd(
         ROT_V=rot_v,
         PRECISION=_precision(q.dtype),
         num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=1,
     )
 
 
@@ -145,14 +131,7 @@ def launch_bwd(
     )  # fmt: skip
     meta = dict(H_KV=heads_kv, G=heads // heads_kv, D=head_dim, BLOCK=block_size, ROT_QK=rot_qk, ROT_V=rot_v)
     meta.update(PRECISION=_precision(q.dtype), num_warps=cfg.num_warps)
-    # The interpreter cannot loop over runtime bounds (see _table.py): it always runs the plain grid.
-    if cfg.persistent and not _interpreting():
-        programs = min(grid[0], num_sms(q.device) * cfg.programs_per_sm)
-        block_attn_bwd_persistent_kernel[(programs,)](
-            *args, grid[0], NUM_STAGES=cfg.num_stages, num_stages=cfg.num_stages, **meta
-        )
-    else:
-        block_attn_bwd_kernel[grid](*args, num_stages=1, **meta)
+    block_attn_bwd_kernel[grid](*args, num_stages=1, **meta)
 
 
 def max_blocks_bound(total_tokens: int, batch: int, block_size: int) -> int:
