@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ._act import act_fwd_bwd, act_fwd_bwd_dyn
-from ._common import band, band_mask, seq_bounds
+from ._common import band, band_mask, load_rows, seq_bounds
 from ._fwd import _tile_coords
 
 
@@ -53,16 +53,8 @@ def gdpa_bwd_dkdv_kernel(
             n0 = n * BLOCK_N
             offs_n = n0 + tl.arange(0, BLOCK_N)
             kv_rows = offs_n[:, None] < Lk
-            k = tl.load(
-                k_base + offs_n[:, None] * stride_kt + offs_dq[None, :],
-                mask=kv_rows & (offs_dq[None, :] < D_QK),
-                other=0.0,
-            )
-            v = tl.load(
-                v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
-                mask=kv_rows & (offs_dv[None, :] < D_V),
-                other=0.0,
-            )
+            k = load_rows(k_base, offs_n, Lk, stride_kt, offs_dq, D_QK)
+            v = load_rows(v_base, offs_n, Lk, stride_vt, offs_dv, D_V)
             dk = tl.zeros([BLOCK_N, BLOCK_DQK], dtype=tl.float32)
             dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
             lo = 0
@@ -81,16 +73,8 @@ def gdpa_bwd_dkdv_kernel(
                 for m0 in range(lo, hi, BLOCK_M):
                     offs_m = m0 + tl.arange(0, BLOCK_M)
                     q_rows = offs_m[:, None] < Lq_eff
-                    q = tl.load(
-                        q_base + offs_m[:, None] * stride_qt + offs_dq[None, :],
-                        mask=q_rows & (offs_dq[None, :] < D_QK),
-                        other=0.0,
-                    )
-                    do = tl.load(
-                        do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
-                        mask=q_rows & (offs_dv[None, :] < D_V),
-                        other=0.0,
-                    )
+                    q = load_rows(q_base, offs_m, Lq_eff, stride_qt, offs_dq, D_QK)
+                    do = load_rows(do_base, offs_m, Lq_eff, stride_dot, offs_dv, D_V)
                     s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M)
                     if PER_HEAD:
                         p_t, g_t = act_fwd_bwd_dyn(s_t, act_id, FAST)
@@ -162,13 +146,8 @@ def gdpa_bwd_dq_kernel(
         offs_m = m0 + tl.arange(0, BLOCK_M)
         dq_base = DQ + q_start * stride_dqt + h.to(tl.int64) * stride_dqh
         if m0 < Lq_eff:
-            q_rows = offs_m[:, None] < Lq_eff
             q_base = Q + q_start * stride_qt + h.to(tl.int64) * stride_qh
-            q = tl.load(
-                q_base + offs_m[:, None] * stride_qt + offs_dq[None, :],
-                mask=q_rows & (offs_dq[None, :] < D_QK),
-                other=0.0,
-            )
+            q = load_rows(q_base, offs_m, Lq_eff, stride_qt, offs_dq, D_QK)
             if PER_HEAD:
                 act_id = tl.load(ACT_TBL + h)
             acc = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
@@ -180,11 +159,7 @@ def gdpa_bwd_dq_kernel(
             for bb in range(b_lo, b_hi):
                 _qs, o_start, _lq, _lqe, k_start, Lk = seq_bounds(CU_Q, CU_K, bb, max_q, BROADCAST_Q)
                 do_base = DO + o_start * stride_dot + h.to(tl.int64) * stride_doh
-                do = tl.load(
-                    do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
-                    mask=q_rows & (offs_dv[None, :] < D_V),
-                    other=0.0,
-                )
+                do = load_rows(do_base, offs_m, Lq_eff, stride_dot, offs_dv, D_V)
                 k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh
                 v_base = V + k_start * stride_vt + hk.to(tl.int64) * stride_vh
                 diag = band(Lq, Lk, win_left, win_right, BOTTOM_RIGHT)
@@ -195,17 +170,8 @@ def gdpa_bwd_dq_kernel(
                     hi = tl.minimum(m0 + BLOCK_M + diag + win_right, Lk)
                 for n0 in range(lo, hi, BLOCK_N):
                     offs_n = n0 + tl.arange(0, BLOCK_N)
-                    kv_rows = offs_n[:, None] < Lk
-                    k = tl.load(
-                        k_base + offs_n[:, None] * stride_kt + offs_dq[None, :],
-                        mask=kv_rows & (offs_dq[None, :] < D_QK),
-                        other=0.0,
-                    )
-                    v = tl.load(
-                        v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
-                        mask=kv_rows & (offs_dv[None, :] < D_V),
-                        other=0.0,
-                    )
+                    k = load_rows(k_base, offs_n, Lk, stride_kt, offs_dq, D_QK)
+                    v = load_rows(v_base, offs_n, Lk, stride_vt, offs_dv, D_V)
                     s = tl.dot(q, tl.trans(k))
                     if PER_HEAD:
                         _p, g = act_fwd_bwd_dyn(s, act_id, FAST)

@@ -46,3 +46,14 @@ def band_mask(offs_m, offs_n, diag, win_left, win_right):
     """(BLOCK_M, BLOCK_N) bool: keys inside the band of each query row."""
     rel = offs_n[None, :] - offs_m[:, None] - diag
     return (rel >= -win_left) & (rel <= win_right)
+
+
+@triton.jit
+def load_rows(base, offs_r, n_rows, stride_r, offs_d, D: tl.constexpr):
+    """(rows, cols) tile of ``base[offs_r, offs_d]``: rows >= n_rows and padded head-dim columns >= D
+    read as zeros, which every activation maps to zero (act(0) = 0), so padding never contributes."""
+    return tl.load(
+        base + offs_r[:, None] * stride_r + offs_d[None, :],
+        mask=(offs_r[:, None] < n_rows) & (offs_d[None, :] < D),
+        other=0.0,
+    )

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from ._act import act_fwd, act_fwd_dyn
-from ._common import band, band_mask, seq_bounds
+from ._common import band, band_mask, load_rows, seq_bounds
 
 
 @triton.jit
@@ -78,8 +78,7 @@ def gdpa_fwd_kernel(
                 v_desc = tl.make_tensor_descriptor(v_base, [Lk1, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV])
                 q = q_desc.load([m0, 0])
             else:
-                q_mask = (offs_m[:, None] < Lq_eff) & (offs_dq[None, :] < D_QK)
-                q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_dq[None, :], mask=q_mask, other=0.0)
+                q = load_rows(q_base, offs_m, Lq_eff, stride_qt, offs_dq, D_QK)
             s_scale = 1.0
             if FP8:
                 s_scale = tl.load(Q_DESCALE + h) * tl.load(K_DESCALE + hk)
@@ -92,9 +91,7 @@ def gdpa_fwd_kernel(
                     k = k_desc.load([n0, 0])
                     v = v_desc.load([n0, 0])
                 else:
-                    k_mask = (offs_n[:, None] < Lk) & (offs_dq[None, :] < D_QK)
-                    k_ptrs = k_base + offs_n[:, None] * stride_kt + offs_dq[None, :]
-                    k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+                    k = load_rows(k_base, offs_n, Lk, stride_kt, offs_dq, D_QK)
                     v_mask = (offs_n[:, None] < Lk) & (offs_dv[None, :] < D_V)
                     v_ptrs = v_base + offs_n[:, None] * stride_vt + offs_dv[None, :] * stride_vd
                     v = tl.load(v_ptrs, mask=v_mask, other=0.0)
