@@ -1,0 +1,127 @@
+"""The kernels compile for Hopper and use its instructions, checked without a GPU.
+
+The interpreter runs the kernels' math on the CPU but never lowers them; these tests compile the
+same kernels for sm_90 with Triton's offline compiler (in one child process without the
+interpreter), so a change that breaks the GPU build, or silently loses wgmma, TMA or the hardware
+tanh, fails CPU CI too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ads_kernel_tools.compile_check import ptx_counts_batch
+from ads_kernel_tools.reference.gdpa import ACTIVATIONS
+
+_INDEX = {"CU_Q": "*i32", "CU_K": "*i32", "ACT_TBL": "*i32", "TILE_MAP": "*i32", "scale": "fp32"}
+FWD_TYPES = {n: "*bf16" for n in "QKVO"} | _INDEX | {f"{n}_DESCALE": "*fp32" for n in "QKV"}
+BWD_TYPES = {n: "*bf16" for n in ("Q", "K", "V", "DO", "DK", "DV")} | {"DQ": "*fp32"} | _INDEX
+DQ_TYPES = {n: "*bf16" for n in ("Q", "K", "V", "DO", "DQ")} | _INDEX
+
+FWD = dict(
+    D_QK=128, D_V=128, BLOCK_DQK=128, BLOCK_DV=128, BLOCK_M=128, BLOCK_N=64, ACT=3, PER_HEAD=False,
+    FAST=True, HAS_WINDOW=False, BOTTOM_RIGHT=False, BROADCAST_Q=False, FP8=False, USE_TMA=True,
+    HAS_TILE_MAP=True,
+)  # fmt: skip
+BWD = dict(
+    D_QK=128, D_V=128, BLOCK_DQK=128, BLOCK_DV=128, BLOCK_M=64, BLOCK_N=128, ACT=3, PER_HEAD=False,
+    FAST=True, HAS_WINDOW=False, BOTTOM_RIGHT=False, BROADCAST_Q=False, DQ_ATOMIC=True, HAS_TILE_MAP=True,
+)  # fmt: skip
+DQ = {k: v for k, v in dict(BWD, BLOCK_M=128, BLOCK_N=64).items() if k != "DQ_ATOMIC"}
+OPTIONS = {
+    "per_head": dict(PER_HEAD=True),
+    "causal_window": dict(HAS_WINDOW=True, BOTTOM_RIGHT=True),
+    "broadcast_q": dict(BROADCAST_Q=True, HAS_TILE_MAP=False),
+    "d192": dict(D_QK=192, BLOCK_DQK=256),
+}
+
+
+def _fwd(**consts):
+    return dict(module="ads_gdpa.triton._fwd", kernel="gdpa_fwd_kernel", types=FWD_TYPES, constexprs=consts)
+
+
+def _gluon_job(d: int) -> dict:
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from ads_gdpa.gluon import fwd_sm90 as g
+
+    heads, bm, bn = 4, g.BLOCK_M, g.BLOCK_N
+    stages, qbuf, direct = g._config(d)
+    host = torch.empty(256, heads * d, dtype=torch.bfloat16)
+
+    def desc(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
+        return mangle_type(TensorDescriptor(host, [256, heads * d], [heads * d, 1], [rows, d], layout))
+
+    pointers = {"out_ptr": "*bf16", "order_ptr": "*i32", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32"}
+    types = {"q_desc": desc(bm), "k_desc": desc(bn), "v_desc": desc(bn), "scale": "fp32"} | pointers
+    consts = dict(D=d, BM=bm, BN=bn, STAGES=stages, ACT=3, QBUF=qbuf, PINGPONG=True, DIRECT_STORE=direct,
+                  CONSUMER_REGS=232, LOADER_REGS=24)  # fmt: skip
+    return dict(module=g.__name__, kernel="_gdpa_fwd_ws", types=types, constexprs=consts, gluon=True)
+
+
+def _jobs() -> dict[str, dict]:
+    jobs = {"fwd_main": dict(_fwd(**FWD), num_stages=3)}
+    jobs |= {f"fwd_{name}": _fwd(**dict(FWD, ACT=i, USE_TMA=False)) for i, name in enumerate(ACTIVATIONS)}
+    jobs |= {f"fwd_{name}": _fwd(**dict(FWD, **opts)) for name, opts in OPTIONS.items()}
+    fp8_types = dict(FWD_TYPES, Q="*fp8e4nv", K="*fp8e4nv", V="*fp8e4nv")
+    jobs["fwd_fp8"] = dict(_fwd(**dict(FWD, FP8=True, USE_TMA=False)), types=fp8_types)
+    jobs["bwd_dkdv"] = dict(module="ads_gdpa.triton._bwd", kernel="gdpa_bwd_dkdv_kernel", types=BWD_TYPES,
+                            constexprs=BWD, num_warps=8)  # fmt: skip
+    jobs["bwd_dq"] = dict(module="ads_gdpa.triton._bwd", kernel="gdpa_bwd_dq_kernel", types=DQ_TYPES,
+                          constexprs=DQ, num_warps=8)  # fmt: skip
+    try:
+        jobs |= {f"gluon_d{d}": _gluon_job(d) for d in (64, 128)}
+    except ImportError:  # a Triton without Gluon: the Gluon path is optional
+        pass
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def ptx() -> dict[str, dict]:
+    jobs = _jobs()
+    return dict(zip(jobs, ptx_counts_batch(list(jobs.values()))))
+
+
+def _ok(ptx: dict, name: str) -> dict:
+    counts = ptx[name]
+    assert "error" not in counts, f"{name} did not compile for sm_90: {counts.get('error')}"
+    return counts
+
+
+def test_forward_hopper_build_uses_wgmma_tma_and_hardware_tanh(ptx):
+    counts = _ok(ptx, "fwd_main")
+    assert counts["wgmma"] > 0 and counts["tma"] > 0 and counts["tanh_approx"] > 0
+    assert counts["local_memory"] == 0, "register spills in the main forward config"
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_forward_compiles_for_every_activation(ptx, name):
+    assert _ok(ptx, f"fwd_{name}")["wgmma"] > 0
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_forward_options_compile(ptx, name):
+    _ok(ptx, f"fwd_{name}")
+
+
+def test_fp8_forward_uses_wgmma(ptx):
+    assert _ok(ptx, "fwd_fp8")["wgmma"] > 0
+
+
+def test_backward_kernels_compile_with_wgmma(ptx):
+    dkdv = _ok(ptx, "bwd_dkdv")
+    assert dkdv["wgmma"] > 0 and dkdv["atomic_add"] > 0 and dkdv["local_memory"] == 0
+    dq = _ok(ptx, "bwd_dq")
+    assert dq["wgmma"] > 0 and dq["atomic_add"] == 0  # the deterministic pass adds nothing atomically
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_forward_compiles_for_sm90(ptx, d):
+    if f"gluon_d{d}" not in ptx:
+        pytest.skip("this Triton has no Gluon")
+    counts = _ok(ptx, f"gluon_d{d}")
+    assert counts["wgmma"] > 0 and counts["tma"] > 0 and counts["tanh_approx"] > 0

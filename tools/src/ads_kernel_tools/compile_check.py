@@ -1,0 +1,139 @@
+"""Compile Triton kernels for a GPU that is not in the machine.
+
+Triton's compiler needs no GPU: given argument types and constexpr values it lowers a kernel to PTX
+and, with the ptxas bundled in the triton wheel, to a cubin for any target. CPU CI uses this to prove
+that kernels still compile for Hopper (and Blackwell) after a change, and that the Hopper build really
+uses Hopper instructions (wgmma, TMA), which the interpreter can never show.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+# PTX markers of the features a Hopper kernel is expected to use
+PTX_MARKERS = {
+    "wgmma": r"wgmma\.mma_async",
+    "mma": r"\bmma\.sync",
+    "tma": r"cp\.async\.bulk\.tensor",
+    "tanh_approx": r"tanh\.approx",
+    "atomic_add": r"(red|atom)\.global[\w.]*\.add",
+    "local_memory": r"\b(ld|st)\.local",  # register spills
+}
+
+
+def signature(fn, types: Mapping[str, str], constexprs: Mapping[str, Any], default: str = "i32") -> dict:
+    """Argument types for ``fn``: ``types`` where given, "constexpr" for constexprs, else ``default``.
+
+    Types use Triton's spelling: "*bf16" (pointer to bf16), "i32", "fp32", ...
+    """
+    unknown = (set(types) | set(constexprs)) - set(fn.arg_names)
+    if unknown:
+        raise ValueError(f"{fn.__name__} has no arguments named {sorted(unknown)}")
+    return {name: "constexpr" if name in constexprs else types.get(name, default) for name in fn.arg_names}
+
+
+def compile_for(
+    fn,
+    *,
+    types: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    arch: int = 90,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    gluon: bool = False,
+):
+    """Compile the ``@triton.jit`` (or, with ``gluon``, ``@gluon.jit``) function ``fn`` for
+    sm_``arch``; returns Triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``,
+    ``.metadata``). Raises whatever the compiler raises. Tensor-descriptor arguments take the type
+    string ``triton.runtime.jit.mangle_type(descriptor)``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    while not hasattr(fn, "arg_names"):  # unwrap an Autotuner / Heuristics to the JITFunction
+        fn = fn.fn
+    source_cls = ASTSource
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as source_cls
+    src = source_cls(fn, signature(fn, types, constexprs), constexprs=dict(constexprs))
+    warp_size = 32
+    return triton.compile(
+        src,
+        target=GPUTarget("cuda", arch, warp_size),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+
+
+def ptx_counts(compiled, markers: Mapping[str, str] = PTX_MARKERS) -> dict[str, int]:
+    """How often each marker's instruction pattern occurs in the kernel's PTX."""
+    ptx = compiled.asm["ptx"]
+    return {name: len(re.findall(pattern, ptx)) for name, pattern in markers.items()}
+
+
+# --- batches in a clean process -------------------------------------------------------------------
+# Under TRITON_INTERPRET=1 every @triton.jit function is an interpreter object that the compiler
+# cannot lower, and the variable is read when a module is imported. So the CPU test suites, which run
+# under the interpreter, compile in a child process started without it: one child per batch, since
+# importing torch costs seconds.
+
+
+def _run_job(job: Mapping[str, Any]) -> dict[str, Any]:
+    import importlib
+
+    kernel = getattr(importlib.import_module(job["module"]), job["kernel"])
+    try:
+        compiled = compile_for(
+            kernel,
+            types=job.get("types", {}),
+            constexprs=job.get("constexprs", {}),
+            arch=job.get("arch", 90),
+            num_warps=job.get("num_warps", 4),
+            num_stages=job.get("num_stages", 2),
+            gluon=job.get("gluon", False),
+        )
+    except Exception as e:  # reported per job so one failure does not hide the others
+        return {"error": f"{type(e).__name__}: {e}"[:4000]}
+    return ptx_counts(compiled)
+
+
+def ptx_counts_batch(jobs: list[Mapping[str, Any]], *, timeout: float = 900.0) -> list[dict[str, Any]]:
+    """Compile each job and count PTX markers; a job names ``module`` and ``kernel`` (importable),
+    plus the keyword arguments of :func:`compile_for` (JSON values only). Failures come back as
+    ``{"error": message}``. Runs in this process, or in a child without TRITON_INTERPRET when the
+    interpreter is active here."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ads_kernel_tools.capability import interpreter_active
+
+    if not interpreter_active():
+        return [_run_job(job) for job in jobs]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "ads_kernel_tools.compile_check"],
+        input=json.dumps(list(jobs)),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"compile child failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _main() -> None:
+    import json
+    import sys
+
+    jobs = json.loads(sys.stdin.read())
+    print(json.dumps([_run_job(job) for job in jobs]))
+
+
+if __name__ == "__main__":
+    _main()
