@@ -3,7 +3,7 @@ import pytest
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from ads_kernel_tools.compile_check import compile_for, ptx_counts, signature  # noqa: E402
+from ads_kernel_tools.compile_check import compile_for, ptx_counts, ptx_counts_batch, signature  # noqa: E402
 
 
 @triton.jit
@@ -22,31 +22,43 @@ def test_signature_fills_defaults_and_rejects_unknown_names():
         signature(_matmul_tile, {"X": "*bf16"}, {})
 
 
+JOB = {
+    "module": __name__,
+    "kernel": "_matmul_tile",
+    "types": {"A": "*bf16", "B": "*bf16", "C": "*fp32"},
+    "constexprs": {"BLOCK": 64},
+}
+
+
 def test_hopper_build_uses_wgmma_and_ampere_does_not():
-    types = {"A": "*bf16", "B": "*bf16", "C": "*fp32"}
-    hopper = ptx_counts(compile_for(_matmul_tile, types=types, constexprs={"BLOCK": 64}, arch=90))
-    ampere = ptx_counts(compile_for(_matmul_tile, types=types, constexprs={"BLOCK": 64}, arch=80))
+    hopper, ampere = ptx_counts_batch([dict(JOB, arch=90), dict(JOB, arch=80)])
     assert hopper["wgmma"] > 0 and hopper["mma"] == 0
     assert ampere["wgmma"] == 0 and ampere["mma"] > 0
     assert hopper["local_memory"] == 0
 
 
-def test_compile_errors_surface():
+def test_compile_for_in_process():
+    """Direct compilation (the batch runs the same function in its child)."""
     from triton.compiler.errors import CompilationError
 
-    with pytest.raises(CompilationError):  # a non-power-of-two tile cannot lower
-        compile_for(_matmul_tile, types={"A": "*bf16", "B": "*bf16", "C": "*fp32"}, constexprs={"BLOCK": 48})
+    from ads_kernel_tools.capability import interpreter_active
+
+    if interpreter_active():
+        pytest.skip("kernels defined under the interpreter cannot be lowered in this process")
+
+    @triton.jit
+    def add_one(X, BLOCK: tl.constexpr):
+        r = tl.arange(0, BLOCK)
+        tl.store(X + r, tl.load(X + r) + 1)
+
+    compiled = compile_for(add_one, types={"X": "*fp32"}, constexprs={"BLOCK": 64}, arch=90)
+    assert ptx_counts(compiled)["wgmma"] == 0 and "ld.global" in compiled.asm["ptx"]
+    with pytest.raises(CompilationError):  # a non-power-of-two range cannot lower
+        compile_for(add_one, types={"X": "*fp32"}, constexprs={"BLOCK": 48})
 
 
 def test_batch_runs_in_a_clean_child_under_the_interpreter(monkeypatch):
-    from ads_kernel_tools.compile_check import ptx_counts_batch
-
-    job = {
-        "module": __name__,
-        "kernel": "_matmul_tile",
-        "types": {"A": "*bf16", "B": "*bf16", "C": "*fp32"},
-        "constexprs": {"BLOCK": 64},
-    }
+    job = JOB
     bad = dict(job, constexprs={"BLOCK": 48})
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # forces the child process path
     ok, failed = ptx_counts_batch([job, bad])

@@ -47,7 +47,9 @@ def compile_for(
     """Compile the ``@triton.jit`` (or, with ``gluon``, ``@gluon.jit``) function ``fn`` for
     sm_``arch``; returns Triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``,
     ``.metadata``). Raises whatever the compiler raises. Tensor-descriptor arguments take the type
-    string ``triton.runtime.jit.mangle_type(descriptor)``."""
+    string ``triton.runtime.jit.mangle_type(descriptor)``. ``fn`` must have been defined while
+    TRITON_INTERPRET was off (an interpreted kernel cannot be lowered): under the interpreter use
+    :func:`ptx_counts_batch`, which compiles in a clean child process."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
