@@ -21,16 +21,17 @@ def _inputs(device, dtype=torch.bfloat16, requires_grad=False):
     return q, k, v, lengths_to_offsets(LQ, device=device), lengths_to_offsets(LK, device=device)
 
 
-def _fwd_args(q, k, v, cu_q, cu_k, host=None, mask_mode=0):
+def _fwd_args(q, k, v, cu_q, cu_k, host=False, mask_mode=0):
+    hq = lengths_to_offsets(LQ, dtype=torch.int64) if host else None
+    hk = lengths_to_offsets(LK, dtype=torch.int64) if host else None
     return (q, k, v, cu_q, cu_k, max(LQ), max(LK), 3, None, 1.0, mask_mode, 1 << 30, 1 << 30, False,
-            None, None, None, host, host and list(lengths_to_offsets(LK).tolist()), False)  # fmt: skip
+            None, None, None, hq, hk, False)  # fmt: skip
 
 
 @pytest.mark.parametrize("host", [False, True], ids=["nohost", "host"])
 def test_opcheck_fwd(host, device):
     q, k, v, cu_q, cu_k = _inputs(device, requires_grad=True)
-    hq = lengths_to_offsets(LQ).tolist() if host else None
-    torch.library.opcheck(torch.ops.ads_gdpa.fwd.default, _fwd_args(q, k, v, cu_q, cu_k, hq))
+    torch.library.opcheck(torch.ops.ads_gdpa.fwd.default, _fwd_args(q, k, v, cu_q, cu_k, host))
 
 
 def test_opcheck_bwd(device):
@@ -110,3 +111,28 @@ def test_poisoned_grads(deterministic, device):
         torch.use_deterministic_algorithms(False)
     for t in (o, dq, dk, dv):
         assert torch.isfinite(t).all()
+
+
+def test_compile_host_offsets_are_inputs_not_constants(device):
+    """CPU copies of the offsets passed into a compiled function: new offsets reuse the graph (no
+    recompile, no graph break) and the op still checks their values."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    q, k, v, _, _ = _inputs(device)
+
+    def f(q, k, v, cu_q, cu_k, hq, hk):
+        return gdpa_varlen(q, k, v, cu_q, cu_k, max(LQ), max(LK), activation="gelu",
+                           cu_seqlens_q_cpu=hq, cu_seqlens_k_cpu=hk)  # fmt: skip
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager" if device == "cpu" else "inductor")
+    compiled = torch.compile(f, fullgraph=True, backend=counter)
+    for order in ([0, 1, 2], [2, 0, 1]):  # same totals and maxima, different offsets
+        lq, lk = [LQ[i] for i in order], [LK[i] for i in order]
+        hq, hk = lengths_to_offsets(lq, dtype=torch.int64), lengths_to_offsets(lk, dtype=torch.int64)
+        cu_q, cu_k = hq.to(device=device, dtype=torch.int32), hk.to(device=device, dtype=torch.int32)
+        torch.testing.assert_close(compiled(q, k, v, cu_q, cu_k, hq, hk), f(q, k, v, cu_q, cu_k, hq, hk))
+    assert counter.frame_count == 1, "new host offsets recompiled the graph"
+    bad = torch.tensor([0, 5, 3, sum(LQ)], dtype=torch.int64)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        compiled(q, k, v, cu_q, cu_k, bad, hk)

@@ -2,8 +2,9 @@
 
 custom_op (not triton_op): it runs under the Triton interpreter too, so opcheck and
 torch.compile(fullgraph=True) are testable on CPU. Non-tensor options travel as ints/floats/lists;
-host offsets (``host_q``/``host_k``) are int lists so they stay visible to the FLOP formula and to the
-tile scheduler without a device sync.
+host offsets (``host_q``/``host_k``) are optional CPU int64 tensors: real data inside the op even
+under torch.compile (where they stay graph inputs instead of constants that would recompile), read
+there for value checks, the tile scheduler and the FLOP formula without a device sync.
 """
 
 from __future__ import annotations
@@ -24,12 +25,35 @@ def _act_table(acts: tuple[int, ...], device: str) -> Tensor:
     return torch.tensor(acts, dtype=torch.int32, device=device)
 
 
-def _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, host_q, host_k):
+def _host_list(host: Tensor | None) -> tuple[int, ...] | None:
+    return tuple(host.tolist()) if host is not None else None  # a CPU tensor: no device sync
+
+
+def check_host_offsets(
+    q: Tensor, k: Tensor, hq: tuple | None, hk: tuple | None, max_k: int, broadcast_q: bool
+):
+    """Value checks that need the offsets themselves; raised from inside the op so that they also
+    hold under torch.compile, where the Python wrapper only sees fake tensors."""
+    for name, host, rows in (("cu_seqlens_q", hq, q.shape[0]), ("cu_seqlens_k", hk, k.shape[0])):
+        if host is None:
+            continue
+        if any(b < a for a, b in zip(host, host[1:])):
+            raise ValueError(f"ads_gdpa: {name} must be non-decreasing, got {list(host[:8])}")
+        if host[0] < 0 or host[-1] > rows:
+            raise ValueError(f"ads_gdpa: {name} spans [{host[0]}, {host[-1]}] but the tensor has {rows} rows")
+    if broadcast_q and hq is not None and (hq[0] != 0 or hq[1] != q.shape[0]):
+        raise ValueError(f"ads_gdpa: broadcast_q needs cu_seqlens_q == [0, {q.shape[0]}], got {list(hq)}")
+    if hk is not None:
+        longest = max([0] + [b - a for a, b in zip(hk, hk[1:])])
+        if longest > max_k:
+            raise ValueError(f"ads_gdpa: a key sequence has {longest} rows > max_seqlen_k={max_k}")
+
+
+def _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk):
     return launch.Problem(
         max_q=max_q, max_k=max_k, act=act, scale=scale, has_window=mask_mode != 0,
         bottom_right=mask_mode == 2, win_left=win_left, win_right=win_right, broadcast_q=broadcast_q,
-        host_q=tuple(host_q) if host_q is not None else None,
-        host_k=tuple(host_k) if host_k is not None else None,
+        host_q=hq, host_k=hk,
     )  # fmt: skip
 
 
@@ -61,13 +85,15 @@ def gdpa_fwd_op(
     q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int, act: int,
     act_per_head: list[int] | None, scale: float, mask_mode: int, win_left: int, win_right: int,
     broadcast_q: bool, q_descale: Tensor | None, k_descale: Tensor | None, v_descale: Tensor | None,
-    host_q: list[int] | None, host_k: list[int] | None, deterministic: bool,
+    host_q: Tensor | None, host_k: Tensor | None, deterministic: bool,
 ) -> Tensor:  # fmt: skip
     """Forward. q (Tq, H, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv) -> out (To, H, Dv).
 
     mask_mode: 0 none, 1 top-left symmetric window, 2 bottom-right band (causal/local).
     ``deterministic`` only affects the backward (dQ by a second pass instead of atomics).
     """
+    hq, hk = _host_list(host_q), _host_list(host_k)
+    check_host_offsets(q, k, hq, hk, max_k, broadcast_q)
     fp8 = q_descale is not None
     out_dtype = torch.bfloat16 if fp8 else q.dtype
     rows = _out_rows(q, cu_k, broadcast_q)
@@ -75,7 +101,7 @@ def gdpa_fwd_op(
     opts = dict(activation_id=act, window=mask_mode != 0, broadcast_q=broadcast_q, fp8=fp8)
     if act_per_head is None and _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts):
         return out
-    pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, host_q, host_k)
+    pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk)
     tbl = _act_table(tuple(act_per_head), str(q.device)) if act_per_head is not None else None
     descale = (q_descale, k_descale, v_descale) if fp8 else None
     return launch.fwd(q, k, v, cu_q, cu_k, pb, out, act_tbl=tbl, descale=descale)
@@ -92,10 +118,11 @@ def _(q, k, v, cu_q, cu_k, max_q, max_k, act, act_per_head, scale, mask_mode, wi
 def gdpa_bwd_op(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int,
     act: int, act_per_head: list[int] | None, scale: float, mask_mode: int, win_left: int, win_right: int,
-    broadcast_q: bool, deterministic: bool, host_q: list[int] | None, host_k: list[int] | None,
+    broadcast_q: bool, deterministic: bool, host_q: Tensor | None, host_k: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Backward: (dq, dk, dv) shaped like (q, k, v); do (To, H, Dv)."""
-    pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, host_q, host_k)
+    hq, hk = _host_list(host_q), _host_list(host_k)
+    pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk)
     tbl = _act_table(tuple(act_per_head), str(q.device)) if act_per_head is not None else None
     return launch.bwd(do, q, k, v, cu_q, cu_k, pb, act_tbl=tbl, deterministic=deterministic)
 
@@ -144,10 +171,21 @@ def _pair_count(host_q, host_k, max_q, max_k, n_b, broadcast_q, mask_mode, win_l
     return total
 
 
+def _readable(host) -> tuple[int, ...] | None:
+    """Host offsets as ints, or None where they are not real data (fake or meta tensors)."""
+    if host is None or not isinstance(host, Tensor) or host.device.type != "cpu":
+        return None
+    try:
+        return tuple(host.tolist())
+    except Exception:  # fake tensors raise on data access: fall back to the max-length bound
+        return None
+
+
 def _fwd_flops(q, k, v, cu_q, cu_k, max_q, max_k, act, act_per_head, scale, mask_mode, win_left, win_right,
                broadcast_q, *rest, host_q=None, host_k=None) -> int:  # fmt: skip
     n_b = cu_k.shape[0] - 1
-    pairs = _pair_count(host_q, host_k, max_q, max_k, n_b, broadcast_q, mask_mode, win_left, win_right)
+    hq, hk = _readable(host_q), _readable(host_k)
+    pairs = _pair_count(hq, hk, max_q, max_k, n_b, broadcast_q, mask_mode, win_left, win_right)
     return 2 * q.shape[1] * (q.shape[2] + v.shape[2]) * pairs
 
 
