@@ -106,3 +106,14 @@ def test_demo_reports_agreement_and_mismatch(capsys):
     assert run_demo("demo", [good, bad]) == 1
     text = capsys.readouterr().out
     assert "1/2 ops agree" in text and "MISMATCH" in text and "good" in text
+
+
+def test_cli_parser_has_the_flags_ci_bench_relies_on(capsys):
+    from ads_kernel_tools.bench import cli
+
+    args = cli.parser("prog", "demo").parse_args(["--quick", "--json", "a.json", "--plot", "a.png"])
+    assert args.quick and args.json == "a.json" and args.plot == "a.png" and not args.demo
+    assert cli.parser("prog", "demo").parse_args(["--demo"]).demo
+    if not torch.cuda.is_available():
+        assert cli.gpu_present("prog") is False
+        assert "needs a CUDA GPU" in capsys.readouterr().out

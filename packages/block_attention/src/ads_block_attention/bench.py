@@ -10,7 +10,6 @@ graph, so no provider pays for gradient accumulation.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -314,17 +313,15 @@ def demo() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="max length 2048 only (< 90 s)")
-    parser.add_argument("--json", help="write the rows and environment as JSON")
-    parser.add_argument("--plot", help="write a PNG of GB/s per provider")
+    from ads_kernel_tools.bench import cli
+
+    prog = "python -m ads_block_attention.bench"
+    parser = cli.parser(prog, __doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="only sweep warp counts of ours")
-    parser.add_argument("--demo", action="store_true", help="run each op once on a small case, checked")
     args = parser.parse_args(argv)
     if args.demo:
         return demo()
-    if not torch.cuda.is_available():
-        print("ads_block_attention.bench needs a CUDA GPU; nothing to measure here.")
+    if not cli.gpu_present(prog):
         return 0
     from ads_kernel_tools import bench
 

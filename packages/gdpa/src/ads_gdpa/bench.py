@@ -13,7 +13,6 @@ CuTe varlen and cuDNN SDPA (softmax attention: speed references only).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -176,19 +175,17 @@ class Bench:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ads_gdpa.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a subset that runs in under 2 minutes on an H200")
-    ap.add_argument("--json", help="write the report as JSON here")
-    ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    from ads_kernel_tools.bench import cli
+
+    prog = "python -m ads_gdpa.bench"
+    ap = cli.parser(prog, __doc__.splitlines()[0])
     ap.add_argument("--variants", action="store_true", help="also time ours[det] (deterministic backward)")
-    ap.add_argument("--demo", action="store_true", help="run each op once on a small case, checked")
     args = ap.parse_args(argv)
     if args.demo:
         from ._demo import demo
 
         return demo()
-    if not torch.cuda.is_available():
-        print("ads_gdpa.bench needs a CUDA GPU (sm80+); none found, nothing to do.")
+    if not cli.gpu_present(prog):
         return 0
     from ads_kernel_tools.bench import peers
 

@@ -1,0 +1,29 @@
+"""The command line every package benchmark shares (``python -m <package>.bench``).
+
+``ci/bench`` relies on these flags: ``--quick`` (a subset for ci/gpu), ``--json`` and ``--plot``
+(where to write results) and ``--demo`` (the checked CPU run). Packages add their own flags to the
+returned parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--quick", action="store_true", help="a subset that runs in a minute or two on one GPU")
+    ap.add_argument("--json", help="write the rows and the environment as JSON to this path")
+    ap.add_argument("--plot", help="write a PNG plot to this path (needs matplotlib)")
+    ap.add_argument("--demo", action="store_true", help="run each op once on a small case, checked")
+    return ap
+
+
+def gpu_present(prog: str) -> bool:
+    """True with a CUDA GPU; otherwise says plainly that there is nothing to measure."""
+    if torch.cuda.is_available():
+        return True
+    print(f"{prog} measures speed and needs a CUDA GPU; none found. `{prog} --demo` runs a checked CPU demo.")
+    return False
