@@ -6,11 +6,12 @@ a learnable sink logit and the natural-log LSE. Plain PyTorch; differentiable th
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
 import torch
+
+from ads_kernel_tools.reference._jagged import sequence_ranges
 
 __all__ = [
     "attention_mask",
@@ -143,10 +144,6 @@ def softmax_attention_ref(
     return out.permute(0, 2, 1, 3).to(dtype), lse
 
 
-def _offsets(cu: torch.Tensor | Sequence[int]) -> list[int]:
-    return [int(x) for x in (cu.tolist() if isinstance(cu, torch.Tensor) else cu)]
-
-
 def _varlen(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -164,26 +161,12 @@ def _varlen(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     qc, kc, vc, sink_c, group, compute = _prepare(q, k, v, sink, dtype)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    q_off, k_off = _offsets(cu_q), _offsets(cu_k)
-    batch = len(k_off) - 1
-    if broadcast_q:
-        if len(q_off) != 2:
-            raise ValueError("broadcast_q needs cu_seqlens_q with exactly 2 entries")
-        lq_shared = q_off[1] - q_off[0]
-        q_ranges = [(q_off[0], q_off[1])] * batch
-        out_starts = [b * lq_shared for b in range(batch)]
-        total = batch * lq_shared
-    else:
-        if len(q_off) != len(k_off):
-            raise ValueError(f"cu_q has {len(q_off)} entries, cu_k has {len(k_off)}")
-        q_ranges = list(itertools.pairwise(q_off))
-        out_starts = q_off[:-1]
-        total = q.shape[0]
+    ranges = sequence_ranges(cu_q, cu_k, q.shape[0], broadcast_q)
+    total = ranges.total_out
     heads = q.shape[1]
     out = torch.zeros(total, heads, v.shape[-1], dtype=dtype, device=q.device)
     lse = torch.full((heads, total), -math.inf, dtype=compute, device=q.device)
-    for b in range(batch):
-        (q0, q1), k0, k1 = q_ranges[b], k_off[b], k_off[b + 1]
+    for (q0, q1), (k0, k1), start in zip(ranges.q, ranges.k, ranges.out_starts):
         lq, lk = q1 - q0, k1 - k0
         rows = lq if max_seqlen_q is None else min(lq, max_seqlen_q)
         if rows <= 0:
@@ -193,7 +176,6 @@ def _varlen(
         vb = vc[k0:k1].repeat_interleave(group, dim=1).transpose(0, 1)
         mask = mask_fn(lq, lk)[:rows]
         ob, lb = _attend(qb, kb, vb, mask, scale=scale, softcap=softcap, sink=sink_c, dtype=dtype)
-        start = out_starts[b]
         out[start : start + rows] = ob.transpose(0, 1).to(dtype)
         lse[:, start : start + rows] = lb
     return out, lse

@@ -12,16 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
+from ads_kernel_tools.reference._jagged import offsets_list
+
 __all__ = [
     "block_attention_ref",
     "block_diagonal_mask",
     "qkv_proj_rotary_block_attention_ref",
     "rotary_interleaved_ref",
 ]
-
-
-def _offsets(offsets: torch.Tensor | Sequence[int]) -> list[int]:
-    return [int(x) for x in (offsets.tolist() if isinstance(offsets, torch.Tensor) else offsets)]
 
 
 def _compute_dtype(dtype: torch.dtype) -> tuple[bool, torch.dtype]:
@@ -33,7 +31,7 @@ def block_diagonal_mask(
     offsets: torch.Tensor | Sequence[int], *, block_size: int = 64, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """Dense boolean (T, T) mask: token a may attend to token b iff both lie in the same block."""
-    off = _offsets(offsets)
+    off = offsets_list(offsets)
     block_id = torch.empty(off[-1], dtype=torch.long, device=device)
     next_id = 0
     for start, end in itertools.pairwise(off):
@@ -76,7 +74,7 @@ def block_attention_ref(
     qc, kc, vc = ((t.to(dtype).to(compute) if low else t.to(compute)) for t in (q, k, v))
 
     out = torch.zeros(q.shape[0], heads, v.shape[-1], dtype=dtype, device=q.device)
-    off = _offsets(offsets)
+    off = offsets_list(offsets)
     for start, end in itertools.pairwise(off):
         n = end - start
         if n <= 0:

@@ -6,11 +6,12 @@ the ground truth that kernels are tested against (forward values, and gradients 
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
 import torch
+
+from ads_kernel_tools.reference._jagged import sequence_ranges
 
 __all__ = [
     "ACTIVATIONS",
@@ -198,10 +199,6 @@ def _apply_activation(s: torch.Tensor, head_ids: list[int]) -> torch.Tensor:
     return torch.stack([activation_ref(a, s[h]) for h, a in enumerate(head_ids)])
 
 
-def _offsets(cu: torch.Tensor | Sequence[int]) -> list[int]:
-    return [int(x) for x in (cu.tolist() if isinstance(cu, torch.Tensor) else cu)]
-
-
 def gdpa_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -250,27 +247,11 @@ def gdpa_ref(
     # Low precision: the kernel reads inputs in `dtype`; products of those are exact in fp32.
     qc, kc, vc = ((t.to(dtype).to(compute) if low_precision else t.to(compute)) for t in (q, k, v))
 
-    q_off, k_off = _offsets(cu_seqlens_q), _offsets(cu_seqlens_k)
-    batch = len(k_off) - 1
-    if broadcast_q:
-        if len(q_off) != 2:
-            raise ValueError("broadcast_q needs cu_seqlens_q with exactly 2 entries")
-        lq_shared = q_off[1] - q_off[0]
-        q_ranges = [(q_off[0], q_off[1])] * batch
-        out_starts = [b * lq_shared for b in range(batch)]
-        total_out = batch * lq_shared
-    else:
-        if len(q_off) != len(k_off):
-            raise ValueError(f"cu_seqlens_q has {len(q_off)} entries, cu_seqlens_k has {len(k_off)}")
-        q_ranges = list(itertools.pairwise(q_off))
-        out_starts = q_off[:-1]
-        total_out = q.shape[0]
+    ranges = sequence_ranges(cu_seqlens_q, cu_seqlens_k, q.shape[0], broadcast_q)
 
     head_ids = _per_head_activations(activation, activation_per_head, num_heads)
-    out = torch.zeros(total_out, num_heads, v.shape[2], dtype=dtype, device=q.device)
-    for b in range(batch):
-        q_start, q_end = q_ranges[b]
-        k_start, k_end = k_off[b], k_off[b + 1]
+    out = torch.zeros(ranges.total_out, num_heads, v.shape[2], dtype=dtype, device=q.device)
+    for (q_start, q_end), (k_start, k_end), out_start in zip(ranges.q, ranges.k, ranges.out_starts):
         lq, lk = q_end - q_start, k_end - k_start
         rows = min(lq, max_seqlen_q)
         if rows <= 0:
@@ -286,7 +267,7 @@ def gdpa_ref(
         if low_precision:
             p = p.to(dtype).to(compute)
         ob = (p @ vb).transpose(0, 1)  # (rows, H, Dv)
-        out[out_starts[b] : out_starts[b] + rows] = ob.to(dtype)
+        out[out_start : out_start + rows] = ob.to(dtype)
     return out
 
 
