@@ -438,6 +438,8 @@ def _gdpa_fwd_ws(
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
 
+    # The two consumer warpgroups differ only in WG (which 64-row half and which turn they own). The
+    # argument tuples are spelled out: Gluon's frontend does not concatenate tuples here.
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     gl.warp_specialize(
@@ -542,11 +544,6 @@ def _gdpa_fwd_ws(
         [4, 1],
         [CONSUMER_REGS, LOADER_REGS],
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# Single-partition kernel (8 warps = two warpgroups of 64 rows, in-line TMA prefetch)
-# ----------------------------------------------------------------------------------------------
 
 
 @gluon.jit
