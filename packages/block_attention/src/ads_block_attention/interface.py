@@ -54,6 +54,11 @@ def _num_slots(host: Tensor | None, total: int, batch: int, block_size: int) -> 
     return max_blocks_bound(total, batch, block_size)
 
 
+def _is_int(value: object) -> bool:
+    # 64.0 == 64 would pass a membership test, then fail deep inside the int-typed custom op schema.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _last_dim_contiguous(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -102,7 +107,7 @@ def block_attention(
         raise ValueError(f"H={heads} must be a multiple of H_kv={heads_kv}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dim {head_dim} unsupported; supported: {SUPPORTED_HEAD_DIMS}")
-    if block_size not in SUPPORTED_BLOCK_SIZES:
+    if not _is_int(block_size) or block_size not in SUPPORTED_BLOCK_SIZES:
         raise ValueError(f"block_size {block_size} unsupported; supported: {SUPPORTED_BLOCK_SIZES}")
     host = _check_offsets(offsets, total, q.device, offsets_cpu)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -148,6 +153,8 @@ def qkv_proj_rotary_block_attention(
         )
     if w.device != x.device or sinu_pos.device != x.device:
         raise ValueError("x, w and sinu_pos must be on one device")
+    if not (_is_int(num_heads) and _is_int(num_kv_heads)):
+        raise ValueError(f"num_heads and num_kv_heads must be ints, got {num_heads!r}, {num_kv_heads!r}")
     if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
     groups = num_heads + 2 * num_kv_heads

@@ -29,6 +29,9 @@ def build_block_table(offsets: torch.Tensor, num_slots: int, block_size: int) ->
     ``num_slots`` is an upper bound on the block count (``T // block + B`` needs no data); slots past the
     real count have length 0, so kernels sized by the bound skip them without a host sync.
     """
+    # The table kernels index OFFSETS[i] with unit stride, so a strided view (offsets[::2], a column of
+    # a 2-D tensor) would be read at the wrong addresses and silently give a wrong table.
+    offsets = offsets.contiguous()
     batch = offsets.numel() - 1
     table = torch.empty((num_slots, 2), dtype=torch.int32, device=offsets.device)
     if num_slots == 0:
