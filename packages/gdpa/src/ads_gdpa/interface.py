@@ -85,12 +85,15 @@ def _mask(window_size, causal, local_window) -> tuple[int, int, int]:
             raise _err("window_size (top-left, upstream) cannot be combined with causal/local_window")
         if int(window_size) < 0:
             raise _err(f"window_size must be >= 0, got {window_size}")
-        return 1, int(window_size), int(window_size)
+        # clamp to _BIG (longer than any sequence, so the same mask): the kernels add a side to a row
+        # index in int32, and a side near INT_MAX (a common "unbounded") wrapped to an empty band
+        w = min(int(window_size), _BIG)
+        return 1, w, w
     if local_window is None and not causal:
         return 0, _BIG, _BIG
     left, right = (None, None) if local_window is None else local_window
-    left = _BIG if left is None or left < 0 else int(left)
-    right = _BIG if right is None or right < 0 else int(right)
+    left = _BIG if left is None or left < 0 else min(int(left), _BIG)
+    right = _BIG if right is None or right < 0 else min(int(right), _BIG)
     if causal:
         right = min(right, 0)
     return 2, left, right
@@ -198,7 +201,8 @@ def _dense_offsets(b: int, s: int, device: torch.device) -> torch.Tensor:
     key = (b, s, str(device))
     t = _DENSE_CU.get(key)
     if t is None:
-        t = _DENSE_CU[key] = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=device)
+        # arange(b + 1) * s, not arange(0, (b + 1) * s, s): a zero step raised for s = 0 (empty Sq or Sk)
+        t = _DENSE_CU[key] = torch.arange(b + 1, dtype=torch.int32, device=device) * s
     return t
 
 

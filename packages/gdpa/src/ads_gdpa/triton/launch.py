@@ -94,6 +94,11 @@ def _lengths(host: tuple[int, ...]) -> list[int]:
     return [host[i + 1] - host[i] for i in range(len(host) - 1)]
 
 
+def _spans(host: tuple[int, ...] | None, rows: int) -> bool:
+    """True when host offsets are known and their sequences cover rows [0, rows) exactly."""
+    return host is not None and host[0] == 0 and host[-1] == rows
+
+
 def fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -192,14 +197,20 @@ def bwd(
     B = cu_k.shape[0] - 1
     H, H_KV, D_QK, D_V = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
     G = H // H_KV
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    # Kernels write only rows inside some sequence. Offsets need not span the tensors (leading or
+    # trailing rows are allowed), and those rows' gradients are zero: allocate zeros unless the host
+    # offsets prove that the sequences cover every row (then torch.empty saves the memset).
+    dk = torch.empty_like(k) if _spans(pb.host_k, k.shape[0]) else torch.zeros_like(k)
+    dv = torch.empty_like(v) if _spans(pb.host_k, k.shape[0]) else torch.zeros_like(v)
     if B == 0 or q.shape[0] == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     do = do.contiguous() if do.stride(-1) != 1 else do
     atomic = not deterministic
     # fp32 accumulation buffer for atomics; it must start at zero (rows no tile touches stay zero)
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else torch.empty_like(q)
+    if atomic:
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    else:  # the dq kernel writes every row of every sequence (zeros past max_q), none outside them
+        dq_acc = torch.empty_like(q) if _spans(pb.host_q, q.shape[0]) else torch.zeros_like(q)
     dummy = cu_q
     fast = _fast_math(q.device)
     consts = dict(
