@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _cases import jagged_qkv
 from torch.utils.flop_counter import FlopCounterMode
@@ -17,6 +18,7 @@ def test_opcheck_block_ops(device: str) -> None:
     q, k, v, offsets = jagged_qkv(LENGTHS, 2, 1, 32, torch.bfloat16, device, seed=0)
     args = (q, k, v, offsets, 5, 64, 0.2)
     torch.library.opcheck(ops.fwd, args)
+    torch.library.opcheck(ops.fwd, (*args, lengths_to_offsets(LENGTHS, dtype=torch.int64)))
     out, table = ops.fwd(*args)
     torch.library.opcheck(
         ops.bwd, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), table, 64, 0.2)
@@ -71,3 +73,25 @@ def test_flop_formulas(device: str) -> None:
         block_attention(q, k, v, offsets).sum().backward()
     fwd = 4 * 2 * 32 * 64 * sum(LENGTHS)
     assert counter.get_total_flops() == fwd + 2.5 * fwd
+
+
+def test_compile_checks_host_offsets_without_recompiling(device: str) -> None:
+    """offsets_cpu passed into a compiled function stays a graph input: new offsets reuse the graph,
+    and their values are still checked (inside the op, where they are real data)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    total = sum(LENGTHS)
+    q, k, v, _ = jagged_qkv(LENGTHS, 2, 1, 32, torch.bfloat16, device, seed=3)
+    counter = CompileCounterWithBackend("aot_eager" if device == "cpu" else "inductor")
+    torch._dynamo.reset()
+    compiled = torch.compile(block_attention, fullgraph=True, backend=counter)
+    for lengths in (LENGTHS, [45, 0, 45]):  # same T, different offsets
+        host = lengths_to_offsets(lengths)
+        offsets = host.to(device)
+        torch.testing.assert_close(
+            compiled(q, k, v, offsets, offsets_cpu=host), block_attention(q, k, v, offsets, offsets_cpu=host)
+        )
+    assert counter.frame_count == 1, "new host offsets recompiled the graph"
+    short = torch.tensor([0, 20, total - 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="end at T"):
+        compiled(q, k, v, short.to(device), offsets_cpu=short)

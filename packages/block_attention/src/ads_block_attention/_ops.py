@@ -4,13 +4,16 @@
 TRITON_INTERPRET, where ``triton_op`` would read data pointers of fake tensors.
 
 Ops:
-- ``fwd(q, k, v, offsets, num_slots, block_size, scale) -> (out, table)``
+- ``fwd(q, k, v, offsets, num_slots, block_size, scale, offsets_host=None) -> (out, table)``
 - ``bwd(dout, q, k, v, table, block_size, scale) -> (dq, dk, dv)``
-- ``rotary_fwd(qkv, sinu, offsets, num_slots, num_heads, num_kv_heads, rotate_v, scale) -> (out, table)``
+- ``rotary_fwd(qkv, sinu, offsets, num_slots, num_heads, num_kv_heads, rotate_v, scale, offsets_host=None)
+  -> (out, table)``
   on the packed unrotated projection qkv (T, (H + 2·H_kv)·D); rotary is applied to tiles after load.
 - ``rotary_bwd(dout, qkv, sinu, table, num_heads, num_kv_heads, rotate_v, scale) -> dqkv`` (packed,
   transpose rotation fused into the epilogue).
 The int32 table output is non-differentiable; it is saved so the backward need not rebuild it.
+``offsets_host`` (a CPU copy of the offsets, optional) is checked inside the forward ops: there it is
+real data even under torch.compile, where the Python wrapper only sees fake tensors.
 """
 
 from __future__ import annotations
@@ -22,6 +25,16 @@ from torch.utils.flop_counter import register_flop_formula
 from .triton.launch import build_block_table, launch_bwd, launch_fwd
 
 _ROTARY_BLOCK = 64  # the fused projection path uses the upstream block size
+
+
+def check_offset_values(offsets_host: Tensor, total: int) -> None:
+    """Offsets must run from 0 to T without decreasing: anything else would make the kernels read and
+    write rows of other sequences (or past the tensors). Host data, so this costs no device sync."""
+    first, last = int(offsets_host[0]), int(offsets_host[-1])
+    if first != 0 or last != total:
+        raise ValueError(f"offsets must start at 0 and end at T={total}, got {first}..{last}")
+    if bool((offsets_host[1:] < offsets_host[:-1]).any()):
+        raise ValueError("offsets must be non-decreasing")
 
 
 def _split_qkv(qkv: Tensor, num_heads: int, num_kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -39,8 +52,17 @@ def _split_qkv(qkv: Tensor, num_heads: int, num_kv_heads: int) -> tuple[Tensor, 
 # ---------------------------------------------------------------- plain block attention
 @torch.library.custom_op("ads_block_attention::fwd", mutates_args=())
 def fwd(
-    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, num_slots: int, block_size: int, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    offsets: Tensor,
+    num_slots: int,
+    block_size: int,
+    scale: float,
+    offsets_host: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
+    if offsets_host is not None:
+        check_offset_values(offsets_host, q.shape[0])
     table = build_block_table(offsets, num_slots, block_size)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     launch_fwd(q, k, v, out, table, scale, block_size)
@@ -48,7 +70,7 @@ def fwd(
 
 
 @fwd.register_fake
-def _(q, k, v, offsets, num_slots, block_size, scale):
+def _(q, k, v, offsets, num_slots, block_size, scale, offsets_host=None):
     return q.new_empty(q.shape), offsets.new_empty((num_slots, 2), dtype=torch.int32)
 
 
@@ -70,7 +92,7 @@ def _(dout, q, k, v, table, block_size, scale):
 
 
 def _fwd_setup(ctx, inputs, output) -> None:
-    q, k, v, _offsets, _num_slots, block_size, scale = inputs
+    q, k, v, _offsets, _num_slots, block_size, scale, _host = inputs
     ctx.save_for_backward(q, k, v, output[1])
     ctx.block_size, ctx.scale = block_size, scale
 
@@ -78,7 +100,7 @@ def _fwd_setup(ctx, inputs, output) -> None:
 def _fwd_backward(ctx, dout: Tensor, _dtable):
     q, k, v, table = ctx.saved_tensors
     dq, dk, dv = bwd(dout, q, k, v, table, ctx.block_size, ctx.scale)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
@@ -95,7 +117,10 @@ def rotary_fwd(
     num_kv_heads: int,
     rotate_v: bool,
     scale: float,
+    offsets_host: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
+    if offsets_host is not None:
+        check_offset_values(offsets_host, qkv.shape[0])
     q, k, v = _split_qkv(qkv, num_heads, num_kv_heads)
     table = build_block_table(offsets, num_slots, _ROTARY_BLOCK)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -104,7 +129,7 @@ def rotary_fwd(
 
 
 @rotary_fwd.register_fake
-def _(qkv, sinu, offsets, num_slots, num_heads, num_kv_heads, rotate_v, scale):
+def _(qkv, sinu, offsets, num_slots, num_heads, num_kv_heads, rotate_v, scale, offsets_host=None):
     head_dim = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
     out = qkv.new_empty((qkv.shape[0], num_heads, head_dim))
     return out, offsets.new_empty((num_slots, 2), dtype=torch.int32)
@@ -135,7 +160,7 @@ def _(dout, qkv, sinu, table, num_heads, num_kv_heads, rotate_v, scale):
 
 
 def _rotary_setup(ctx, inputs, output) -> None:
-    qkv, sinu, _offsets, _num_slots, num_heads, num_kv_heads, rotate_v, scale = inputs
+    qkv, sinu, _offsets, _num_slots, num_heads, num_kv_heads, rotate_v, scale, _host = inputs
     ctx.save_for_backward(qkv, sinu, output[1])
     ctx.args = (num_heads, num_kv_heads, rotate_v, scale)
 
@@ -143,7 +168,7 @@ def _rotary_setup(ctx, inputs, output) -> None:
 def _rotary_backward(ctx, dout: Tensor, _dtable):
     qkv, sinu, table = ctx.saved_tensors
     dqkv = rotary_bwd(dout, qkv, sinu, table, *ctx.args)
-    return dqkv, None, None, None, None, None, None, None
+    return dqkv, None, None, None, None, None, None, None, None
 
 
 rotary_fwd.register_autograd(_rotary_backward, setup_context=_rotary_setup)

@@ -38,7 +38,9 @@ def block_attn_fwd_kernel(
     PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    hk = pid % H_KV  # heads vary fastest: neighbouring programs read neighbouring bytes of a row
+    # heads vary fastest: neighbouring programs read neighbouring bytes of a row. int64, because
+    # head * head-stride passes 2^31 for head-major layouts (a (H, T, D) tensor viewed as (T, H, D))
+    hk = (pid % H_KV).to(tl.int64)
     slot = pid // H_KV
     row0 = tl.load(TABLE + 2 * slot).to(tl.int64)  # int64: row * stride can pass 2^31
     n = tl.load(TABLE + 2 * slot + 1)

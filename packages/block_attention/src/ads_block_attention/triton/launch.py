@@ -145,4 +145,4 @@ def max_blocks_bound(total_tokens: int, batch: int, block_size: int) -> int:
 def exact_num_blocks(offsets_host: torch.Tensor, block_size: int) -> int:
     """Σ ceil(L_b / block) from host offsets (no device work)."""
     lengths = (offsets_host[1:] - offsets_host[:-1]).tolist()
-    return int(sum(math.ceil(n / block_size) for n in lengths))
+    return int(sum(math.ceil(max(n, 0) / block_size) for n in lengths))  # bad offsets: the op rejects them
