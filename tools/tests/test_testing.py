@@ -218,3 +218,43 @@ def test_interpreter_runtime_loop_bounds(monkeypatch):
     finally:
         if was:
             tt.apply_interpreter_patches(force=True)
+
+
+def _interpreted_fp8_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fp8_kernel(x_ptr, y_ptr, z_ptr, N: tl.constexpr):
+        r = tl.arange(0, N)
+        x = tl.load(x_ptr + r)
+        tl.store(y_ptr + r, x.to(tl.float8e4nv))
+        tl.store(z_ptr + r, x.to(tl.float8e5))
+
+    return fp8_kernel
+
+
+def test_interpreter_fp8_casts_round_and_saturate(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = _interpreted_fp8_kernel()
+    x = torch.tensor([0.49, 0.124, 1.0, 3.1, 500.0, -0.49, 1e-4, 0.0, -7.9, 0.3, 250.0, 1e6, -1e6, 0.06,
+                      2.0**-9, 100.0], dtype=torch.float32)  # fmt: skip
+    n = x.numel()
+    y = torch.empty(n, dtype=torch.float8_e4m3fn)
+    z = torch.empty(n, dtype=torch.float8_e5m2)
+    was = tt.bf16_dot_patched()
+    tt.remove_interpreter_patches()
+    try:
+        kernel[(1,)](x, y, z, N=n)
+        assert y[0].float().item() == 0.25, "interpreter fp8 cast no longer broken: patch may be obsolete"
+        with tt.interpreter_bf16_dot_patch():
+            kernel[(1,)](x, y, z, N=n)
+        # the GPU's e4m3 conversion saturates to ±448; torch rounds to nearest even like the GPU
+        expect_e4m3 = x.clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert torch.equal(y.view(torch.uint8), expect_e4m3.view(torch.uint8)), (y, expect_e4m3)
+        assert torch.equal(z.view(torch.uint8), x.to(torch.float8_e5m2).view(torch.uint8))
+        assert y[0].float().item() == 0.5 and y[4].float().item() == 448.0
+    finally:
+        if was:
+            tt.apply_interpreter_patches(force=True)

@@ -159,6 +159,44 @@ def _patched_cast_impl(original):
     return cast_impl
 
 
+# Fourth fix: casts to fp8 (e4m3 / e5m2) round the mantissa without carrying into the exponent, so
+# 0.49 becomes 0.25 instead of 0.5, and overflow is not saturated as the GPU's satfinite conversion
+# does. torch's own fp8 casts round to nearest even; e4m3 is clamped to ±448 first, as on the GPU.
+
+
+def _fp8_words(handle, dst_scalar):
+    import numpy as np
+    import torch
+    import triton.language as tl
+
+    src = handle.dtype.scalar
+    data = handle.data
+    if src == tl.bfloat16:
+        values = _bf16_words_to_f32(data)
+    else:
+        values = np.ascontiguousarray(data).astype(np.float32)
+    t = torch.from_numpy(np.ascontiguousarray(values))
+    if dst_scalar == tl.float8e4nv:
+        t = torch.where(torch.isnan(t), t, t.clamp(-448.0, 448.0))
+        return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    return t.to(torch.float8_e5m2).view(torch.uint8).numpy()
+
+
+def _patched_fp_to_fp(original):
+    import triton.language as tl
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        dst = dst_type.scalar
+        if dst in (tl.float8e4nv, tl.float8e5) and src.dtype.scalar in (tl.float32, tl.float16, tl.bfloat16):
+            from triton.runtime.interpreter import TensorHandle
+
+            return TensorHandle(_fp8_words(src, dst), dst)
+        return original(self, src, dst_type, rounding_mode)
+
+    create_fp_to_fp.__wrapped__ = original
+    return create_fp_to_fp
+
+
 # Third fix: a runtime scalar (a kernel argument, or a value loaded from memory) used as a loop bound
 # reaches int() as a one-element 1-D numpy array, which numpy 2 refuses ("only 0-dimensional arrays
 # can be converted to Python scalars"), so `for i in range(n)` fails in the interpreter alone.
@@ -184,8 +222,8 @@ def bf16_dot_patched() -> bool:
 
 
 def apply_interpreter_patches(force: bool = False) -> bool:
-    """Install the interpreter fixes (bf16 dot, round-to-nearest-even bf16 casts, runtime loop bounds)
-    into Triton's interpreter (idempotent).
+    """Install the interpreter fixes (bf16 dot, round-to-nearest-even bf16 and fp8 casts, runtime loop
+    bounds) into Triton's interpreter (idempotent).
 
     Does nothing unless TRITON_INTERPRET=1 (or ``force``): compiled kernels never see it.
     Returns whether the patch is in place afterwards.
@@ -198,6 +236,7 @@ def apply_interpreter_patches(force: bool = False) -> bool:
     if not getattr(cls, _PATCH_ATTR, False):
         cls.create_dot = _patched_create_dot(cls.create_dot)
         cls.cast_impl = _patched_cast_impl(cls.cast_impl)
+        cls.create_fp_to_fp = _patched_fp_to_fp(cls.create_fp_to_fp)
         interpreter._patch_lang_tensor = _patched_lang_tensor(interpreter._patch_lang_tensor)
         # create_fp_trunc and the other cast entry points call self.cast_impl, so they follow the patch
         setattr(cls, _PATCH_ATTR, True)
@@ -211,6 +250,7 @@ def remove_interpreter_patches() -> None:
     if getattr(cls, _PATCH_ATTR, False):
         cls.create_dot = cls.create_dot.__wrapped__
         cls.cast_impl = cls.cast_impl.__wrapped__
+        cls.create_fp_to_fp = cls.create_fp_to_fp.__wrapped__
         interpreter._patch_lang_tensor = interpreter._patch_lang_tensor.__wrapped__
         setattr(cls, _PATCH_ATTR, False)
 
