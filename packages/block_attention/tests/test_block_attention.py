@@ -94,25 +94,16 @@ def test_block_size_32(device: str) -> None:
 
 
 @pytest.mark.gpu
-def test_large_jagged_d128_host_offsets(device: str) -> None:
-    """A real-size jagged batch (B=128, max 1024, sparsity 0.7, H=4, D=128) with the exact grid size."""
+@pytest.mark.parametrize(
+    "batch,max_len",
+    [(128, 1024), pytest.param(1152, 2048, marks=pytest.mark.slow)],
+    ids=["B128", "benchmark_shape"],
+)
+def test_real_size_d128_host_offsets(device: str, batch: int, max_len: int) -> None:
+    """Real-size jagged batches (sparsity 0.7, H=4, D=128) with the exact grid size; the benchmark's
+    batch (B=1152, max 2048) is marked slow."""
     check_block_attention(
-        jagged_lengths(128, 1024, 0.7, seed=0),
-        heads=4,
-        heads_kv=4,
-        head_dim=128,
-        dtype=torch.bfloat16,
-        device=device,
-        pass_offsets_cpu=True,
-    )
-
-
-@pytest.mark.gpu
-@pytest.mark.slow
-def test_benchmark_shape_d128(device: str) -> None:
-    """The benchmark's batch (B=1152, max 2048, sparsity 0.7) at D=128; slow: the checks run on the CPU."""
-    check_block_attention(
-        jagged_lengths(1152, 2048, 0.7, seed=0),
+        jagged_lengths(batch, max_len, 0.7, seed=0),
         heads=4,
         heads_kv=4,
         head_dim=128,

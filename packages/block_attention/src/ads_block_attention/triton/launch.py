@@ -53,6 +53,15 @@ def _sinu_args(sinu: torch.Tensor | None, like: torch.Tensor) -> tuple[torch.Ten
     return (sinu, sinu.stride(0)) if sinu is not None else (like, 0)
 
 
+def _meta(q, k, block_size, num_warps, rot_qk, rot_v) -> dict:
+    """Constexprs and launch options shared by the forward and backward kernels."""
+    heads, heads_kv = q.shape[1], k.shape[1]
+    return dict(
+        H_KV=heads_kv, G=heads // heads_kv, D=q.shape[2], BLOCK=block_size, ROT_QK=rot_qk, ROT_V=rot_v,
+        PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=1,
+    )  # fmt: skip
+
+
 def launch_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -66,40 +75,18 @@ def launch_fwd(
     rot_v: bool = False,
 ) -> None:
     """out = softmax(q kᵀ·scale) v per block. q/out (T, H, D), k/v (T, H_kv, D); last dims unit-stride."""
-    heads, head_dim = q.shape[1], q.shape[2]
-    heads_kv = k.shape[1]
-    grid = (table.shape[0] * heads_kv,)
+    grid = (table.shape[0] * k.shape[1],)  # one program per (block slot, kv head)
     if grid[0] == 0:
         return
     sinu_t, stride_st = _sinu_args(sinu, q)
-    cfg = fwd_config(head_dim, block_size)
-    block_attn_fwd_kernel[grid](
-        q,
-        k,
-        v,
-        out,
-        sinu_t,
-        table,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
-        stride_st,
+    args = (
+        q, k, v, out, sinu_t, table,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), stride_st,
         scale * _LOG2E,
-        H_KV=heads_kv,
-        G=heads // heads_kv,
-        D=head_dim,
-        BLOCK=block_size,
-        ROT_QK=rot_qk,
-        ROT_V=rot_v,
-        PRECISION=_precision(q.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=1,
-    )
+    )  # fmt: skip
+    warps = fwd_config(q.shape[2], block_size).num_warps
+    block_attn_fwd_kernel[grid](*args, **_meta(q, k, block_size, warps, rot_qk, rot_v))
 
 
 def launch_bwd(
@@ -118,13 +105,10 @@ def launch_bwd(
     rot_v: bool = False,
 ) -> None:
     """Writes dq (T, H, D) and dk/dv (T, H_kv, D), which may be strided views into one packed buffer."""
-    heads, head_dim = q.shape[1], q.shape[2]
-    heads_kv = k.shape[1]
-    grid = (table.shape[0] * heads_kv,)
+    grid = (table.shape[0] * k.shape[1],)
     if grid[0] == 0:
         return
     sinu_t, stride_st = _sinu_args(sinu, q)
-    cfg = bwd_config(head_dim, block_size)
     args = (
         q, k, v, dout, dq, dk, dv, sinu_t, table,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -132,9 +116,8 @@ def launch_bwd(
         dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), stride_st,
         scale, scale * _LOG2E,
     )  # fmt: skip
-    meta = dict(H_KV=heads_kv, G=heads // heads_kv, D=head_dim, BLOCK=block_size, ROT_QK=rot_qk, ROT_V=rot_v)
-    meta.update(PRECISION=_precision(q.dtype), num_warps=cfg.num_warps)
-    block_attn_bwd_kernel[grid](*args, num_stages=1, **meta)
+    warps = bwd_config(q.shape[2], block_size).num_warps
+    block_attn_bwd_kernel[grid](*args, **_meta(q, k, block_size, warps, rot_qk, rot_v))
 
 
 def max_blocks_bound(total_tokens: int, batch: int, block_size: int) -> int:
