@@ -38,6 +38,13 @@ def test_autotuned_configs(monkeypatch):
     run_case(Case(lq=LENS, lk=LENS_K, heads=4, kv_heads=2, d=128, act="fast_gelu"), "cuda")
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_without_tma(monkeypatch, deterministic):
+    """The pointer-load / scalar-atomic backward (pre-Hopper, unaligned tensors) stays right on sm90."""
+    monkeypatch.setenv("ADS_GDPA_BWD_TMA", "0")
+    run_case(Case(lq=LENS, lk=LENS_K, heads=4, kv_heads=2, d=96, deterministic=deterministic), "cuda")
+
+
 def test_fp16_mqa_nohost():
     run_case(Case(lq=LENS, lk=LENS_K, heads=4, kv_heads=1, d=128, dtype=torch.float16, host=False), "cuda")
 

@@ -17,6 +17,7 @@ PTX_MARKERS = {
     "wgmma": r"wgmma\.mma_async",
     "mma": r"\bmma\.sync",
     "tma": r"cp\.async\.bulk\.tensor",
+    "tma_reduce": r"cp\.reduce\.async\.bulk\.tensor",
     "tanh_approx": r"tanh\.approx",
     "atomic_add": r"(red|atom)\.global[\w.]*\.add",
     "local_memory": r"\b(ld|st)\.local",  # register spills

@@ -113,6 +113,9 @@ class Bench:
             os.environ.pop("ADS_GDPA_BACKEND")
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
+            os.environ["ADS_GDPA_BWD_TMA"] = "0"
+            self._fwd_bwd(op, "ours[bwd-no-tma]", shape, ours, flop)
+            os.environ.pop("ADS_GDPA_BWD_TMA")
             os.environ["ADS_GDPA_PERSISTENT"] = "1"
             self._fwd_bwd(op, "ours[persistent]", shape, ours, flop, make_grad=False)
             os.environ.pop("ADS_GDPA_PERSISTENT")
@@ -179,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
 
     prog = "python -m ads_gdpa.bench"
     ap = cli.parser(prog, __doc__.splitlines()[0])
-    ap.add_argument("--variants", action="store_true", help="also time ours[det] (deterministic backward)")
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="also time ours[det] (deterministic backward), ours[bwd-no-tma] (scalar dQ atomics), "
+        "ours[persistent]",
+    )
     args = ap.parse_args(argv)
     if args.demo:
         from ._demo import demo

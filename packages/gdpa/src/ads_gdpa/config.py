@@ -6,6 +6,7 @@ Env:
         measured 561 / 438 TFLOP/s (max len 2048, sparsity 1.0 / 0.5) against 555 / 423 for the Gluon
         kernel, so Gluon is opt-in; it falls back to Triton for calls it does not support.
     ADS_GDPA_PERSISTENT=1  persistent forward grid (num_SMs programs) when a tile map exists.
+    ADS_GDPA_BWD_TMA=0  backward without TMA (Q/dO loads and the bulk dQ reduction) on sm90+.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def backend() -> str:
     if b not in ("triton", "gluon"):
         raise ValueError(f"ADS_GDPA_BACKEND must be triton or gluon, got {b!r}")
     return b
+
+
+def bwd_tma() -> bool:
+    return os.environ.get("ADS_GDPA_BWD_TMA", "1") == "1"
 
 
 def persistent() -> bool:

@@ -28,9 +28,12 @@ def gdpa_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PER_HEAD: tl.constexpr,
     FAST: tl.constexpr, HAS_WINDOW: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     BROADCAST_Q: tl.constexpr, DQ_ATOMIC: tl.constexpr, HAS_TILE_MAP: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
 ):  # fmt: skip
     """Q (Tq, H, D_QK), K/DK (Tk, H_KV, D_QK), V/DV (Tk, H_KV, D_V), DO (To, H, D_V),
     DQ fp32 (Tq, H, D_QK) zeroed when DQ_ATOMIC. Program p takes tiles p, p+P, ...
+    USE_TMA (sm90+, aligned tensors): Q/dO tiles arrive by TMA and each dQ tile is added by one bulk
+    TMA reduction (cp.reduce.async.bulk) instead of BLOCK_M x D scalar fp32 atomics.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -70,11 +73,28 @@ def gdpa_bwd_dkdv_kernel(
                 q_base = Q + q_start * stride_qt + h.to(tl.int64) * stride_qh
                 do_base = DO + o_start * stride_dot + h.to(tl.int64) * stride_doh
                 dq_base = DQ + q_start * stride_dqt + h.to(tl.int64) * stride_dqh
+                if USE_TMA:
+                    # rows past Lq_eff: zeros on load, dropped on reduce (a dimension must be >= 1)
+                    lq1 = tl.maximum(Lq_eff, 1)
+                    q_desc = tl.make_tensor_descriptor(
+                        q_base, [lq1, D_QK], [stride_qt, 1], [BLOCK_M, BLOCK_DQK]
+                    )
+                    do_desc = tl.make_tensor_descriptor(
+                        do_base, [lq1, D_V], [stride_dot, 1], [BLOCK_M, BLOCK_DV]
+                    )
+                    if DQ_ATOMIC:
+                        dq_desc = tl.make_tensor_descriptor(
+                            dq_base, [lq1, D_QK], [stride_dqt, 1], [BLOCK_M, BLOCK_DQK]
+                        )
                 for m0 in range(lo, hi, BLOCK_M):
                     offs_m = m0 + tl.arange(0, BLOCK_M)
                     q_rows = offs_m[:, None] < Lq_eff
-                    q = load_rows(q_base, offs_m, Lq_eff, stride_qt, offs_dq, D_QK)
-                    do = load_rows(do_base, offs_m, Lq_eff, stride_dot, offs_dv, D_V)
+                    if USE_TMA:
+                        q = q_desc.load([m0, 0])
+                        do = do_desc.load([m0, 0])
+                    else:
+                        q = load_rows(q_base, offs_m, Lq_eff, stride_qt, offs_dq, D_QK)
+                        do = load_rows(do_base, offs_m, Lq_eff, stride_dot, offs_dv, D_V)
                     s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M)
                     if PER_HEAD:
                         p_t, g_t = act_fwd_bwd_dyn(s_t, act_id, FAST)
@@ -92,12 +112,15 @@ def gdpa_bwd_dkdv_kernel(
                     dk = tl.dot(ds_lp, q, dk)
                     if DQ_ATOMIC:
                         dq = tl.dot(tl.trans(ds_lp), k)  # (BLOCK_M, BLOCK_DQK)
-                        tl.atomic_add(
-                            dq_base + offs_m[:, None] * stride_dqt + offs_dq[None, :],
-                            dq,
-                            mask=q_rows & (offs_dq[None, :] < D_QK),
-                            sem="relaxed",
-                        )
+                        if USE_TMA:
+                            dq_desc.atomic_add([m0, 0], dq)
+                        else:
+                            tl.atomic_add(
+                                dq_base + offs_m[:, None] * stride_dqt + offs_dq[None, :],
+                                dq,
+                                mask=q_rows & (offs_dq[None, :] < D_QK),
+                                sem="relaxed",
+                            )
             dk_base = DK + k_start * stride_dkt + hk.to(tl.int64) * stride_dkh
             dv_base = DV + k_start * stride_dvt + hk.to(tl.int64) * stride_dvh
             tl.store(

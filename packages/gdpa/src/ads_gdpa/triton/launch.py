@@ -64,25 +64,25 @@ def _ensure_allocator() -> None:
     _ensure_allocator.done = True
 
 
-def _tma_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def _tma_ok(*tensors: torch.Tensor) -> bool:
     """TMA on sm90+ when every base/stride is 16-byte aligned (descriptor requirement)."""
     import os
 
     forced = os.environ.get("ADS_GDPA_TMA")
     if forced is not None:
         return forced == "1"
+    q = tensors[0]
     if q.device.type != "cuda" or cfg.interpreter_active() or q.dtype not in (torch.bfloat16, torch.float16):
         return False
     if torch.cuda.get_device_capability(q.device)[0] < 9:
         return False
-    es = q.element_size()
     return all(
         t.stride(-1) == 1
-        and (t.stride(0) * es) % 16 == 0
-        and (t.stride(1) * es) % 16 == 0
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and (t.stride(1) * t.element_size()) % 16 == 0
         and t.data_ptr() % 16 == 0
-        and (t.shape[-1] * es) % 16 == 0
-        for t in (q, k, v)
+        and (t.shape[-1] * t.element_size()) % 16 == 0
+        for t in tensors
     )
 
 
@@ -245,7 +245,11 @@ def bwd(
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_acc.stride(0), dq_acc.stride(1),
         pb.max_q, pb.max_k, B, H_KV, G, n_map, pb.scale, pb.win_left, pb.win_right, tune_key,
     )  # fmt: skip
-    kw = dict(consts, DQ_ATOMIC=atomic, HAS_TILE_MAP=tmap is not None)
+    # head dims up to 128 only: a 256-wide fp32 dQ box would pass TMA's 256-byte swizzle span
+    use_tma = cfg.bwd_tma() and max(D_QK, D_V) <= 128 and _tma_ok(q, k, v) and _tma_ok(do, dq_acc)
+    if use_tma:
+        _ensure_allocator()
+    kw = dict(consts, DQ_ATOMIC=atomic, HAS_TILE_MAP=tmap is not None, USE_TMA=use_tma)
     _launch("dkdv", pinned, space, grid_kv, args, kw)
     if atomic:
         return dq_acc.to(q.dtype), dk, dv
