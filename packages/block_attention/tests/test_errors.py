@@ -39,6 +39,8 @@ def test_rejects_block_size_and_offsets_cpu_mismatch() -> None:
     q, k, v, offsets = _inputs()
     with pytest.raises(ValueError, match="block_size"):
         block_attention(q, k, v, offsets, block_size=48)
+    with pytest.raises(ValueError, match="shared memory"):
+        block_attention(*_inputs(dim=256), block_size=128)
     with pytest.raises(ValueError, match="offsets_cpu"):
         block_attention(q, k, v, offsets, offsets_cpu=torch.tensor([0, 10]))
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
+MAX_BLOCK_ELEMS = 64 * 256  # block_size x head dim: 128 x 256 overflowed the H200's 227 KB per CTA
 
 
 @dataclass(frozen=True)

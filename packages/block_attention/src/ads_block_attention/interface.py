@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import _ops
-from .config import SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_DIMS
+from .config import MAX_BLOCK_ELEMS, SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_DIMS
 from .triton.launch import exact_num_blocks, max_blocks_bound
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -108,6 +108,12 @@ def block_attention(
         raise ValueError(f"head dim {head_dim} unsupported; supported: {SUPPORTED_HEAD_DIMS}")
     if not _is_int(block_size) or block_size not in SUPPORTED_BLOCK_SIZES:
         raise ValueError(f"block_size {block_size} unsupported; supported: {SUPPORTED_BLOCK_SIZES}")
+    if block_size * head_dim > MAX_BLOCK_ELEMS:
+        # the backward keeps block x D tiles of q, k, v, dO and dQ/dK/dV on chip: 288 KB at 128 x 256
+        raise ValueError(
+            f"block_size {block_size} with head dim {head_dim} needs more shared memory than an SM has; "
+            f"use block_size <= {MAX_BLOCK_ELEMS // head_dim} at this head dim"
+        )
     host = _check_offsets(offsets, total, q.device, offsets_cpu)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     num_slots = _num_slots(host, total, offsets.numel() - 1, block_size)

@@ -160,7 +160,7 @@ class Bench:
 
             def fa_run(grad=False):
                 leaves = [t.detach().requires_grad_(grad) for t in (q, k, v)]
-                out = fa(*leaves, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk)
+                out = fa(*leaves, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=mq, max_seqlen_k=mk)
                 out = out[0] if isinstance(out, tuple) else out
                 return (out, leaves) if grad else out
 

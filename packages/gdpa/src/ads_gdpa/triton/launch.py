@@ -57,11 +57,14 @@ def _fast_math(device: torch.device) -> bool:
 
 
 def _ensure_allocator() -> None:
-    """Device-side TMA descriptors need scratch memory from a Triton allocator (set once)."""
-    if getattr(_ensure_allocator, "done", False):
-        return
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    _ensure_allocator.done = True
+    """Device-side TMA descriptors need scratch memory from a Triton allocator. Triton keeps it in a
+    ContextVar, so it is set on every launch: autograd runs the backward on another thread, which
+    does not see an allocator set by the forward's thread."""
+    triton.set_allocator(_scratch)
+
+
+def _scratch(size: int, align: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
