@@ -1,1 +1,1 @@
-pytest_plugins = ["ads_kernel_tools.pytest_plugin"]
+pytest_plugins = ["ads_kernel_tools.pytest_plugin", "pytester"]

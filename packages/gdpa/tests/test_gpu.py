@@ -39,10 +39,17 @@ def test_autotuned_configs(monkeypatch):
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_backward_without_tma(monkeypatch, deterministic):
-    """The pointer-load / scalar-atomic backward (pre-Hopper, unaligned tensors) stays right on sm90."""
-    monkeypatch.setenv("ADS_GDPA_BWD_TMA", "0")
+def test_backward_with_tma(monkeypatch, deterministic):
+    """The opt-in TMA backward (TMA Q/dO loads, bulk dQ reductions) is right too."""
+    monkeypatch.setenv("ADS_GDPA_BWD_TMA", "1")
     run_case(Case(lq=LENS, lk=LENS_K, heads=4, kv_heads=2, d=96, deterministic=deterministic), "cuda")
+
+
+@pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (64, torch.float16)])
+def test_triton_forward_real_size(monkeypatch, d, dtype):
+    """On Hopper the default forward is Gluon; the portable Triton forward keeps real-size coverage."""
+    monkeypatch.setenv("ADS_GDPA_BACKEND", "triton")
+    run_case(Case(lq=LENS, lk=LENS_K, heads=4, kv_heads=2, d=d, dtype=dtype), "cuda")
 
 
 def test_fp16_mqa_nohost():

@@ -2,7 +2,8 @@
 
 Markers: ``gpu`` (needs CUDA, skipped otherwise), ``sm90`` (needs compute capability 9.x),
 ``slow`` (runs only with ``--run-slow``). Under TRITON_INTERPRET=1 the interpreter's bf16 dot is fixed
-before any test runs.
+before any test runs. ``--shard I/N`` keeps every N-th collected test from the I-th (0-based), so N
+processes can share a suite: GPU-machine runs are bound by kernel compilation on idle CPU cores.
 """
 
 from __future__ import annotations
@@ -16,6 +17,20 @@ from ads_kernel_tools.testing import apply_interpreter_patches, device_for_tests
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
+    parser.addoption(
+        "--shard", default=None, metavar="I/N", help="run only tests I, I+N, I+2N, ... (0-based)"
+    )
+
+
+def shard_of(spec: str) -> tuple[int, int]:
+    """Parse ``"I/N"`` into (I, N) with 0 <= I < N."""
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard wants I/N (e.g. 0/4), got {spec!r}") from None
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"--shard {spec}: need 0 <= I < N")
+    return i, n
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,6 +42,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    spec = config.getoption("--shard")
+    if spec:
+        i, n = shard_of(spec)
+        config.hook.pytest_deselected(items=[t for j, t in enumerate(items) if j % n != i])
+        items[:] = items[i::n]
     has_cuda = torch.cuda.is_available()
     cc = sm_version() if has_cuda else None
     run_slow = config.getoption("--run-slow")

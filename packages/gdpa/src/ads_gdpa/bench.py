@@ -5,8 +5,8 @@ Upstream shapes (B=1152, H=4, D=128, bf16, fast_gelu, scale 1): self attention a
 dense (4, 16, 4096, 128). FLOPs = 4·H·D·Σ Lq·Lk forward, x2.5 backward (spec §4) for every provider,
 so padded peers are credited with useful work only.
 
-Providers: ours (default dispatch: Triton forward and backward), ours[gluon-fwd] (the
-warp-specialised Gluon forward on Hopper, forward only: the backward is Triton either way); naive
+Providers: ours (default dispatch: the warp-specialised Gluon forward on Hopper where it supports
+the call, else Triton; Triton backward), ours[triton-fwd] (the portable Triton forward); naive
 PyTorch GDPA (padded, eager and torch.compile; skipped where the S×S scores would not fit); FA4
 CuTe varlen and cuDNN SDPA (softmax attention: speed references only).
 """
@@ -106,15 +106,15 @@ class Bench:
             return (out, leaves) if grad else out
 
         self._fwd_bwd(op, "ours", shape, ours, flop)
-        os.environ["ADS_GDPA_BACKEND"] = "gluon"
+        os.environ["ADS_GDPA_BACKEND"] = "triton"
         try:
-            self._fwd_bwd(op, "ours[gluon-fwd]", shape, ours, flop, make_grad=False)
+            self._fwd_bwd(op, "ours[triton-fwd]", shape, ours, flop, make_grad=False)
         finally:
             os.environ.pop("ADS_GDPA_BACKEND")
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
-            os.environ["ADS_GDPA_BWD_TMA"] = "0"
-            self._fwd_bwd(op, "ours[bwd-no-tma]", shape, ours, flop)
+            os.environ["ADS_GDPA_BWD_TMA"] = "1"
+            self._fwd_bwd(op, "ours[bwd-tma]", shape, ours, flop)
             os.environ.pop("ADS_GDPA_BWD_TMA")
             os.environ["ADS_GDPA_PERSISTENT"] = "1"
             self._fwd_bwd(op, "ours[persistent]", shape, ours, flop, make_grad=False)
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants",
         action="store_true",
-        help="also time ours[det] (deterministic backward), ours[bwd-no-tma] (scalar dQ atomics), "
+        help="also time ours[det] (deterministic backward), ours[bwd-tma] (TMA loads, bulk dQ reduce), "
         "ours[persistent]",
     )
     args = ap.parse_args(argv)

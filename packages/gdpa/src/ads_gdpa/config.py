@@ -2,11 +2,14 @@
 
 Env:
     ADS_GDPA_DISABLE_AUTOTUNE=1  pin one config per kernel (always on under TRITON_INTERPRET).
-    ADS_GDPA_BACKEND=triton|gluon  forward backend. Default triton: on the H200 the Triton forward
-        measured 561 / 438 TFLOP/s (max len 2048, sparsity 1.0 / 0.5) against 555 / 423 for the Gluon
-        kernel, so Gluon is opt-in; it falls back to Triton for calls it does not support.
+    ADS_GDPA_BACKEND=auto|triton|gluon  forward backend. Default auto = gluon: the warp-specialised
+        Gluon forward on sm90 wherever it supports the call (``ads_gdpa.gluon.supports``), Triton
+        everywhere else. In one H200 run (BENCHMARKS.md) Gluon measured 561 / 458 / 631 TFLOP/s
+        (max len 2048 at sparsity 1.0 / 0.5, dense 4x16x4096) against 490 / 447 / 495 for Triton.
+        ``triton`` forces the portable Triton forward.
     ADS_GDPA_PERSISTENT=1  persistent forward grid (num_SMs programs) when a tile map exists.
-    ADS_GDPA_BWD_TMA=0  backward without TMA (Q/dO loads and the bulk dQ reduction) on sm90+.
+    ADS_GDPA_BWD_TMA=1  backward with TMA Q/dO loads and bulk TMA dQ reductions on sm90 (opt-in: it
+        measured 8-10 % slower than pointer loads with scalar fp32 atomics on the H200).
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ def autotune_disabled() -> bool:
 
 
 def backend() -> str:
-    b = os.environ.get("ADS_GDPA_BACKEND", "triton").lower()
-    if b not in ("triton", "gluon"):
-        raise ValueError(f"ADS_GDPA_BACKEND must be triton or gluon, got {b!r}")
-    return b
+    b = os.environ.get("ADS_GDPA_BACKEND", "auto").lower()
+    if b not in ("auto", "triton", "gluon"):
+        raise ValueError(f"ADS_GDPA_BACKEND must be auto, triton or gluon, got {b!r}")
+    return "gluon" if b == "auto" else b
 
 
 def bwd_tma() -> bool:
-    return os.environ.get("ADS_GDPA_BWD_TMA", "1") == "1"
+    return os.environ.get("ADS_GDPA_BWD_TMA", "0") == "1"
 
 
 def persistent() -> bool:
