@@ -64,11 +64,12 @@ def environment() -> dict[str, Any]:
         info["clocks_mhz"] = clocks.splitlines()[0] if clocks else None
     else:
         info["gpu"] = "cpu"
-    # a copy of the tree without .git (the GPU runner's) gets the revision from the environment
+    # a copy of the tree without .git (the GPU runner's) gets the revision from the environment;
+    # "-dirty" marks a tree whose files differ from that commit (a copied tree can carry a stale .git)
     here = Path(__file__).resolve().parent
     info["git_sha"] = (
         os.environ.get("ADS_GIT_SHA")
-        or _run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"])
+        or _run(["git", "-C", str(here), "describe", "--always", "--dirty", "--abbrev=7"])
         or "unknown"
     )
     return info
