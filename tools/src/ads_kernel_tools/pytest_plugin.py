@@ -2,8 +2,10 @@
 
 Markers: ``gpu`` (needs CUDA, skipped otherwise), ``sm90`` (needs compute capability 9.x),
 ``slow`` (runs only with ``--run-slow``). Under TRITON_INTERPRET=1 the interpreter's bf16 dot is fixed
-before any test runs. ``--shard I/N`` keeps every N-th collected test from the I-th (0-based), so N
-processes can share a suite: GPU-machine runs are bound by kernel compilation on idle CPU cores.
+before any test runs. ``--shard I/N`` keeps the I-th (0-based) of N contiguous slices of the collected
+tests, so N processes can share a suite. GPU-machine runs are bound by kernel compilation on idle CPU
+cores; neighbouring tests tend to share kernel specialisations, so contiguous slices (not every N-th
+test) keep each specialisation's compile in one process.
 """
 
 from __future__ import annotations
@@ -17,9 +19,7 @@ from ads_kernel_tools.testing import apply_interpreter_patches, device_for_tests
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
-    parser.addoption(
-        "--shard", default=None, metavar="I/N", help="run only tests I, I+N, I+2N, ... (0-based)"
-    )
+    parser.addoption("--shard", default=None, metavar="I/N", help="run only the I-th of N contiguous slices")
 
 
 def shard_of(spec: str) -> tuple[int, int]:
@@ -45,8 +45,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     spec = config.getoption("--shard")
     if spec:
         i, n = shard_of(spec)
-        config.hook.pytest_deselected(items=[t for j, t in enumerate(items) if j % n != i])
-        items[:] = items[i::n]
+        lo, hi = len(items) * i // n, len(items) * (i + 1) // n
+        config.hook.pytest_deselected(items=items[:lo] + items[hi:])
+        items[:] = items[lo:hi]
     has_cuda = torch.cuda.is_available()
     cc = sm_version() if has_cuda else None
     run_slow = config.getoption("--run-slow")
