@@ -26,9 +26,10 @@ FWD = dict(
 BWD = dict(
     D_QK=128, D_V=128, BLOCK_DQK=128, BLOCK_DV=128, BLOCK_M=64, BLOCK_N=128, ACT=3, PER_HEAD=False,
     FAST=True, HAS_WINDOW=False, BOTTOM_RIGHT=False, BROADCAST_Q=False, DQ_ATOMIC=True, HAS_TILE_MAP=True,
-    USE_TMA=False,
+    USE_TMA=False, DQ_TMA=False,
 )  # fmt: skip
-DQ = {k: v for k, v in dict(BWD, BLOCK_M=128, BLOCK_N=64).items() if k not in ("DQ_ATOMIC", "USE_TMA")}
+_DKDV_ONLY = ("DQ_ATOMIC", "USE_TMA", "DQ_TMA")
+DQ = {k: v for k, v in dict(BWD, BLOCK_M=128, BLOCK_N=64).items() if k not in _DKDV_ONLY}
 OPTIONS = {
     "per_head": dict(PER_HEAD=True),
     "causal_window": dict(HAS_WINDOW=True, BOTTOM_RIGHT=True),
@@ -72,7 +73,8 @@ def _jobs() -> dict[str, dict]:
     jobs["fwd_fp8"] = dict(_fwd(**dict(FWD, FP8=True, USE_TMA=False)), types=fp8_types)
     jobs["bwd_dkdv"] = dict(module="ads_gdpa.triton._bwd", kernel="gdpa_bwd_dkdv_kernel", types=BWD_TYPES,
                             constexprs=BWD, num_warps=8)  # fmt: skip
-    jobs["bwd_dkdv_tma"] = dict(jobs["bwd_dkdv"], constexprs=dict(BWD, USE_TMA=True))
+    jobs["bwd_dkdv_tma"] = dict(jobs["bwd_dkdv"], constexprs=dict(BWD, USE_TMA=True, DQ_TMA=True))
+    jobs["bwd_dkdv_tma_loads"] = dict(jobs["bwd_dkdv"], constexprs=dict(BWD, USE_TMA=True))
     jobs["bwd_dq"] = dict(module="ads_gdpa.triton._bwd", kernel="gdpa_bwd_dq_kernel", types=DQ_TYPES,
                           constexprs=DQ, num_warps=8)  # fmt: skip
     try:
@@ -120,6 +122,9 @@ def test_backward_kernels_compile_with_wgmma(ptx):
     tma = _ok(ptx, "bwd_dkdv_tma")
     # Q/dO by TMA, dQ by one bulk reduction per tile instead of scalar atomics
     assert tma["tma"] > 0 and tma["tma_reduce"] > 0 and tma["atomic_add"] == 0 and tma["local_memory"] == 0
+    loads = _ok(ptx, "bwd_dkdv_tma_loads")
+    assert loads["tma"] > 0 and loads["tma_reduce"] == 0 and loads["atomic_add"] > 0
+    assert loads["local_memory"] == 0
     dq = _ok(ptx, "bwd_dq")
     assert dq["wgmma"] > 0 and dq["atomic_add"] == 0  # the deterministic pass adds nothing atomically
 

@@ -38,10 +38,11 @@ def test_autotuned_configs(monkeypatch):
     run_case(Case(lq=LENS, lk=LENS_K, heads=4, kv_heads=2, d=128, act="fast_gelu"), "cuda")
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_backward_with_tma(monkeypatch, deterministic):
-    """The opt-in TMA backward (TMA Q/dO loads, bulk dQ reductions) is right too."""
+@pytest.mark.parametrize("deterministic,dq_reduce", [(False, False), (False, True), (True, False)])
+def test_backward_with_tma(monkeypatch, deterministic, dq_reduce):
+    """The opt-in TMA backward (TMA Q/dO loads, optionally bulk dQ reductions) is right too."""
     monkeypatch.setenv("ADS_GDPA_BWD_TMA", "1")
+    monkeypatch.setenv("ADS_GDPA_BWD_DQ_TMA", "1" if dq_reduce else "0")
     run_case(Case(lq=LENS, lk=LENS_K, heads=4, kv_heads=2, d=96, deterministic=deterministic), "cuda")
 
 

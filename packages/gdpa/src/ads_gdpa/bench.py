@@ -114,8 +114,11 @@ class Bench:
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
             os.environ["ADS_GDPA_BWD_TMA"] = "1"
-            self._fwd_bwd(op, "ours[bwd-tma]", shape, ours, flop)
+            self._fwd_bwd(op, "ours[bwd-tma-loads]", shape, ours, flop)
+            os.environ["ADS_GDPA_BWD_DQ_TMA"] = "1"
+            self._fwd_bwd(op, "ours[bwd-tma-loads+dq-reduce]", shape, ours, flop)
             os.environ.pop("ADS_GDPA_BWD_TMA")
+            os.environ.pop("ADS_GDPA_BWD_DQ_TMA")
             os.environ["ADS_GDPA_PERSISTENT"] = "1"
             self._fwd_bwd(op, "ours[persistent]", shape, ours, flop, make_grad=False)
             os.environ.pop("ADS_GDPA_PERSISTENT")
@@ -185,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants",
         action="store_true",
-        help="also time ours[det] (deterministic backward), ours[bwd-tma] (TMA loads, bulk dQ reduce), "
-        "ours[persistent]",
+        help="also time ours[det] (deterministic backward), ours[bwd-tma-loads], "
+        "ours[bwd-tma-loads+dq-reduce], ours[persistent]",
     )
     args = ap.parse_args(argv)
     if args.demo:

@@ -8,8 +8,10 @@ Env:
         (max len 2048 at sparsity 1.0 / 0.5, dense 4x16x4096) against 490 / 447 / 495 for Triton.
         ``triton`` forces the portable Triton forward.
     ADS_GDPA_PERSISTENT=1  persistent forward grid (num_SMs programs) when a tile map exists.
-    ADS_GDPA_BWD_TMA=1  backward with TMA Q/dO loads and bulk TMA dQ reductions on sm90 (opt-in: it
-        measured 8-10 % slower than pointer loads with scalar fp32 atomics on the H200).
+    ADS_GDPA_BWD_TMA=1  backward with TMA Q/dO loads on sm90 (software-pipelined by Triton, unlike the
+        pointer loads); ADS_GDPA_BWD_DQ_TMA=1 adds dQ by bulk TMA reductions instead of scalar fp32
+        atomics. Both opt-in: together they measured 8-10 % slower on the H200; the loads alone are
+        not measured yet (``python -m ads_gdpa.bench --variants`` times each).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def backend() -> str:
 
 def bwd_tma() -> bool:
     return os.environ.get("ADS_GDPA_BWD_TMA", "0") == "1"
+
+
+def dq_tma() -> bool:
+    return os.environ.get("ADS_GDPA_BWD_DQ_TMA", "0") == "1"
 
 
 def persistent() -> bool:

@@ -28,12 +28,14 @@ def gdpa_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PER_HEAD: tl.constexpr,
     FAST: tl.constexpr, HAS_WINDOW: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     BROADCAST_Q: tl.constexpr, DQ_ATOMIC: tl.constexpr, HAS_TILE_MAP: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False, DQ_TMA: tl.constexpr = False,
 ):  # fmt: skip
     """Q (Tq, H, D_QK), K/DK (Tk, H_KV, D_QK), V/DV (Tk, H_KV, D_V), DO (To, H, D_V),
     DQ fp32 (Tq, H, D_QK) zeroed when DQ_ATOMIC. Program p takes tiles p, p+P, ...
-    USE_TMA (sm90+, aligned tensors): Q/dO tiles arrive by TMA and each dQ tile is added by one bulk
-    TMA reduction (cp.reduce.async.bulk) instead of BLOCK_M x D scalar fp32 atomics.
+    USE_TMA (sm90+, aligned tensors): Q/dO tiles arrive by TMA, which Triton software-pipelines (the
+    masked pointer loads are not: they go through registers each step). DQ_TMA (with USE_TMA): each
+    dQ tile is added by one bulk TMA reduction (cp.reduce.async.bulk) instead of BLOCK_M x D scalar
+    fp32 atomics.
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -82,7 +84,7 @@ def gdpa_bwd_dkdv_kernel(
                     do_desc = tl.make_tensor_descriptor(
                         do_base, [lq1, D_V], [stride_dot, 1], [BLOCK_M, BLOCK_DV]
                     )
-                    if DQ_ATOMIC:
+                    if DQ_ATOMIC and DQ_TMA:
                         dq_desc = tl.make_tensor_descriptor(
                             dq_base, [lq1, D_QK], [stride_dqt, 1], [BLOCK_M, BLOCK_DQK]
                         )
@@ -112,7 +114,7 @@ def gdpa_bwd_dkdv_kernel(
                     dk = tl.dot(ds_lp, q, dk)
                     if DQ_ATOMIC:
                         dq = tl.dot(tl.trans(ds_lp), k)  # (BLOCK_M, BLOCK_DQK)
-                        if USE_TMA:
+                        if USE_TMA and DQ_TMA:
                             dq_desc.atomic_add([m0, 0], dq)
                         else:
                             tl.atomic_add(

@@ -252,7 +252,8 @@ def bwd(
     use_tma = cfg.bwd_tma() and max(D_QK, D_V) <= 128 and _tma_ok(q, k, v) and _tma_ok(do, dq_acc)
     if use_tma:
         _ensure_allocator()
-    kw = dict(consts, DQ_ATOMIC=atomic, HAS_TILE_MAP=tmap is not None, USE_TMA=use_tma)
+    dq_tma = use_tma and cfg.dq_tma()
+    kw = dict(consts, DQ_ATOMIC=atomic, HAS_TILE_MAP=tmap is not None, USE_TMA=use_tma, DQ_TMA=dq_tma)
     _launch("dkdv", pinned, space, grid_kv, args, kw)
     if atomic:
         return dq_acc.to(q.dtype), dk, dv
