@@ -28,7 +28,7 @@ BWD = dict(
     FAST=True, HAS_WINDOW=False, BOTTOM_RIGHT=False, BROADCAST_Q=False, DQ_ATOMIC=True, HAS_TILE_MAP=True,
     USE_TMA=False, DQ_TMA=False,
 )  # fmt: skip
-_DKDV_ONLY = ("DQ_ATOMIC", "USE_TMA", "DQ_TMA")
+_DKDV_ONLY = ("DQ_ATOMIC", "DQ_TMA")
 DQ = {k: v for k, v in dict(BWD, BLOCK_M=128, BLOCK_N=64).items() if k not in _DKDV_ONLY}
 OPTIONS = {
     "per_head": dict(PER_HEAD=True),
@@ -75,6 +75,8 @@ def _jobs() -> dict[str, dict]:
                             constexprs=BWD, num_warps=8)  # fmt: skip
     jobs["bwd_dkdv_tma"] = dict(jobs["bwd_dkdv"], constexprs=dict(BWD, USE_TMA=True, DQ_TMA=True))
     jobs["bwd_dkdv_tma_loads"] = dict(jobs["bwd_dkdv"], constexprs=dict(BWD, USE_TMA=True))
+    jobs["bwd_dq_tma"] = dict(module="ads_gdpa.triton._bwd", kernel="gdpa_bwd_dq_kernel", types=DQ_TYPES,
+                              constexprs=dict(DQ, USE_TMA=True), num_warps=8)  # fmt: skip
     jobs["bwd_dq"] = dict(module="ads_gdpa.triton._bwd", kernel="gdpa_bwd_dq_kernel", types=DQ_TYPES,
                           constexprs=DQ, num_warps=8)  # fmt: skip
     try:
@@ -125,6 +127,8 @@ def test_backward_kernels_compile_with_wgmma(ptx):
     loads = _ok(ptx, "bwd_dkdv_tma_loads")
     assert loads["tma"] > 0 and loads["tma_reduce"] == 0 and loads["atomic_add"] > 0
     assert loads["local_memory"] == 0
+    dq_tma = _ok(ptx, "bwd_dq_tma")
+    assert dq_tma["tma"] > 0 and dq_tma["atomic_add"] == 0 and dq_tma["local_memory"] == 0
     dq = _ok(ptx, "bwd_dq")
     assert dq["wgmma"] > 0 and dq["atomic_add"] == 0  # the deterministic pass adds nothing atomically
 

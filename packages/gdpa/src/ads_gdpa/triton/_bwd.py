@@ -146,10 +146,11 @@ def gdpa_bwd_dq_kernel(
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PER_HEAD: tl.constexpr,
     FAST: tl.constexpr, HAS_WINDOW: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    BROADCAST_Q: tl.constexpr, HAS_TILE_MAP: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, HAS_TILE_MAP: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):  # fmt: skip
     """Deterministic dQ (Tq, H, D_QK) in Q's dtype. With BROADCAST_Q the tiles are (0, h, m) and each
-    sums over all B kv sequences. Rows in [max_q, Lq) are written as zeros.
+    sums over all B kv sequences. Rows in [max_q, Lq) are written as zeros. USE_TMA: K/V tiles by
+    TMA (software-pipelined, unlike the pointer loads).
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -187,6 +188,14 @@ def gdpa_bwd_dq_kernel(
                 do = load_rows(do_base, offs_m, Lq_eff, stride_dot, offs_dv, D_V)
                 k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh
                 v_base = V + k_start * stride_vt + hk.to(tl.int64) * stride_vh
+                if USE_TMA:
+                    lk1 = tl.maximum(Lk, 1)  # an empty sequence never loads; a dimension must be >= 1
+                    k_desc = tl.make_tensor_descriptor(
+                        k_base, [lk1, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_DQK]
+                    )
+                    v_desc = tl.make_tensor_descriptor(
+                        v_base, [lk1, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV]
+                    )
                 diag = band(Lq, Lk, win_left, win_right, BOTTOM_RIGHT)
                 lo = 0
                 hi = Lk
@@ -195,8 +204,12 @@ def gdpa_bwd_dq_kernel(
                     hi = tl.minimum(m0 + BLOCK_M + diag + win_right, Lk)
                 for n0 in range(lo, hi, BLOCK_N):
                     offs_n = n0 + tl.arange(0, BLOCK_N)
-                    k = load_rows(k_base, offs_n, Lk, stride_kt, offs_dq, D_QK)
-                    v = load_rows(v_base, offs_n, Lk, stride_vt, offs_dv, D_V)
+                    if USE_TMA:
+                        k = k_desc.load([n0, 0])
+                        v = v_desc.load([n0, 0])
+                    else:
+                        k = load_rows(k_base, offs_n, Lk, stride_kt, offs_dq, D_QK)
+                        v = load_rows(v_base, offs_n, Lk, stride_vt, offs_dv, D_V)
                     s = tl.dot(q, tl.trans(k))
                     if PER_HEAD:
                         _p, g = act_fwd_bwd_dyn(s, act_id, FAST)

@@ -275,5 +275,5 @@ def bwd(
         dq_acc.stride(0), dq_acc.stride(1),
         pb.max_q, B, H, G, 0, pb.scale, pb.win_left, pb.win_right, tune_key,
     )  # fmt: skip
-    _launch("dq", pinned, dq_space, grid_q, args, dict(consts, HAS_TILE_MAP=False))
+    _launch("dq", pinned, dq_space, grid_q, args, dict(consts, HAS_TILE_MAP=False, USE_TMA=use_tma))
     return dq_acc, dk, dv
