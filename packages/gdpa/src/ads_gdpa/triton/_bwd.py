@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ._act import act_fwd_bwd, act_fwd_bwd_dyn
-from ._common import band, band_mask, load_rows, seq_bounds
+from ._common import band, band_mask, load_rows, row_desc, seq_bounds, tile_count
 from ._fwd import _tile_coords
 
 
@@ -43,10 +43,7 @@ def gdpa_bwd_dkdv_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     dtype = Q.dtype.element_ty
     n_n_tiles = tl.maximum(tl.cdiv(max_k, BLOCK_N), 1)
-    if HAS_TILE_MAP:
-        n_tiles = n_map_tiles
-    else:
-        n_tiles = B * H_KV * n_n_tiles
+    n_tiles = tile_count(n_map_tiles, B * H_KV, n_n_tiles, HAS_TILE_MAP)
     for t in range(pid, n_tiles, nprog):
         b, hk, n_first = _tile_coords(TILE_MAP, t, n_tiles, n_n_tiles, H_KV, HAS_TILE_MAP)
         q_start, o_start, Lq, Lq_eff, k_start, Lk = seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q)
@@ -76,18 +73,10 @@ def gdpa_bwd_dkdv_kernel(
                 do_base = DO + o_start * stride_dot + h.to(tl.int64) * stride_doh
                 dq_base = DQ + q_start * stride_dqt + h.to(tl.int64) * stride_dqh
                 if USE_TMA:
-                    # rows past Lq_eff: zeros on load, dropped on reduce (a dimension must be >= 1)
-                    lq1 = tl.maximum(Lq_eff, 1)
-                    q_desc = tl.make_tensor_descriptor(
-                        q_base, [lq1, D_QK], [stride_qt, 1], [BLOCK_M, BLOCK_DQK]
-                    )
-                    do_desc = tl.make_tensor_descriptor(
-                        do_base, [lq1, D_V], [stride_dot, 1], [BLOCK_M, BLOCK_DV]
-                    )
+                    q_desc = row_desc(q_base, Lq_eff, stride_qt, D_QK, BLOCK_M, BLOCK_DQK)
+                    do_desc = row_desc(do_base, Lq_eff, stride_dot, D_V, BLOCK_M, BLOCK_DV)
                     if DQ_ATOMIC and DQ_TMA:
-                        dq_desc = tl.make_tensor_descriptor(
-                            dq_base, [lq1, D_QK], [stride_dqt, 1], [BLOCK_M, BLOCK_DQK]
-                        )
+                        dq_desc = row_desc(dq_base, Lq_eff, stride_dqt, D_QK, BLOCK_M, BLOCK_DQK)
                 for m0 in range(lo, hi, BLOCK_M):
                     offs_m = m0 + tl.arange(0, BLOCK_M)
                     q_rows = offs_m[:, None] < Lq_eff
@@ -158,12 +147,8 @@ def gdpa_bwd_dq_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     dtype = Q.dtype.element_ty
     n_m_tiles = tl.maximum(tl.cdiv(max_q, BLOCK_M), 1)
-    if HAS_TILE_MAP:
-        n_tiles = n_map_tiles
-    elif BROADCAST_Q:
-        n_tiles = H * n_m_tiles  # one shared Q sequence: tiles of batch 0, summing over all B inside
-    else:
-        n_tiles = B * H * n_m_tiles
+    # BROADCAST_Q: one shared Q sequence, so only batch 0's tiles, each summing over all B inside
+    n_tiles = tile_count(n_map_tiles, H if BROADCAST_Q else B * H, n_m_tiles, HAS_TILE_MAP)
     for t in range(pid, n_tiles, nprog):
         b, h, m = _tile_coords(TILE_MAP, t, n_tiles, n_m_tiles, H, HAS_TILE_MAP)
         hk = h // G
@@ -189,13 +174,8 @@ def gdpa_bwd_dq_kernel(
                 k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh
                 v_base = V + k_start * stride_vt + hk.to(tl.int64) * stride_vh
                 if USE_TMA:
-                    lk1 = tl.maximum(Lk, 1)  # an empty sequence never loads; a dimension must be >= 1
-                    k_desc = tl.make_tensor_descriptor(
-                        k_base, [lk1, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_DQK]
-                    )
-                    v_desc = tl.make_tensor_descriptor(
-                        v_base, [lk1, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV]
-                    )
+                    k_desc = row_desc(k_base, Lk, stride_kt, D_QK, BLOCK_N, BLOCK_DQK)
+                    v_desc = row_desc(v_base, Lk, stride_vt, D_V, BLOCK_N, BLOCK_DV)
                 diag = band(Lq, Lk, win_left, win_right, BOTTOM_RIGHT)
                 lo = 0
                 hi = Lk

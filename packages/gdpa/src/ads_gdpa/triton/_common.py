@@ -57,3 +57,21 @@ def load_rows(base, offs_r, n_rows, stride_r, offs_d, D: tl.constexpr):
         mask=(offs_r[:, None] < n_rows) & (offs_d[None, :] < D),
         other=0.0,
     )
+
+
+@triton.jit
+def row_desc(base, n_rows, stride_r, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """TMA descriptor over rows [0, n_rows) x cols [0, D) of ``base``: rows and padded columns outside
+    load as zeros and are dropped on stores/reductions. n_rows is clamped to 1 (a descriptor dimension
+    must be positive; an empty sequence never issues a load through it)."""
+    return tl.make_tensor_descriptor(base, [tl.maximum(n_rows, 1), D], [stride_r, 1], [BLOCK_R, BLOCK_D])
+
+
+@triton.jit
+def tile_count(n_map_tiles, n_groups, tiles_per_group, HAS_TILE_MAP: tl.constexpr):
+    """Tiles a grid-stride loop walks: the host tile map's length, or groups x tiles per group."""
+    if HAS_TILE_MAP:
+        n = n_map_tiles
+    else:
+        n = n_groups * tiles_per_group
+    return n

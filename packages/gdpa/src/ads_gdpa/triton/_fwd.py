@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from ._act import act_fwd, act_fwd_dyn
-from ._common import band, band_mask, load_rows, seq_bounds
+from ._common import band, band_mask, load_rows, row_desc, seq_bounds, tile_count
 
 
 @triton.jit
@@ -47,10 +47,7 @@ def gdpa_fwd_kernel(
     p_dtype = V.dtype.element_ty
     # tile counts depend on the autotuned BLOCK_M, so they are derived here, not on the host
     n_m_tiles = tl.maximum(tl.cdiv(max_q, BLOCK_M), 1)
-    if HAS_TILE_MAP:
-        n_tiles = n_map_tiles
-    else:
-        n_tiles = B * H * n_m_tiles
+    n_tiles = tile_count(n_map_tiles, B * H, n_m_tiles, HAS_TILE_MAP)
     for t in range(pid, n_tiles, nprog):
         b, h, m = _tile_coords(TILE_MAP, t, n_tiles, n_m_tiles, H, HAS_TILE_MAP)
         hk = h // G
@@ -69,13 +66,9 @@ def gdpa_fwd_kernel(
             k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh
             v_base = V + k_start * stride_vt + hk.to(tl.int64) * stride_vh
             if USE_TMA:
-                q_desc = tl.make_tensor_descriptor(
-                    q_base, [Lq_eff, D_QK], [stride_qt, 1], [BLOCK_M, BLOCK_DQK]
-                )
-                # an empty sequence never loads, but a descriptor dimension must still be >= 1
-                Lk1 = tl.maximum(Lk, 1)
-                k_desc = tl.make_tensor_descriptor(k_base, [Lk1, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_DQK])
-                v_desc = tl.make_tensor_descriptor(v_base, [Lk1, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV])
+                q_desc = row_desc(q_base, Lq_eff, stride_qt, D_QK, BLOCK_M, BLOCK_DQK)
+                k_desc = row_desc(k_base, Lk, stride_kt, D_QK, BLOCK_N, BLOCK_DQK)
+                v_desc = row_desc(v_base, Lk, stride_vt, D_V, BLOCK_N, BLOCK_DV)
                 q = q_desc.load([m0, 0])
             else:
                 q = load_rows(q_base, offs_m, Lq_eff, stride_qt, offs_dq, D_QK)
