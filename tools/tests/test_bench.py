@@ -117,3 +117,13 @@ def test_cli_parser_has_the_flags_ci_bench_relies_on(capsys):
     if not torch.cuda.is_available():
         assert cli.gpu_present("prog") is False
         assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_report_progress_prints_each_row_as_it_lands(capsys):
+    quiet, live = Report("q"), Report("l", progress=True)
+    quiet.add(Row("gdpa", "ours", "fwd", "L=1", 1.0, tflops=12.34))
+    assert capsys.readouterr().out == ""
+    live.add(Row("gdpa", "ours", "fwd", "L=1", 1.0, tflops=12.34))
+    live.add(Row("gdpa", "fa4", "fwd", "L=1", None, note="unavailable"))
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["  . gdpa fwd L=1 ours: 12.3 tflops", "  . gdpa fwd L=1 fa4: - tflops"]

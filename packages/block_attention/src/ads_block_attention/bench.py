@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         sweep(bench)
         return 0
-    report = bench.Report("block attention (bf16, jagged, sparsity 0.7)", metric="gbps")
+    report = bench.Report("block attention (bf16, jagged, sparsity 0.7)", metric="gbps", progress=True)
     report.add(bench.Row("copy", "torch", "d2d", "1 GiB", None, None, _copy_gbps(bench), "ceiling"))
     max_lens = (2048,) if args.quick else (2048, 4096)
     for max_len in max_lens:

@@ -50,7 +50,7 @@ class Bench:
         from ads_kernel_tools.bench import Report
 
         self.args = args
-        self.report = Report("ads_gdpa: GDPA fast_gelu bf16 (TFLOP/s, 4·H·D·ΣLqLk; bwd x2.5)")
+        self.report = Report("ads_gdpa: GDPA fast_gelu bf16 (TFLOP/s, 4·H·D·ΣLqLk; bwd x2.5)", progress=True)
         self._compiled = None
         self._max_len = 0
 

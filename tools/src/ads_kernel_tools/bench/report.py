@@ -82,14 +82,22 @@ class Report:
     other provider) in the same (op, mode, shape) group, so our row reads "× best peer".
     """
 
-    def __init__(self, title: str, *, ours: str = "ours", metric: str = "tflops") -> None:
+    def __init__(
+        self, title: str, *, ours: str = "ours", metric: str = "tflops", progress: bool = False
+    ) -> None:
         if metric not in ("tflops", "gbps"):
             raise ValueError(f"metric must be 'tflops' or 'gbps', got {metric!r}")
         self.title, self.ours, self.metric = title, ours, metric
         self.rows: list[Row] = []
+        self.progress = progress
 
     def add(self, row: Row) -> Row:
         self.rows.append(row)
+        if self.progress:
+            # one line per measurement as it lands, so a run cut short by a time limit keeps its numbers
+            val = getattr(row, self.metric)
+            shown = "-" if val is None else f"{val:.1f}"
+            print(f"  . {row.op} {row.mode} {row.shape} {row.provider}: {shown} {self.metric}", flush=True)
         return row
 
     def _fill_ratios(self) -> None:
