@@ -15,6 +15,26 @@ def _matmul_tile(A, B, C, n, BLOCK: tl.constexpr):
     tl.store(C + r[:, None] * BLOCK + r[None, :], tl.dot(a, b), mask=mask)
 
 
+@triton.jit
+def _copy(X, Y, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    tl.store(Y + r, tl.load(X + r))
+
+
+def test_divisible_arguments_are_specialised_like_the_runtime_does():
+    """Only pointers known to be 16-byte aligned get vector loads: the launcher's specialisation."""
+    job = {
+        "module": __name__,
+        "kernel": "_copy",
+        "types": {"X": "*fp32", "Y": "*fp32"},
+        "constexprs": {"BLOCK": 256},
+    }
+    plain, aligned = ptx_counts_batch([job, dict(job, divisible=["X", "Y"])])
+    assert plain["vector_load"] == 0 and aligned["vector_load"] > 0
+    with pytest.raises(ValueError, match="no arguments named"):
+        compile_for(_copy, types={}, constexprs={"BLOCK": 256}, divisible=["Z"])
+
+
 def test_signature_fills_defaults_and_rejects_unknown_names():
     sig = signature(_matmul_tile, {"A": "*bf16", "B": "*bf16", "C": "*fp32"}, {"BLOCK": 64})
     assert sig == {"A": "*bf16", "B": "*bf16", "C": "*fp32", "n": "i32", "BLOCK": "constexpr"}

@@ -65,6 +65,29 @@ def _gluon_job(d: int) -> dict:
     return dict(module=g.__name__, kernel="_gdpa_fwd_ws", types=types, constexprs=consts, gluon=True)
 
 
+def _gluon_bwd_job(d: int) -> dict:
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from ads_gdpa.gluon import bwd_sm90 as g
+
+    heads = 4
+    host = torch.empty(256, heads * d, dtype=torch.bfloat16)
+
+    def desc(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
+        return mangle_type(TensorDescriptor(host, [256, heads * d], [heads * d, 1], [rows, d], layout))
+
+    pointers = {"dq_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "order_ptr": "*i32",
+                "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "scale": "fp32"}  # fmt: skip
+    types = {"q_desc": desc(g.BLOCK_M), "do_desc": desc(g.BLOCK_M), "k_desc": desc(g.BLOCK_N),
+             "v_desc": desc(g.BLOCK_N)} | pointers  # fmt: skip
+    consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, ACT=3, CONSUMER_REGS=240, LOADER_REGS=24)
+    return dict(module=g.__name__, kernel="_gdpa_bwd_ws", types=types, constexprs=consts, gluon=True)
+
+
 def _jobs() -> dict[str, dict]:
     jobs = {"fwd_main": dict(_fwd(**FWD), num_stages=3)}
     jobs |= {f"fwd_{name}": _fwd(**dict(FWD, ACT=i, USE_TMA=False)) for i, name in enumerate(ACTIVATIONS)}
@@ -79,8 +102,17 @@ def _jobs() -> dict[str, dict]:
                               constexprs=dict(DQ, USE_TMA=True), num_warps=8)  # fmt: skip
     jobs["bwd_dq"] = dict(module="ads_gdpa.triton._bwd", kernel="gdpa_bwd_dq_kernel", types=DQ_TYPES,
                           constexprs=DQ, num_warps=8)  # fmt: skip
+    # Per-head activations in the deterministic dQ pass, specialised as the launcher does at run time
+    # (aligned pointers, strides divisible by 16) and at the stage count it picks for them (the
+    # software pipeliner fails at 2 on sm_90 with Triton 3.6).
+    aligned = ["Q", "K", "V", "DO", "DQ", "CU_Q", "CU_K", "ACT_TBL", "TILE_MAP"] + [
+        f"stride_{n}{a}" for n in ("q", "k", "v", "do", "dq") for a in "th"
+    ]
+    jobs["bwd_dq_per_head"] = dict(jobs["bwd_dq"], constexprs=dict(DQ, PER_HEAD=True, HAS_WINDOW=True),
+                                   num_stages=1, divisible=aligned)  # fmt: skip
     try:
         jobs |= {f"gluon_d{d}": _gluon_job(d) for d in (64, 128)}
+        jobs |= {f"gluon_bwd_d{d}": _gluon_bwd_job(d) for d in (64, 128)}
     except ImportError:  # a Triton without Gluon: the Gluon path is optional
         pass
     return jobs
@@ -131,6 +163,7 @@ def test_backward_kernels_compile_with_wgmma(ptx):
     assert dq_tma["tma"] > 0 and dq_tma["atomic_add"] == 0 and dq_tma["local_memory"] == 0
     dq = _ok(ptx, "bwd_dq")
     assert dq["wgmma"] > 0 and dq["atomic_add"] == 0  # the deterministic pass adds nothing atomically
+    assert _ok(ptx, "bwd_dq_per_head")["wgmma"] > 0
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -139,3 +172,13 @@ def test_gluon_forward_compiles_for_sm90(ptx, d):
         pytest.skip("this Triton has no Gluon")
     counts = _ok(ptx, f"gluon_d{d}")
     assert counts["wgmma"] > 0 and counts["tma"] > 0 and counts["tanh_approx"] > 0
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_backward_compiles_for_sm90(ptx, d):
+    """TMA loads, wgmma, the MUFU tanh, atomic dQ, and no register spills in the warp-specialised backward."""
+    if f"gluon_bwd_d{d}" not in ptx:
+        pytest.skip("this Triton has no Gluon")
+    counts = _ok(ptx, f"gluon_bwd_d{d}")
+    assert counts["wgmma"] > 0 and counts["tma"] > 0 and counts["tanh_approx"] > 0
+    assert counts["atomic_add"] > 0 and counts["local_memory"] == 0

@@ -9,7 +9,7 @@ uses Hopper instructions (wgmma, TMA), which the interpreter can never show.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # PTX markers of the features a Hopper kernel is expected to use
@@ -21,6 +21,7 @@ PTX_MARKERS = {
     "tanh_approx": r"tanh\.approx",
     "atomic_add": r"(red|atom)\.global[\w.]*\.add",
     "local_memory": r"\b(ld|st)\.local",  # register spills
+    "vector_load": r"\bld\.global(\.\w+)*\.v[248]\.",
 }
 
 
@@ -44,13 +45,17 @@ def compile_for(
     num_warps: int = 4,
     num_stages: int = 2,
     gluon: bool = False,
+    divisible: Sequence[str] = (),
 ):
     """Compile the ``@triton.jit`` (or, with ``gluon``, ``@gluon.jit``) function ``fn`` for
     sm_``arch``; returns Triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``,
-    ``.metadata``). Raises whatever the compiler raises. Tensor-descriptor arguments take the type
-    string ``triton.runtime.jit.mangle_type(descriptor)``. ``fn`` must have been defined while
-    TRITON_INTERPRET was off (an interpreted kernel cannot be lowered): under the interpreter use
-    :func:`ptx_counts_batch`, which compiles in a clean child process."""
+    ``.metadata``). ``divisible`` names integer/pointer arguments to specialise as multiples of 16,
+    as Triton's launcher does for aligned pointers and strides at run time (some compiler passes only
+    fail, or only vectorise, under that specialisation). Raises whatever the compiler raises.
+    Tensor-descriptor arguments take the type string ``triton.runtime.jit.mangle_type(descriptor)``.
+    ``fn`` must have been defined while TRITON_INTERPRET was off (an interpreted kernel cannot be
+    lowered): under the interpreter use :func:`ptx_counts_batch`, which compiles in a clean child
+    process."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -60,7 +65,11 @@ def compile_for(
     source_cls = ASTSource
     if gluon:
         from triton.experimental.gluon._runtime import GluonASTSource as source_cls
-    src = source_cls(fn, signature(fn, types, constexprs), constexprs=dict(constexprs))
+    unknown = set(divisible) - set(fn.arg_names)
+    if unknown:
+        raise ValueError(f"{fn.__name__} has no arguments named {sorted(unknown)}")
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    src = source_cls(fn, signature(fn, types, constexprs), constexprs=dict(constexprs), attrs=attrs)
     warp_size = 32
     return triton.compile(
         src,
@@ -95,6 +104,7 @@ def _run_job(job: Mapping[str, Any]) -> dict[str, Any]:
             num_warps=job.get("num_warps", 4),
             num_stages=job.get("num_stages", 2),
             gluon=job.get("gluon", False),
+            divisible=job.get("divisible", ()),
         )
     except Exception as e:  # reported per job so one failure does not hide the others
         return {"error": f"{type(e).__name__}: {e}"[:4000]}

@@ -5,14 +5,15 @@ Upstream shapes (B=1152, H=4, D=128, bf16, fast_gelu, scale 1): self attention a
 dense (4, 16, 4096, 128). FLOPs = 4·H·D·Σ Lq·Lk forward, x2.5 backward (spec §4) for every provider,
 so padded peers are credited with useful work only.
 
-Providers: ours (default dispatch: the warp-specialised Gluon forward on Hopper where it supports
-the call, else Triton; Triton backward), ours[triton-fwd] (the portable Triton forward); naive
+Providers: ours (default dispatch: the warp-specialised Gluon forward and backward on Hopper where
+they support the call, else Triton), ours[triton] (the portable Triton kernels); naive
 PyTorch GDPA (padded, eager and torch.compile; skipped where the S×S scores would not fit); FA4
 CuTe varlen and cuDNN SDPA (softmax attention: speed references only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -106,22 +107,14 @@ class Bench:
             return (out, leaves) if grad else out
 
         self._fwd_bwd(op, "ours", shape, ours, flop)
-        os.environ["ADS_GDPA_BACKEND"] = "triton"
-        try:
-            self._fwd_bwd(op, "ours[triton-fwd]", shape, ours, flop, make_grad=False)
-        finally:
-            os.environ.pop("ADS_GDPA_BACKEND")
+        with _env(ADS_GDPA_BACKEND="triton"):
+            self._fwd_bwd(op, "ours[triton]", shape, ours, flop)
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
-            os.environ["ADS_GDPA_BWD_TMA"] = "1"
-            self._fwd_bwd(op, "ours[bwd-tma-loads]", shape, ours, flop)
-            os.environ["ADS_GDPA_BWD_DQ_TMA"] = "1"
-            self._fwd_bwd(op, "ours[bwd-tma-loads+dq-reduce]", shape, ours, flop)
-            os.environ.pop("ADS_GDPA_BWD_TMA")
-            os.environ.pop("ADS_GDPA_BWD_DQ_TMA")
-            os.environ["ADS_GDPA_PERSISTENT"] = "1"
-            self._fwd_bwd(op, "ours[persistent]", shape, ours, flop, make_grad=False)
-            os.environ.pop("ADS_GDPA_PERSISTENT")
+            with _env(ADS_GDPA_BWD_BACKEND="triton", ADS_GDPA_BWD_TMA="1"):
+                self._fwd_bwd(op, "ours[triton-bwd-tma-loads]", shape, ours, flop)
+            with _env(ADS_GDPA_BACKEND="triton", ADS_GDPA_PERSISTENT="1"):
+                self._fwd_bwd(op, "ours[triton-persistent]", shape, ours, flop, make_grad=False)
 
         # padded dense peers
         dense_ok = b * heads * mq * mk <= _NAIVE_MAX_SCORE_ELEMS
@@ -180,6 +173,21 @@ class Bench:
             self._fwd_bwd(op, "cudnn-sdpa(softmax,padded)", shape, cudnn_run, flop)
 
 
+@contextlib.contextmanager
+def _env(**values: str):
+    """Environment switches for one provider's rows, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main(argv: list[str] | None = None) -> int:
     from ads_kernel_tools.bench import cli
 
@@ -188,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants",
         action="store_true",
-        help="also time ours[det] (deterministic backward), ours[bwd-tma-loads], "
-        "ours[bwd-tma-loads+dq-reduce], ours[persistent]",
+        help="also time ours[det] (deterministic backward), ours[triton-bwd-tma-loads] (Triton backward "
+        "with TMA Q/dO loads), ours[triton-persistent] (Triton forward, persistent grid)",
     )
     args = ap.parse_args(argv)
     if args.demo:

@@ -1,4 +1,4 @@
-"""Gluon (triton.experimental.gluon) GDPA kernels for Hopper.
+"""Gluon (triton.experimental.gluon) GDPA kernels for Hopper: ``fwd_sm90`` and ``bwd_sm90``.
 
 Importing this package never fails on a machine without a GPU or without Gluon: the kernel module
 is loaded lazily and ``supports`` answers False whenever the fast path cannot run. Whether it is used
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["supports", "available"]
+__all__ = ["supports", "available", "try_backward"]
 
 # Activation ids (spec §1.4) that the kernel implements and that passed the GPU tests.
 _IMPLEMENTED = frozenset({0, 1, 2, 3, 4, 5, 7, 8, 9, 10})
@@ -58,3 +58,18 @@ def supports(q, k, v, *, activation_id: int, window: bool, broadcast_q: bool, fp
     except Exception:
         return False
     return available()
+
+
+def try_backward(
+    do, q, k, v, cu_q, cu_k, max_q: int, max_k: int, act: int, scale: float, dq_acc, dk, dv
+) -> bool:
+    """Run ``bwd_sm90.gdpa_bwd_gluon`` into the given buffers when it supports the call (the caller has
+    ruled out windows, broadcast_q, per-head activations and the deterministic mode); False otherwise."""
+    if not supports(q, k, v, activation_id=act, window=False, broadcast_q=False, fp8=False):
+        return False
+    if do.shape != q.shape or do.dtype != q.dtype or dq_acc.shape != q.shape:
+        return False
+    from . import bwd_sm90
+
+    bwd_sm90.gdpa_bwd_gluon(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, dq_acc, dk, dv)
+    return True

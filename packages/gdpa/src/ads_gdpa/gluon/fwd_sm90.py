@@ -33,6 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ._common import act_scaled, sm_count, store_rows
+
 # Activation ids (spec §1.4 enum) with a kernel path here.
 ACT_RAW = 0
 ACT_GELU = 1
@@ -61,84 +63,6 @@ SUPPORTED_ACTIVATIONS = frozenset(
 
 BLOCK_M = 128  # query rows per tile (two 64-row consumer warpgroups)
 BLOCK_N = 128  # keys per step
-
-_LOG2E = 1.4426950408889634
-_BETA = 0.7978845608028654  # sqrt(2/pi)
-_BETA_C = 0.7978845608028654 * 0.044715
-
-
-@gluon.jit
-def _act_scaled(x, scale, ACT: gl.constexpr):
-    """scale * act(x) in fp32; the scale rides inside the last multiply where it can."""
-    if ACT == 3:
-        # tanh-GELU with the MUFU tanh: 0.5x(1+t), t = tanh(x(β + βc·x²)); h = 0.5·scale·x so the
-        # result is one fma: h + h·t.
-        u = x * gl.fma(x * x, 0.035677408136300125, 0.7978845608028654)
-        t = gl.inline_asm_elementwise(
-            "tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=gl.float32, is_pure=True, pack=1
-        )
-        h = x * (0.5 * scale)
-        y = gl.fma(h, t, h)
-    elif ACT == 2:
-        # tanh-GELU through the sigmoid identity 0.5(1+tanh(u)) = σ(2u), so y = x·σ(2u).
-        u = x * gl.fma(x * x, 0.035677408136300125, 0.7978845608028654)
-        e = gl.exp2(u * (-2.0 * 1.4426950408889634))
-        y = (x * scale) / (1.0 + e)
-    elif ACT == 1:
-        y = (x * (0.5 * scale)) * (1.0 + gl.erf(x * 0.7071067811865476))
-    elif ACT == 5:
-        y = gl.maximum(x, 0.0) * scale
-    elif ACT == 10:
-        r = gl.maximum(x, 0.0)
-        y = r * r * scale
-    elif ACT == 4:
-        y = gl.where(x >= 0.0, x, x * 0.01) * scale
-    elif ACT == 7 or ACT == 8:
-        e = gl.exp2(x * (-1.4426950408889634))
-        y = (x * scale) / (1.0 + e)
-    elif ACT == 9:
-        y = x * gl.minimum(gl.maximum(x + 3.0, 0.0), 6.0) * (scale / 6.0)
-    else:
-        y = x * scale
-    return y
-
-
-@gluon.jit
-def _store_rows(
-    out_ptr,
-    o,
-    row0,
-    n_rows,
-    n_valid,
-    col0,
-    stride_row,
-    ROWS: gl.constexpr,
-    D: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-    DIRECT: gl.constexpr = False,
-):
-    """Store an fp32 [ROWS, D] tile: rows < n_valid get o, rows in [n_valid, n_rows) get zeros.
-
-    DIRECT stores straight from the accumulator layout (4-byte pieces, no shared-memory scratch,
-    which leaves room for a deeper K/V ring); otherwise the tile is re-laid out through shared
-    memory for 16-byte coalesced stores.
-    """
-    if DIRECT:
-        st_layout: gl.constexpr = o.type.layout
-        ov = o.to(out_ptr.dtype.element_ty)
-    else:
-        VEC: gl.constexpr = 8
-        TPC: gl.constexpr = D // VEC if D // VEC < 32 else 32
-        TPR: gl.constexpr = 32 // TPC
-        st_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [TPR, TPC], [NUM_WARPS, 1], [1, 0])
-        ov = gl.convert_layout(o.to(out_ptr.dtype.element_ty), st_layout)
-    rows = gl.arange(0, ROWS, gl.SliceLayout(1, st_layout))
-    cols = gl.arange(0, D, gl.SliceLayout(0, st_layout))
-    r2 = gl.expand_dims(rows, 1)
-    c2 = gl.expand_dims(cols, 0)
-    ov = gl.where(r2 < n_valid, ov, gl.zeros_like(ov))
-    offs = (row0 + r2).to(gl.int64) * stride_row + col0 + c2
-    gl.store(out_ptr + offs, ov, mask=(r2 < n_rows) & (c2 < D))
 
 
 @gluon.jit
@@ -239,7 +163,7 @@ def _ws_mask_act(
     if (j + 1) * BN > lk:
         # Keys past the sequence end belong to the next sequence (or are TMA zero fill).
         sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
-    p = _act_scaled(sacc, scale, ACT)
+    p = act_scaled(sacc, scale, ACT)
     return gl.convert_layout(p.to(in_dtype), p_layout)
 
 
@@ -384,7 +308,7 @@ def _ws_consumer(
                 mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 0)
             o = warpgroup_mma_wait(0, deps=(acc,))
             row0 = m * BM + WG * ROWS
-            _store_rows(
+            store_rows(
                 out_ptr, o, q0 + row0, lq - row0, lq_eff - row0, h * D, H * D, ROWS, D, 4, DIRECT_STORE
             )
             tc += 1
@@ -569,14 +493,6 @@ def _zero_tail(out_ptr, cu_q_ptr, covered, W, num_warps: gl.constexpr):
 # ----------------------------------------------------------------------------------------------
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 def _config(d: int) -> tuple[int, int, bool]:
@@ -652,7 +568,7 @@ def gdpa_fwd_gluon(
 
     m_tiles = triton.cdiv(max_seqlen_q, BM)
     n_tiles = B * H * m_tiles
-    grid = (min(n_tiles, _sm_count(q.device)),)
+    grid = (min(n_tiles, sm_count(q.device)),)
     args = (
         q_desc,
         k_desc,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -185,6 +185,19 @@ def fwd(
     return out
 
 
+def _gluon_backward(do, q, k, v, cu_q, cu_k, pb: Problem, dq_acc, dk, dv) -> bool:
+    """The Hopper Gluon backward into these buffers, when allowed (ADS_GDPA_BWD_BACKEND) and supported."""
+    if cfg.bwd_backend() == "triton" or q.device.type != "cuda" or cfg.interpreter_active():
+        return False
+    try:
+        from .. import gluon
+    except Exception:
+        return False
+    if not gluon.available():
+        return False
+    return gluon.try_backward(do, q, k, v, cu_q, cu_k, pb.max_q, pb.max_k, pb.act, pb.scale, dq_acc, dk, dv)
+
+
 def bwd(
     do: torch.Tensor,
     q: torch.Tensor,
@@ -214,6 +227,9 @@ def bwd(
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     else:  # the dq kernel writes every row of every sequence (zeros past max_q), none outside them
         dq_acc = torch.empty_like(q) if _spans(pb.host_q, q.shape[0]) else torch.zeros_like(q)
+    plain = not (deterministic or pb.has_window or pb.broadcast_q or act_tbl is not None)
+    if plain and _gluon_backward(do, q, k, v, cu_q, cu_k, pb, dq_acc, dk, dv):
+        return dq_acc.to(q.dtype), dk, dv
     dummy = cu_q
     fast = _fast_math(q.device)
     consts = dict(
@@ -263,6 +279,12 @@ def bwd(
     dq_space = cfg.DQ_SPACE
     if q.device.type == "cuda" and not cfg.interpreter_active():
         dq_space, pinned = cfg.fit(dq_space, pinned, cfg.fwd_smem, _block_d(D_QK), _block_d(D_V))
+    if act_tbl is not None and q.device.type == "cuda":
+        # Triton 3.6's software pipeliner fails on this kernel for sm_90 with per-head activation
+        # tables and num_stages > 1 ("PassManager::run failed"; seen on the H200, reproduced offline
+        # by tests/test_compile_sm90.py): run those unpipelined.
+        dq_space = [replace(c, num_stages=1) for c in dq_space]
+        pinned = replace(pinned, num_stages=1)
     n_b = 1 if pb.broadcast_q else B
 
     def grid_q(meta):

@@ -1,0 +1,136 @@
+"""Gluon helpers shared by the sm_90 forward and backward: activations, row stores, SM count."""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+@gluon.jit
+def act_scaled(x, scale, ACT: gl.constexpr):
+    """scale * act(x) in fp32; the scale rides inside the last multiply where it can."""
+    if ACT == 3:
+        # tanh-GELU with the MUFU tanh: 0.5x(1+t), t = tanh(x(β + βc·x²)); h = 0.5·scale·x so the
+        # result is one fma: h + h·t.
+        u = x * gl.fma(x * x, 0.035677408136300125, 0.7978845608028654)
+        t = gl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=gl.float32, is_pure=True, pack=1
+        )
+        h = x * (0.5 * scale)
+        y = gl.fma(h, t, h)
+    elif ACT == 2:
+        # tanh-GELU through the sigmoid identity 0.5(1+tanh(u)) = σ(2u), so y = x·σ(2u).
+        u = x * gl.fma(x * x, 0.035677408136300125, 0.7978845608028654)
+        e = gl.exp2(u * (-2.0 * 1.4426950408889634))
+        y = (x * scale) / (1.0 + e)
+    elif ACT == 1:
+        y = (x * (0.5 * scale)) * (1.0 + gl.erf(x * 0.7071067811865476))
+    elif ACT == 5:
+        y = gl.maximum(x, 0.0) * scale
+    elif ACT == 10:
+        r = gl.maximum(x, 0.0)
+        y = r * r * scale
+    elif ACT == 4:
+        y = gl.where(x >= 0.0, x, x * 0.01) * scale
+    elif ACT == 7 or ACT == 8:
+        e = gl.exp2(x * (-1.4426950408889634))
+        y = (x * scale) / (1.0 + e)
+    elif ACT == 9:
+        y = x * gl.minimum(gl.maximum(x + 3.0, 0.0), 6.0) * (scale / 6.0)
+    else:
+        y = x * scale
+    return y
+
+
+@gluon.jit
+def act_and_grad(x, ACT: gl.constexpr):
+    """(act(x), act'(x)) in fp32 for the backward, sharing the transcendental between the two.
+
+    Same formulas as the Triton kernels (``ads_gdpa.triton._act``); fast_gelu uses the MUFU tanh.
+    """
+    if ACT == 3 or ACT == 2:
+        u = x * gl.fma(x * x, 0.035677408136300125, 0.7978845608028654)
+        if ACT == 3:
+            t = gl.inline_asm_elementwise(
+                "tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=gl.float32, is_pure=True, pack=1
+            )
+        else:
+            t = 2.0 / (1.0 + gl.exp2(u * (-2.0 * 1.4426950408889634))) - 1.0
+        half_x = 0.5 * x
+        y = gl.fma(half_x, t, half_x)
+        # d/dx 0.5x(1+t) = 0.5(1+t) + 0.5x(1-t²)·β(1+3c·x²)
+        dt = gl.fma(x * x, 0.10703222440890289, 0.7978845608028654)
+        g = (0.5 + 0.5 * t) + half_x * (1.0 - t * t) * dt
+    elif ACT == 1:
+        cdf = 0.5 * (1.0 + gl.erf(x * 0.7071067811865476))
+        y = x * cdf
+        g = cdf + x * gl.exp2(x * x * (-0.5 * 1.4426950408889634)) * 0.3989422804014327
+    elif ACT == 5:
+        y = gl.maximum(x, 0.0)
+        g = gl.where(x >= 0.0, 1.0, 0.0)
+    elif ACT == 10:
+        r = gl.maximum(x, 0.0)
+        y = r * r
+        g = 2.0 * r
+    elif ACT == 4:
+        y = gl.where(x >= 0.0, x, x * 0.01)
+        g = gl.where(x >= 0.0, 1.0, 0.01)
+    elif ACT == 7 or ACT == 8:
+        s = 1.0 / (1.0 + gl.exp2(x * (-1.4426950408889634)))
+        y = x * s
+        g = s * (1.0 + x * (1.0 - s))
+    elif ACT == 9:
+        y = x * gl.minimum(gl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
+        g = gl.where(x <= -3.0, 0.0, gl.where(x >= 3.0, 1.0, x * (1.0 / 3.0) + 0.5))
+    else:
+        y = x
+        g = gl.zeros_like(x) + 1.0
+    return y, g
+
+
+@gluon.jit
+def store_rows(
+    out_ptr,
+    o,
+    row0,
+    n_rows,
+    n_valid,
+    col0,
+    stride_row,
+    ROWS: gl.constexpr,
+    D: gl.constexpr,
+    NUM_WARPS: gl.constexpr,
+    DIRECT: gl.constexpr = False,
+):
+    """Store an fp32 [ROWS, D] tile: rows < n_valid get o, rows in [n_valid, n_rows) get zeros.
+
+    DIRECT stores straight from the accumulator layout (4-byte pieces, no shared-memory scratch,
+    which leaves room for a deeper K/V ring); otherwise the tile is re-laid out through shared
+    memory for 16-byte coalesced stores.
+    """
+    if DIRECT:
+        st_layout: gl.constexpr = o.type.layout
+        ov = o.to(out_ptr.dtype.element_ty)
+    else:
+        VEC: gl.constexpr = 8
+        TPC: gl.constexpr = D // VEC if D // VEC < 32 else 32
+        TPR: gl.constexpr = 32 // TPC
+        st_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [TPR, TPC], [NUM_WARPS, 1], [1, 0])
+        ov = gl.convert_layout(o.to(out_ptr.dtype.element_ty), st_layout)
+    rows = gl.arange(0, ROWS, gl.SliceLayout(1, st_layout))
+    cols = gl.arange(0, D, gl.SliceLayout(0, st_layout))
+    r2 = gl.expand_dims(rows, 1)
+    c2 = gl.expand_dims(cols, 0)
+    ov = gl.where(r2 < n_valid, ov, gl.zeros_like(ov))
+    offs = (row0 + r2).to(gl.int64) * stride_row + col0 + c2
+    gl.store(out_ptr + offs, ov, mask=(r2 < n_rows) & (c2 < D))

@@ -1,0 +1,451 @@
+"""GDPA backward for Hopper (sm_90) in Gluon: dK, dV and (atomically) dQ in one warp-specialised pass.
+
+Per 128-row K/V tile of one kv head (spec §1.3, S recomputed; no softmax, so no preprocess pass):
+a 1-warp producer loads K and V once and then streams 64-row Q and dO tiles of every query head of
+the group through a ring of shared-memory stages (TMA, mbarriers). Two 4-warp consumer warpgroups
+each own 64 of the kv rows and, per query tile,
+
+    Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (wgmma, both in flight at once)
+    Pᵀ = scale·act(Sᵀ), dSᵀ = scale·act'(Sᵀ)·dPᵀ (masked: rows/columns outside the sequences)
+    dV += Pᵀ dO (Pᵀ from registers), dK += dSᵀ Q (dSᵀ from shared memory)
+    dQ[:, half] = dS K[:, half] over all 128 kv rows, fp32 atomics into a zeroed buffer.
+
+Both warpgroups write their 64-row halves of dSᵀ into one shared [128, 64] buffer (double-buffered,
+guarded by mbarriers), so each dQ product spans the full 128 keys and each warpgroup adds only half
+of the head dim: half the atomics of two independent 64-row tiles, and a dQ accumulator of D/2
+columns keeps the consumers inside their register budget. The warpgroups meet once per step (at the
+dSᵀ exchange) and otherwise drift, so one's activation runs under the other's tensor-core work.
+Programs are persistent and walk the tile list heaviest-first (tiles facing the most query rows).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ._common import act_and_grad, sm_count, store_rows
+
+BLOCK_M = 64  # query rows per step
+BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
+STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ)
+
+
+@gluon.jit
+def _kv_tile(t, order_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q):
+    """Virtual tile t -> (kv head, first kv tile index, q start, Lq clamped, k start, Lk)."""
+    per_b = H_KV * N_TILES
+    rank = t // per_b
+    rem = t - rank * per_b
+    hk = rem // N_TILES
+    n = rem - hk * N_TILES
+    b = gl.load(order_ptr + rank)
+    q0 = gl.load(cu_q_ptr + b)
+    lq = gl.load(cu_q_ptr + b + 1) - q0
+    k0 = gl.load(cu_k_ptr + b)
+    lk = gl.load(cu_k_ptr + b + 1) - k0
+    return hk, n, q0, gl.minimum(lq, max_seqlen_q), k0, lk
+
+
+@gluon.jit
+def _bwd_loader(
+    q_desc,
+    do_desc,
+    k_desc,
+    v_desc,
+    q_smem,
+    do_smem,
+    k_smem,
+    v_smem,
+    qd_ready,
+    qd_empty,
+    kv_ready,
+    kv_empty,
+    order_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    max_seqlen_q,
+    n_tiles,
+    N_TILES,
+    H_KV,
+    G,
+    D: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    it = 0  # position in the Q/dO ring, continued across tiles
+    kc = 0  # K/V tiles loaded by this program
+    for t in range(pid, n_tiles, nprog):
+        hk, n_first, q0, lq_eff, k0, lk = _kv_tile(
+            t, order_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q
+        )
+        n_m = gl.cdiv(lq_eff, BM)
+        # kv tiles past max_seqlen_k's count (a sequence longer than max_seqlen_k) stride along
+        for n in range(n_first, gl.cdiv(lk, BN), N_TILES):
+            mbarrier.wait(kv_empty, (kc & 1) ^ 1)
+            mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k0 + n * BN, hk * D], kv_ready, k_smem)
+            tma.async_copy_global_to_shared(v_desc, [k0 + n * BN, hk * D], kv_ready, v_smem)
+            kc += 1
+            for g in range(G):
+                h = hk * G + g
+                for m in range(n_m):
+                    s = it % STAGES
+                    mbarrier.wait(qd_empty.index(s), ((it // STAGES) & 1) ^ 1)
+                    ready = qd_ready.index(s)
+                    mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, h * D], ready, q_smem.index(s))
+                    tma.async_copy_global_to_shared(do_desc, [q0 + m * BM, h * D], ready, do_smem.index(s))
+                    it += 1
+
+
+@gluon.jit
+def _bwd_consumer(
+    q_smem,
+    do_smem,
+    k_smem,
+    v_smem,
+    ds_smem,
+    qd_ready,
+    qd_empty,
+    kv_ready,
+    kv_empty,
+    ds_full,
+    ds_free,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    order_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    max_seqlen_q,
+    n_tiles,
+    N_TILES,
+    scale,
+    H_KV,
+    G,
+    WG: gl.constexpr,
+    D: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    STAGES: gl.constexpr,
+    ACT: gl.constexpr,
+):
+    ROWS: gl.constexpr = BN // 2  # kv rows of this warpgroup
+    DH: gl.constexpr = D // 2  # dQ columns of this warpgroup
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16]
+    )
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]
+    )
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    in_dtype: gl.constexpr = q_smem.dtype
+    rows2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, s_layout)), 1)
+    cols2 = gl.expand_dims(gl.arange(0, BM, gl.SliceLayout(0, s_layout)), 0)
+    dq_rows2 = gl.expand_dims(gl.arange(0, BM, gl.SliceLayout(1, dq_layout)), 1)
+    dq_cols2 = gl.expand_dims(gl.arange(0, DH, gl.SliceLayout(0, dq_layout)), 0)
+    s_zero = gl.zeros([ROWS, BM], gl.float32, s_layout)
+    dq_zero = gl.zeros([BM, DH], gl.float32, dq_layout)
+    k_half = k_smem.slice(WG * ROWS, ROWS, dim=0)
+    v_half = v_smem.slice(WG * ROWS, ROWS, dim=0)
+    k_cols = k_smem.slice(WG * DH, DH, dim=1)
+    W = H_KV * G * D  # elements per token row of Q / dQ
+
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    it = 0
+    kc = 0
+    for t in range(pid, n_tiles, nprog):
+        hk, n_first, q0, lq_eff, k0, lk = _kv_tile(
+            t, order_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q
+        )
+        n_m = gl.cdiv(lq_eff, BM)
+        for n in range(n_first, gl.cdiv(lk, BN), N_TILES):
+            kv_valid = lk - n * BN - WG * ROWS  # rows of this half inside the sequence (may be <= 0)
+            mbarrier.wait(kv_ready, kc & 1)
+            dk = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
+            dv = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
+            for g in range(G):
+                h = hk * G + g
+                for m in range(n_m):
+                    s = it % STAGES
+                    db = it % 2
+                    dph = (it // 2) & 1
+                    mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
+                    q_s = q_smem.index(s)
+                    do_s = do_smem.index(s)
+                    st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    # Sᵀ retires first (groups complete in order); dPᵀ keeps running under act(Sᵀ)
+                    st = warpgroup_mma_wait(1, deps=(st,))
+                    y, grad = act_and_grad(st, ACT)
+                    dpt = warpgroup_mma_wait(0, deps=(dpt,))
+                    pt = y * scale
+                    dst = grad * dpt * scale
+                    q_valid = lq_eff - m * BM
+                    if (kv_valid < ROWS) | (q_valid < BM):
+                        # TMA brought the neighbouring sequences' rows (or zeros): they must not count
+                        keep = (rows2 < kv_valid) & (cols2 < q_valid)
+                        pt = gl.where(keep, pt, 0.0)
+                        dst = gl.where(keep, dst, 0.0)
+                    # this half of dSᵀ goes to shared memory: the A operand of dK here, of dQ in both
+                    mbarrier.wait(ds_free.index(db), dph ^ 1)
+                    ds_half = ds_smem.index(db).slice(WG * ROWS, ROWS, dim=0)
+                    ds_half.store(dst.to(in_dtype))
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    mbarrier.arrive(ds_full.index(db), count=1)
+                    p_op = gl.convert_layout(pt.to(in_dtype), p_layout)
+                    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+                    dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
+                    mbarrier.wait(ds_full.index(db), dph)
+                    dq = warpgroup_mma(
+                        ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True
+                    )
+                    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+                    dv = warpgroup_mma_init(dv)
+                    dk = warpgroup_mma_init(dk)
+                    mbarrier.arrive(qd_empty.index(s), count=1)
+                    mbarrier.arrive(ds_free.index(db), count=1)
+                    offs = (q0 + m * BM + dq_rows2).to(gl.int64) * W + h * D + WG * DH + dq_cols2
+                    gl.atomic_add(dq_ptr + offs, dq, mask=dq_rows2 < q_valid, sem="relaxed")
+                    it += 1
+            dk = warpgroup_mma_wait(0, deps=(dk,))
+            dv = warpgroup_mma_wait(0, deps=(dv,))
+            # every read of this K/V tile (the other half's dQ products included) has retired
+            mbarrier.arrive(kv_empty, count=1)
+            row0 = k0 + n * BN + WG * ROWS
+            store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
+            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
+            kc += 1
+
+
+@gluon.jit
+def _gdpa_bwd_ws(
+    q_desc,
+    do_desc,
+    k_desc,
+    v_desc,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    order_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    max_seqlen_q,
+    n_tiles,
+    N_TILES,
+    scale,
+    H_KV,
+    G,
+    D: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    STAGES: gl.constexpr,
+    ACT: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    LOADER_REGS: gl.constexpr,
+):
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BN, BM], ds_layout)
+    qd_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qd_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(qd_ready.index(i), count=1)
+        mbarrier.init(qd_empty.index(i), count=2)  # one arrival per consumer warpgroup
+    mbarrier.init(kv_ready, count=1)
+    mbarrier.init(kv_empty, count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_full.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=2)
+
+    WG0: gl.constexpr = 0
+    WG1: gl.constexpr = 1
+    gl.warp_specialize(
+        [
+            (
+                _bwd_consumer,
+                (
+                    q_smem,
+                    do_smem,
+                    k_smem,
+                    v_smem,
+                    ds_smem,
+                    qd_ready,
+                    qd_empty,
+                    kv_ready,
+                    kv_empty,
+                    ds_full,
+                    ds_free,
+                    dq_ptr,
+                    dk_ptr,
+                    dv_ptr,
+                    order_ptr,
+                    cu_q_ptr,
+                    cu_k_ptr,
+                    max_seqlen_q,
+                    n_tiles,
+                    N_TILES,
+                    scale,
+                    H_KV,
+                    G,
+                    WG0,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                    ACT,
+                ),
+            ),
+            (
+                _bwd_consumer,
+                (
+                    q_smem,
+                    do_smem,
+                    k_smem,
+                    v_smem,
+                    ds_smem,
+                    qd_ready,
+                    qd_empty,
+                    kv_ready,
+                    kv_empty,
+                    ds_full,
+                    ds_free,
+                    dq_ptr,
+                    dk_ptr,
+                    dv_ptr,
+                    order_ptr,
+                    cu_q_ptr,
+                    cu_k_ptr,
+                    max_seqlen_q,
+                    n_tiles,
+                    N_TILES,
+                    scale,
+                    H_KV,
+                    G,
+                    WG1,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                    ACT,
+                ),
+            ),
+            (
+                _bwd_loader,
+                (
+                    q_desc,
+                    do_desc,
+                    k_desc,
+                    v_desc,
+                    q_smem,
+                    do_smem,
+                    k_smem,
+                    v_smem,
+                    qd_ready,
+                    qd_empty,
+                    kv_ready,
+                    kv_empty,
+                    order_ptr,
+                    cu_q_ptr,
+                    cu_k_ptr,
+                    max_seqlen_q,
+                    n_tiles,
+                    N_TILES,
+                    H_KV,
+                    G,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                ),
+            ),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, LOADER_REGS],
+    )
+
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def _rows_desc(x: torch.Tensor, rows: int, dtype) -> TensorDescriptor:
+    """TMA descriptor over a (T, heads, D) tensor seen as (T, heads*D), boxes of [rows, D]."""
+    t, heads, d = x.shape
+    if t == 0:  # no rows at all: a one-row dummy keeps the descriptor valid; no step loads it
+        x, t = torch.zeros(1, heads, d, dtype=x.dtype, device=x.device), 1
+    layout = gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
+    return TensorDescriptor(x.view(t, heads * d), [t, heads * d], [heads * d, 1], [rows, d], layout)
+
+
+def gdpa_bwd_gluon(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    activation_id: int,
+    scale: float,
+    dq_acc: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+) -> None:
+    """Jagged GDPA backward. q, do (Tq, H, D); k, v (Tk, H_kv, D); dq_acc fp32 (Tq, H, D), zeroed,
+    receives dQ by atomics; dk, dv (Tk, H_kv, D) get every row inside a sequence (rows outside all
+    sequences are not written). Query rows at or past min(Lq_b, max_seqlen_q) contribute nothing."""
+    total_q, H, D = q.shape
+    total_k, H_kv, _ = k.shape
+    B = cu_seqlens_q.numel() - 1
+    if B <= 0 or total_k == 0:
+        return
+    max_seqlen_q = max(int(max_seqlen_q), 0)  # 0: no query row counts, dK/dV still written (zeros)
+    assert D in (64, 128) and H % H_kv == 0 and q.dtype in _GL_DTYPES and v.shape == k.shape
+    assert dq_acc.dtype == torch.float32 and dq_acc.is_contiguous() and dk.is_contiguous()
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    cu_q = cu_seqlens_q.to(torch.int32).contiguous()
+    cu_k = cu_seqlens_k.to(torch.int32).contiguous()
+    gdt = _GL_DTYPES[q.dtype]
+    BM, BN = BLOCK_M, BLOCK_N
+    q_desc, do_desc = _rows_desc(q, BM, gdt), _rows_desc(do, BM, gdt)
+    k_desc, v_desc = _rows_desc(k, BN, gdt), _rows_desc(v, BN, gdt)
+    # Heaviest tiles first: a kv tile's work is the query rows it faces. Stays on the device.
+    lq_eff = torch.clamp(cu_q[1:] - cu_q[:-1], max=max_seqlen_q)
+    has_k = (cu_k[1:] - cu_k[:-1]) > 0
+    order = torch.argsort(lq_eff * has_k, descending=True, stable=True).to(torch.int32)
+    n_kv_tiles = max(triton.cdiv(max_seqlen_k, BN), 1)
+    n_tiles = B * H_kv * n_kv_tiles
+    grid = (min(n_tiles, sm_count(q.device)),)
+    _gdpa_bwd_ws[grid](
+        q_desc, do_desc, k_desc, v_desc, dq_acc, dk, dv, order, cu_q, cu_k, max_seqlen_q, n_tiles,
+        n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id), 240, 24,
+        num_warps=4,
+    )  # fmt: skip
