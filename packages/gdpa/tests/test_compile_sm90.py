@@ -84,7 +84,8 @@ def _gluon_bwd_job(d: int) -> dict:
                 "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "scale": "fp32"}  # fmt: skip
     types = {"q_desc": desc(g.BLOCK_M), "do_desc": desc(g.BLOCK_M), "k_desc": desc(g.BLOCK_N),
              "v_desc": desc(g.BLOCK_N)} | pointers  # fmt: skip
-    consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, ACT=3, CONSUMER_REGS=240, LOADER_REGS=24)
+    consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, ACT=3, DQ_ATOMIC=True, CONSUMER_REGS=240,
+                  LOADER_REGS=24)  # fmt: skip
     return dict(module=g.__name__, kernel="_gdpa_bwd_ws", types=types, constexprs=consts, gluon=True)
 
 

@@ -128,6 +128,28 @@ def _bench(B=1152, H=4, D=128, max_len=2048, sparsity_half=False):
     return ms, 2.5 * 4 * H * D * sum(L * L for L in lens) / ms / 1e9
 
 
+def _bench_kernel(B=1152, H=4, D=128, max_len=2048, sparsity_half=False, skip_dq=False):
+    """The Gluon kernel alone (no dQ zeroing/conversion, no autograd); skip_dq leaves out the atomics."""
+    import triton
+
+    from ads_gdpa.gluon import bwd_sm90
+
+    g = torch.Generator().manual_seed(123)
+    lens = torch.randint(1, max_len + 1, (B,), generator=g).tolist() if sparsity_half else [max_len] * B
+    cu = lengths_to_offsets(lens, device="cuda")
+    T = sum(lens)
+    q, k, v, do = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * 0.3 for _ in range(4))
+    dq = torch.zeros(T, H, D, device="cuda", dtype=torch.float32)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    fn = lambda: bwd_sm90.gdpa_bwd_gluon(
+        do, q, k, v, cu, cu, max_len, max_len, 3, 1.0, dq, dk, dv, _skip_dq=skip_dq
+    )
+    fn()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+    return ms, 2.5 * 4 * H * D * sum(L * L for L in lens) / ms / 1e9
+
+
 def main():
     import os
 
@@ -152,6 +174,12 @@ def main():
                 ms, tf = _bench(sparsity_half=sp)
                 print(f"BENCH bwd {backend} B=1152 H=4 D=128 len=2048 {'s=0.5' if sp else 's=1.0(full)'}: "
                       f"{ms:.3f} ms {tf:.1f} TFLOP/s", flush=True)  # fmt: skip
+    if args.bench:
+        for sp in (False, True):
+            for skip in (False, True):
+                ms, tf = _bench_kernel(sparsity_half=sp, skip_dq=skip)
+                what = ("s=0.5" if sp else "s=1.0(full)") + (" no dQ atomics" if skip else "")
+                print(f"BENCH kernel-only {what}: {ms:.3f} ms {tf:.1f} TFLOP/s", flush=True)
     sys.exit(1 if failed else 0)
 
 

@@ -143,6 +143,7 @@ def _bwd_consumer(
     BN: gl.constexpr,
     STAGES: gl.constexpr,
     ACT: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr,
 ):
     ROWS: gl.constexpr = BN // 2  # kv rows of this warpgroup
     DH: gl.constexpr = D // 2  # dQ columns of this warpgroup
@@ -182,51 +183,72 @@ def _bwd_consumer(
             mbarrier.wait(kv_ready, kc & 1)
             dk = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
             dv = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
-            for g in range(G):
+            # Software pipeline over the G * n_m query steps of this tile: Sᵀ/dPᵀ of step j+1 are
+            # issued behind step j's dV/dK/dQ products, so the tensor cores stay busy while this
+            # warpgroup adds dQ_j to global memory and waits at the next step's activation.
+            n_steps = G * n_m
+            st_acc = warpgroup_mma_init(s_zero)
+            dpt_acc = warpgroup_mma_init(s_zero)
+            if n_steps > 0:
+                s = it % STAGES
+                mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
+                q_t = q_smem.index(s).permute((1, 0))
+                do_t = do_smem.index(s).permute((1, 0))
+                st_acc = warpgroup_mma(k_half, q_t, s_zero, use_acc=False, is_async=True)
+                dpt_acc = warpgroup_mma(v_half, do_t, s_zero, use_acc=False, is_async=True)
+            for j in range(n_steps):
+                g = j // n_m
+                m = j - g * n_m
                 h = hk * G + g
-                for m in range(n_m):
-                    s = it % STAGES
-                    db = it % 2
-                    dph = (it // 2) & 1
-                    mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
-                    q_s = q_smem.index(s)
-                    do_s = do_smem.index(s)
-                    st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    # Sᵀ retires first (groups complete in order); dPᵀ keeps running under act(Sᵀ)
-                    st = warpgroup_mma_wait(1, deps=(st,))
-                    y, grad = act_and_grad(st, ACT)
-                    dpt = warpgroup_mma_wait(0, deps=(dpt,))
-                    pt = y * scale
-                    dst = grad * dpt * scale
-                    q_valid = lq_eff - m * BM
-                    if (kv_valid < ROWS) | (q_valid < BM):
-                        # TMA brought the neighbouring sequences' rows (or zeros): they must not count
-                        keep = (rows2 < kv_valid) & (cols2 < q_valid)
-                        pt = gl.where(keep, pt, 0.0)
-                        dst = gl.where(keep, dst, 0.0)
-                    # this half of dSᵀ goes to shared memory: the A operand of dK here, of dQ in both
-                    mbarrier.wait(ds_free.index(db), dph ^ 1)
-                    ds_half = ds_smem.index(db).slice(WG * ROWS, ROWS, dim=0)
-                    ds_half.store(dst.to(in_dtype))
-                    fence_async_shared()
-                    gl.thread_barrier()
-                    mbarrier.arrive(ds_full.index(db), count=1)
-                    p_op = gl.convert_layout(pt.to(in_dtype), p_layout)
-                    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-                    dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
-                    mbarrier.wait(ds_full.index(db), dph)
-                    dq = warpgroup_mma(
-                        ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True
-                    )
-                    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-                    dv = warpgroup_mma_init(dv)
-                    dk = warpgroup_mma_init(dk)
-                    mbarrier.arrive(qd_empty.index(s), count=1)
-                    mbarrier.arrive(ds_free.index(db), count=1)
+                s = it % STAGES
+                db = it % 2
+                dph = (it // 2) & 1
+                q_s = q_smem.index(s)
+                do_s = do_smem.index(s)
+                # Sᵀ retires first (groups complete in order); dPᵀ keeps running under act(Sᵀ)
+                st = warpgroup_mma_wait(1, deps=(st_acc,))
+                y, grad = act_and_grad(st, ACT)
+                dpt = warpgroup_mma_wait(0, deps=(dpt_acc,))
+                pt = y * scale
+                dst = grad * dpt * scale
+                q_valid = lq_eff - m * BM
+                if (kv_valid < ROWS) | (q_valid < BM):
+                    # TMA brought the neighbouring sequences' rows (or zeros): they must not count
+                    keep = (rows2 < kv_valid) & (cols2 < q_valid)
+                    pt = gl.where(keep, pt, 0.0)
+                    dst = gl.where(keep, dst, 0.0)
+                # this half of dSᵀ goes to shared memory: the A operand of dK here, of dQ in both
+                mbarrier.wait(ds_free.index(db), dph ^ 1)
+                ds_half = ds_smem.index(db).slice(WG * ROWS, ROWS, dim=0)
+                ds_half.store(dst.to(in_dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(ds_full.index(db), count=1)
+                p_op = gl.convert_layout(pt.to(in_dtype), p_layout)
+                dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+                dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
+                mbarrier.wait(ds_full.index(db), dph)
+                dq = warpgroup_mma(
+                    ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True
+                )
+                if j + 1 < n_steps:
+                    s1 = (it + 1) % STAGES
+                    mbarrier.wait(qd_ready.index(s1), ((it + 1) // STAGES) & 1)
+                    q_t = q_smem.index(s1).permute((1, 0))
+                    do_t = do_smem.index(s1).permute((1, 0))
+                    st_acc = warpgroup_mma(k_half, q_t, s_zero, use_acc=False, is_async=True)
+                    dpt_acc = warpgroup_mma(v_half, do_t, s_zero, use_acc=False, is_async=True)
+                    dv_t, dk_t, dq_t = warpgroup_mma_wait(2, deps=(dv, dk, dq))
+                else:
+                    dv_t, dk_t, dq_t = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+                dv = warpgroup_mma_init(dv_t)
+                dk = warpgroup_mma_init(dk_t)
+                mbarrier.arrive(qd_empty.index(s), count=1)
+                mbarrier.arrive(ds_free.index(db), count=1)
+                if DQ_ATOMIC:
                     offs = (q0 + m * BM + dq_rows2).to(gl.int64) * W + h * D + WG * DH + dq_cols2
-                    gl.atomic_add(dq_ptr + offs, dq, mask=dq_rows2 < q_valid, sem="relaxed")
-                    it += 1
+                    gl.atomic_add(dq_ptr + offs, dq_t, mask=dq_rows2 < q_valid, sem="relaxed")
+                it += 1
             dk = warpgroup_mma_wait(0, deps=(dk,))
             dv = warpgroup_mma_wait(0, deps=(dv,))
             # every read of this K/V tile (the other half's dQ products included) has retired
@@ -260,6 +282,7 @@ def _gdpa_bwd_ws(
     BN: gl.constexpr,
     STAGES: gl.constexpr,
     ACT: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr,
 ):
@@ -321,6 +344,7 @@ def _gdpa_bwd_ws(
                     BN,
                     STAGES,
                     ACT,
+                    DQ_ATOMIC,
                 ),
             ),
             (
@@ -355,6 +379,7 @@ def _gdpa_bwd_ws(
                     BN,
                     STAGES,
                     ACT,
+                    DQ_ATOMIC,
                 ),
             ),
             (
@@ -418,10 +443,13 @@ def gdpa_bwd_gluon(
     dq_acc: torch.Tensor,
     dk: torch.Tensor,
     dv: torch.Tensor,
+    *,
+    _skip_dq: bool = False,
 ) -> None:
     """Jagged GDPA backward. q, do (Tq, H, D); k, v (Tk, H_kv, D); dq_acc fp32 (Tq, H, D), zeroed,
     receives dQ by atomics; dk, dv (Tk, H_kv, D) get every row inside a sequence (rows outside all
-    sequences are not written). Query rows at or past min(Lq_b, max_seqlen_q) contribute nothing."""
+    sequences are not written). Query rows at or past min(Lq_b, max_seqlen_q) contribute nothing.
+    ``_skip_dq`` leaves out the dQ atomics (a wrong dQ): for measuring what they cost, nothing else."""
     total_q, H, D = q.shape
     total_k, H_kv, _ = k.shape
     B = cu_seqlens_q.numel() - 1
@@ -446,6 +474,6 @@ def gdpa_bwd_gluon(
     grid = (min(n_tiles, sm_count(q.device)),)
     _gdpa_bwd_ws[grid](
         q_desc, do_desc, k_desc, v_desc, dq_acc, dk, dv, order, cu_q, cu_k, max_seqlen_q, n_tiles,
-        n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id), 240, 24,
-        num_warps=4,
+        n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id), not _skip_dq,
+        240, 24, num_warps=4,
     )  # fmt: skip
