@@ -175,11 +175,16 @@ def main():
                 print(f"BENCH bwd {backend} B=1152 H=4 D=128 len=2048 {'s=0.5' if sp else 's=1.0(full)'}: "
                       f"{ms:.3f} ms {tf:.1f} TFLOP/s", flush=True)  # fmt: skip
     if args.bench:
-        for sp in (False, True):
-            for skip in (False, True):
-                ms, tf = _bench_kernel(sparsity_half=sp, skip_dq=skip)
-                what = ("s=0.5" if sp else "s=1.0(full)") + (" no dQ atomics" if skip else "")
-                print(f"BENCH kernel-only {what}: {ms:.3f} ms {tf:.1f} TFLOP/s", flush=True)
+        for stages in ("2", "3"):
+            os.environ["ADS_GDPA_GLUON_BWD_STAGES"] = stages
+            for sp in (False, True):
+                for skip in (False, True):
+                    ms, tf = _bench_kernel(sparsity_half=sp, skip_dq=skip)
+                    what = ("s=0.5" if sp else "s=1.0(full)") + (" no dQ atomics" if skip else "")
+                    print(
+                        f"BENCH kernel-only stages={stages} {what}: {ms:.3f} ms {tf:.1f} TFLOP/s", flush=True
+                    )
+        os.environ.pop("ADS_GDPA_GLUON_BWD_STAGES")
     sys.exit(1 if failed else 0)
 
 

@@ -20,6 +20,8 @@ Programs are persistent and walk the tile list heaviest-first (tiles facing the 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -39,6 +41,11 @@ from ._common import act_and_grad, sm_count, store_rows
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
 STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ)
+
+
+def _stages() -> int:
+    """Q/dO ring depth; ADS_GDPA_GLUON_BWD_STAGES overrides (tuning: 3 fits D=128 in 227 KB)."""
+    return int(os.environ.get("ADS_GDPA_GLUON_BWD_STAGES", STAGES))
 
 
 @gluon.jit
@@ -474,6 +481,6 @@ def gdpa_bwd_gluon(
     grid = (min(n_tiles, sm_count(q.device)),)
     _gdpa_bwd_ws[grid](
         q_desc, do_desc, k_desc, v_desc, dq_acc, dk, dv, order, cu_q, cu_k, max_seqlen_q, n_tiles,
-        n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id), not _skip_dq,
+        n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, _stages(), int(activation_id), not _skip_dq,
         240, 24, num_warps=4,
     )  # fmt: skip
