@@ -84,8 +84,8 @@ def test_gluon_bwd(case):
 
 
 def test_dispatch_uses_gluon_backward(monkeypatch):
-    """Default dispatch sends a supported backward to the Gluon kernel; ADS_GDPA_BWD_BACKEND=triton
-    does not, and both agree with each other."""
+    """ADS_GDPA_BWD_BACKEND=gluon sends a supported backward to the Gluon kernel, triton does not, and
+    both agree with each other."""
     from ads_gdpa import gdpa_varlen
     from ads_gdpa.gluon import bwd_sm90
 
@@ -97,13 +97,13 @@ def test_dispatch_uses_gluon_backward(monkeypatch):
     shape = (493, 2, 128)
     q, k, v = (torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16) * 0.3 for _ in range(3))
     grads = {}
-    for backend in ("triton", "auto"):
+    for backend in ("triton", "gluon"):
         monkeypatch.setenv("ADS_GDPA_BWD_BACKEND", backend)
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         gdpa_varlen(*leaves, cu, cu, 300, 300, activation="fast_gelu").sum().backward()
         grads[backend] = [t.grad.float() for t in leaves]
-        assert bool(calls) == (backend == "auto")
-    for a, b in zip(grads["triton"], grads["auto"]):
+        assert bool(calls) == (backend == "gluon")
+    for a, b in zip(grads["triton"], grads["gluon"]):
         torch.testing.assert_close(a, b, atol=0.05, rtol=0.05)
 
 
@@ -168,23 +168,18 @@ def main():
                 print("FAIL", c.get("act"), c.get("D", 128), e, flush=True)
         print(f"gluon bwd: {failed} failed, {time.time() - t0:.1f}s", flush=True)
     if args.bench:
-        for backend in ("auto", "triton"):
+        for backend in ("gluon", "triton"):
             os.environ["ADS_GDPA_BWD_BACKEND"] = backend
             for sp in (False, True):
                 ms, tf = _bench(sparsity_half=sp)
                 print(f"BENCH bwd {backend} B=1152 H=4 D=128 len=2048 {'s=0.5' if sp else 's=1.0(full)'}: "
                       f"{ms:.3f} ms {tf:.1f} TFLOP/s", flush=True)  # fmt: skip
     if args.bench:
-        for stages in ("2", "3"):
-            os.environ["ADS_GDPA_GLUON_BWD_STAGES"] = stages
-            for sp in (False, True):
-                for skip in (False, True):
-                    ms, tf = _bench_kernel(sparsity_half=sp, skip_dq=skip)
-                    what = ("s=0.5" if sp else "s=1.0(full)") + (" no dQ atomics" if skip else "")
-                    print(
-                        f"BENCH kernel-only stages={stages} {what}: {ms:.3f} ms {tf:.1f} TFLOP/s", flush=True
-                    )
-        os.environ.pop("ADS_GDPA_GLUON_BWD_STAGES")
+        for sp in (False, True):
+            for skip in (False, True):
+                ms, tf = _bench_kernel(sparsity_half=sp, skip_dq=skip)
+                what = ("s=0.5" if sp else "s=1.0(full)") + (" no dQ atomics" if skip else "")
+                print(f"BENCH kernel-only {what}: {ms:.3f} ms {tf:.1f} TFLOP/s", flush=True)
     sys.exit(1 if failed else 0)
 
 

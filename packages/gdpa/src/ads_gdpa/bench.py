@@ -111,6 +111,8 @@ class Bench:
             self._fwd_bwd(op, "ours[triton]", shape, ours, flop)
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
+            with _env(ADS_GDPA_BWD_BACKEND="gluon"):
+                self._fwd_bwd(op, "ours[gluon-bwd]", shape, ours, flop)
             with _env(ADS_GDPA_BWD_BACKEND="triton", ADS_GDPA_BWD_TMA="1"):
                 self._fwd_bwd(op, "ours[triton-bwd-tma-loads]", shape, ours, flop)
             with _env(ADS_GDPA_BACKEND="triton", ADS_GDPA_PERSISTENT="1"):
@@ -196,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants",
         action="store_true",
-        help="also time ours[det] (deterministic backward), ours[triton-bwd-tma-loads] (Triton backward "
+        help="also time ours[det] (deterministic backward), ours[gluon-bwd] (the Gluon backward), "
+        "ours[triton-bwd-tma-loads] (Triton backward "
         "with TMA Q/dO loads), ours[triton-persistent] (Triton forward, persistent grid)",
     )
     args = ap.parse_args(argv)

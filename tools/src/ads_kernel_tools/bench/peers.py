@@ -53,7 +53,14 @@ def sdpa(backend: str) -> Callable[..., torch.Tensor] | None:
 
 
 def compiled(fn: Callable, **compile_kwargs: Any) -> Callable:
-    """torch.compile of an eager function (the peer a user gets for free)."""
+    """torch.compile of an eager function (the peer a user gets for free).
+
+    Buffer donation is turned off: benchmarks time the backward repeatedly over one retained graph,
+    which a compiled backward with donated buffers refuses ("non-empty donated buffers", seen on the
+    H200 with torch 2.11)."""
+    import torch._functorch.config as functorch_config
+
+    functorch_config.donated_buffer = False
     return torch.compile(fn, **compile_kwargs)
 
 

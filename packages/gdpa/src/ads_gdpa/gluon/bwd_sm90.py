@@ -20,8 +20,6 @@ Programs are persistent and walk the tile list heaviest-first (tiles facing the 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -41,11 +39,6 @@ from ._common import act_and_grad, sm_count, store_rows
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
 STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ)
-
-
-def _stages() -> int:
-    """Q/dO ring depth; ADS_GDPA_GLUON_BWD_STAGES overrides (tuning: 3 fits D=128 in 227 KB)."""
-    return int(os.environ.get("ADS_GDPA_GLUON_BWD_STAGES", STAGES))
 
 
 @gluon.jit
@@ -190,72 +183,52 @@ def _bwd_consumer(
             mbarrier.wait(kv_ready, kc & 1)
             dk = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
             dv = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
-            # Software pipeline over the G * n_m query steps of this tile: Sᵀ/dPᵀ of step j+1 are
-            # issued behind step j's dV/dK/dQ products, so the tensor cores stay busy while this
-            # warpgroup adds dQ_j to global memory and waits at the next step's activation.
-            n_steps = G * n_m
-            st_acc = warpgroup_mma_init(s_zero)
-            dpt_acc = warpgroup_mma_init(s_zero)
-            if n_steps > 0:
-                s = it % STAGES
-                mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
-                q_t = q_smem.index(s).permute((1, 0))
-                do_t = do_smem.index(s).permute((1, 0))
-                st_acc = warpgroup_mma(k_half, q_t, s_zero, use_acc=False, is_async=True)
-                dpt_acc = warpgroup_mma(v_half, do_t, s_zero, use_acc=False, is_async=True)
-            for j in range(n_steps):
-                g = j // n_m
-                m = j - g * n_m
+            for g in range(G):
                 h = hk * G + g
-                s = it % STAGES
-                db = it % 2
-                dph = (it // 2) & 1
-                q_s = q_smem.index(s)
-                do_s = do_smem.index(s)
-                # Sᵀ retires first (groups complete in order); dPᵀ keeps running under act(Sᵀ)
-                st = warpgroup_mma_wait(1, deps=(st_acc,))
-                y, grad = act_and_grad(st, ACT)
-                dpt = warpgroup_mma_wait(0, deps=(dpt_acc,))
-                pt = y * scale
-                dst = grad * dpt * scale
-                q_valid = lq_eff - m * BM
-                if (kv_valid < ROWS) | (q_valid < BM):
-                    # TMA brought the neighbouring sequences' rows (or zeros): they must not count
-                    keep = (rows2 < kv_valid) & (cols2 < q_valid)
-                    pt = gl.where(keep, pt, 0.0)
-                    dst = gl.where(keep, dst, 0.0)
-                # this half of dSᵀ goes to shared memory: the A operand of dK here, of dQ in both
-                mbarrier.wait(ds_free.index(db), dph ^ 1)
-                ds_half = ds_smem.index(db).slice(WG * ROWS, ROWS, dim=0)
-                ds_half.store(dst.to(in_dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-                mbarrier.arrive(ds_full.index(db), count=1)
-                p_op = gl.convert_layout(pt.to(in_dtype), p_layout)
-                dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-                dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
-                mbarrier.wait(ds_full.index(db), dph)
-                dq = warpgroup_mma(
-                    ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True
-                )
-                if j + 1 < n_steps:
-                    s1 = (it + 1) % STAGES
-                    mbarrier.wait(qd_ready.index(s1), ((it + 1) // STAGES) & 1)
-                    q_t = q_smem.index(s1).permute((1, 0))
-                    do_t = do_smem.index(s1).permute((1, 0))
-                    st_acc = warpgroup_mma(k_half, q_t, s_zero, use_acc=False, is_async=True)
-                    dpt_acc = warpgroup_mma(v_half, do_t, s_zero, use_acc=False, is_async=True)
-                    dv_t, dk_t, dq_t = warpgroup_mma_wait(2, deps=(dv, dk, dq))
-                else:
-                    dv_t, dk_t, dq_t = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-                dv = warpgroup_mma_init(dv_t)
-                dk = warpgroup_mma_init(dk_t)
-                mbarrier.arrive(qd_empty.index(s), count=1)
-                mbarrier.arrive(ds_free.index(db), count=1)
-                if DQ_ATOMIC:
-                    offs = (q0 + m * BM + dq_rows2).to(gl.int64) * W + h * D + WG * DH + dq_cols2
-                    gl.atomic_add(dq_ptr + offs, dq_t, mask=dq_rows2 < q_valid, sem="relaxed")
-                it += 1
+                for m in range(n_m):
+                    s = it % STAGES
+                    db = it % 2
+                    dph = (it // 2) & 1
+                    mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
+                    q_s = q_smem.index(s)
+                    do_s = do_smem.index(s)
+                    st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    # Sᵀ retires first (groups complete in order); dPᵀ keeps running under act(Sᵀ)
+                    st = warpgroup_mma_wait(1, deps=(st,))
+                    y, grad = act_and_grad(st, ACT)
+                    dpt = warpgroup_mma_wait(0, deps=(dpt,))
+                    pt = y * scale
+                    dst = grad * dpt * scale
+                    q_valid = lq_eff - m * BM
+                    if (kv_valid < ROWS) | (q_valid < BM):
+                        # TMA brought the neighbouring sequences' rows (or zeros): they must not count
+                        keep = (rows2 < kv_valid) & (cols2 < q_valid)
+                        pt = gl.where(keep, pt, 0.0)
+                        dst = gl.where(keep, dst, 0.0)
+                    # this half of dSᵀ goes to shared memory: the A operand of dK here, of dQ in both
+                    mbarrier.wait(ds_free.index(db), dph ^ 1)
+                    ds_half = ds_smem.index(db).slice(WG * ROWS, ROWS, dim=0)
+                    ds_half.store(dst.to(in_dtype))
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    mbarrier.arrive(ds_full.index(db), count=1)
+                    p_op = gl.convert_layout(pt.to(in_dtype), p_layout)
+                    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+                    dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
+                    mbarrier.wait(ds_full.index(db), dph)
+                    dq = warpgroup_mma(
+                        ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True
+                    )
+                    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+                    dv = warpgroup_mma_init(dv)
+                    dk = warpgroup_mma_init(dk)
+                    mbarrier.arrive(qd_empty.index(s), count=1)
+                    mbarrier.arrive(ds_free.index(db), count=1)
+                    if DQ_ATOMIC:
+                        offs = (q0 + m * BM + dq_rows2).to(gl.int64) * W + h * D + WG * DH + dq_cols2
+                        gl.atomic_add(dq_ptr + offs, dq, mask=dq_rows2 < q_valid, sem="relaxed")
+                    it += 1
             dk = warpgroup_mma_wait(0, deps=(dk,))
             dv = warpgroup_mma_wait(0, deps=(dv,))
             # every read of this K/V tile (the other half's dQ products included) has retired
@@ -481,6 +454,6 @@ def gdpa_bwd_gluon(
     grid = (min(n_tiles, sm_count(q.device)),)
     _gdpa_bwd_ws[grid](
         q_desc, do_desc, k_desc, v_desc, dq_acc, dk, dv, order, cu_q, cu_k, max_seqlen_q, n_tiles,
-        n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, _stages(), int(activation_id), not _skip_dq,
+        n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id), not _skip_dq,
         240, 24, num_warps=4,
     )  # fmt: skip
