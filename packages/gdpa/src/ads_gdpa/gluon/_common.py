@@ -134,3 +134,26 @@ def store_rows(
     ov = gl.where(r2 < n_valid, ov, gl.zeros_like(ov))
     offs = (row0 + r2).to(gl.int64) * stride_row + col0 + c2
     gl.store(out_ptr + offs, ov, mask=(r2 < n_rows) & (c2 < D))
+
+
+@gluon.jit
+def red_add_v4(ptrs, vals, mask):
+    """Atomically add fp32 ``vals`` at ``ptrs`` where ``mask``, four consecutive elements per
+    ``red.global.add.v4.f32`` (sm_90): the layout must give each thread runs of 4 contiguous columns.
+    The scalar reductions ``gl.atomic_add`` emits cost the backward 40 % of its time on the H200."""
+    gl.inline_asm_elementwise(
+        """{
+        .reg .pred p;
+        setp.ne.b32 p, $8, 0;
+        @p red.global.add.v4.f32 [$4], {$12, $13, $14, $15};
+        mov.b32 $0, 0;
+        mov.b32 $1, 0;
+        mov.b32 $2, 0;
+        mov.b32 $3, 0;
+        }""",
+        "=r,=r,=r,=r,l,l,l,l,r,r,r,r,f,f,f,f",
+        [ptrs.to(gl.int64), mask.to(gl.int32), vals],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=4,
+    )

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import act_and_grad, sm_count, store_rows
+from ._common import act_and_grad, red_add_v4, sm_count, store_rows
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
@@ -160,8 +160,11 @@ def _bwd_consumer(
     in_dtype: gl.constexpr = q_smem.dtype
     rows2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, s_layout)), 1)
     cols2 = gl.expand_dims(gl.arange(0, BM, gl.SliceLayout(0, s_layout)), 0)
-    dq_rows2 = gl.expand_dims(gl.arange(0, BM, gl.SliceLayout(1, dq_layout)), 1)
-    dq_cols2 = gl.expand_dims(gl.arange(0, DH, gl.SliceLayout(0, dq_layout)), 0)
+    # dQ partials are added four fp32 columns per instruction: runs of 4 per thread, a warp per row pair
+    RED_TPC: gl.constexpr = DH // 4
+    red_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // RED_TPC, RED_TPC], [4, 1], [1, 0])
+    red_rows2 = gl.expand_dims(gl.arange(0, BM, gl.SliceLayout(1, red_layout)), 1)
+    red_cols2 = gl.expand_dims(gl.arange(0, DH, gl.SliceLayout(0, red_layout)), 0)
     s_zero = gl.zeros([ROWS, BM], gl.float32, s_layout)
     dq_zero = gl.zeros([BM, DH], gl.float32, dq_layout)
     k_half = k_smem.slice(WG * ROWS, ROWS, dim=0)
@@ -226,8 +229,9 @@ def _bwd_consumer(
                     mbarrier.arrive(qd_empty.index(s), count=1)
                     mbarrier.arrive(ds_free.index(db), count=1)
                     if DQ_ATOMIC:
-                        offs = (q0 + m * BM + dq_rows2).to(gl.int64) * W + h * D + WG * DH + dq_cols2
-                        gl.atomic_add(dq_ptr + offs, dq, mask=dq_rows2 < q_valid, sem="relaxed")
+                        dq_r = gl.convert_layout(dq, red_layout)
+                        offs = (q0 + m * BM + red_rows2).to(gl.int64) * W + h * D + WG * DH + red_cols2
+                        red_add_v4(dq_ptr + offs, dq_r, (red_rows2 < q_valid) & (red_cols2 < DH))
                     it += 1
             dk = warpgroup_mma_wait(0, deps=(dk,))
             dv = warpgroup_mma_wait(0, deps=(dv,))
