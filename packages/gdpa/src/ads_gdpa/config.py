@@ -7,9 +7,9 @@ Env:
         everywhere else. In one H200 run (BENCHMARKS.md) Gluon measured 561 / 458 / 631 TFLOP/s
         (max len 2048 at sparsity 1.0 / 0.5, dense 4x16x4096) against 490 / 447 / 495 for Triton.
         ``triton`` forces the portable Triton forward.
-    ADS_GDPA_BWD_BACKEND=auto|triton|gluon  backward backend; auto = triton (measured as fast or
-        faster, see ``bwd_backend``). gluon: the warp-specialised Gluon backward (dK/dV + atomic dQ) on
-        sm90 where it supports the call (the forward's conditions, non-deterministic mode).
+    ADS_GDPA_BWD_BACKEND=auto|triton|gluon  backward backend; auto = gluon: the warp-specialised Gluon
+        backward (dK/dV + vector-atomic dQ) on sm90 where it supports the call (the forward's
+        conditions, non-deterministic mode), Triton elsewhere; see ``bwd_backend`` for measurements.
     ADS_GDPA_PERSISTENT=1  persistent forward grid (num_SMs programs) when a tile map exists.
     ADS_GDPA_BWD_TMA=1  backward with TMA Q/dO loads on sm90 (software-pipelined by Triton, unlike the
         pointer loads); ADS_GDPA_BWD_DQ_TMA=1 adds dQ by bulk TMA reductions instead of scalar fp32
@@ -44,13 +44,15 @@ def backend() -> str:
 
 
 def bwd_backend() -> str:
-    """Backward backend from ADS_GDPA_BWD_BACKEND (auto|triton|gluon). auto = triton: on the H200 the
-    Gluon backward measured 358 / 282 TFLOP/s (max len 2048, s=1.0 / 0.5) against Triton's 354 / 322
-    (BENCHMARKS.md). ADS_GDPA_BACKEND=triton forces Triton here too."""
+    """Backward backend from ADS_GDPA_BWD_BACKEND (auto|triton|gluon); auto = gluon: the
+    warp-specialised Gluon backward where it supports the call (sm90), Triton elsewhere. On the H200
+    (BENCHMARKS.md) it measured 382 / 355 / 393 / 284 TFLOP/s (max len 2048 s=1.0, 1024, dense
+    4x16x4096, short KV) against Triton's 357 / 314 / 365 / 277, but 295 against 320 at max len 2048
+    s=0.5. ADS_GDPA_BACKEND=triton forces Triton here too."""
     b = os.environ.get("ADS_GDPA_BWD_BACKEND", "auto").lower()
     if b not in ("auto", "triton", "gluon"):
         raise ValueError(f"ADS_GDPA_BWD_BACKEND must be auto, triton or gluon, got {b!r}")
-    return "gluon" if b == "gluon" and backend() != "triton" else "triton"
+    return "triton" if b == "triton" or backend() == "triton" else "gluon"
 
 
 def bwd_tma() -> bool:
