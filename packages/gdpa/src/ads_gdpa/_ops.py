@@ -30,21 +30,26 @@ def _host_list(host: Tensor | None) -> tuple[int, ...] | None:
 
 
 def check_host_offsets(
-    q: Tensor, k: Tensor, hq: tuple | None, hk: tuple | None, max_k: int, broadcast_q: bool
+    q: Tensor, k: Tensor, host_q: Tensor | None, host_k: Tensor | None, max_k: int, broadcast_q: bool
 ):
     """Value checks that need the offsets themselves; raised from inside the op so that they also
-    hold under torch.compile, where the Python wrapper only sees fake tensors."""
-    for name, host, rows in (("cu_seqlens_q", hq, q.shape[0]), ("cu_seqlens_k", hk, k.shape[0])):
+    hold under torch.compile, where the Python wrapper only sees fake tensors. Vectorised over the
+    CPU tensors: a Python loop over B = 1152 offsets cost 0.5 ms per call, more than the GPU work of
+    short batches."""
+    for name, host, rows in (("cu_seqlens_q", host_q, q.shape[0]), ("cu_seqlens_k", host_k, k.shape[0])):
         if host is None:
             continue
-        if any(b < a for a, b in zip(host, host[1:])):
-            raise ValueError(f"ads_gdpa: {name} must be non-decreasing, got {list(host[:8])}")
-        if host[0] < 0 or host[-1] > rows:
-            raise ValueError(f"ads_gdpa: {name} spans [{host[0]}, {host[-1]}] but the tensor has {rows} rows")
-    if broadcast_q and hq is not None and (hq[0] != 0 or hq[1] != q.shape[0]):
-        raise ValueError(f"ads_gdpa: broadcast_q needs cu_seqlens_q == [0, {q.shape[0]}], got {list(hq)}")
-    if hk is not None:
-        longest = max([0] + [b - a for a, b in zip(hk, hk[1:])])
+        if bool((host[1:] < host[:-1]).any()):
+            raise ValueError(f"ads_gdpa: {name} must be non-decreasing, got {host[:8].tolist()}")
+        first, last = int(host[0]), int(host[-1])
+        if first < 0 or last > rows:
+            raise ValueError(f"ads_gdpa: {name} spans [{first}, {last}] but the tensor has {rows} rows")
+    if broadcast_q and host_q is not None and (int(host_q[0]) != 0 or int(host_q[1]) != q.shape[0]):
+        raise ValueError(
+            f"ads_gdpa: broadcast_q needs cu_seqlens_q == [0, {q.shape[0]}], got {host_q.tolist()}"
+        )
+    if host_k is not None and host_k.numel() > 1:
+        longest = int((host_k[1:] - host_k[:-1]).max())
         if longest > max_k:
             raise ValueError(f"ads_gdpa: a key sequence has {longest} rows > max_seqlen_k={max_k}")
 
@@ -92,8 +97,7 @@ def gdpa_fwd_op(
     mask_mode: 0 none, 1 top-left symmetric window, 2 bottom-right band (causal/local).
     ``deterministic`` only affects the backward (dQ by a second pass instead of atomics).
     """
-    hq, hk = _host_list(host_q), _host_list(host_k)
-    check_host_offsets(q, k, hq, hk, max_k, broadcast_q)
+    check_host_offsets(q, k, host_q, host_k, max_k, broadcast_q)
     fp8 = q_descale is not None
     out_dtype = torch.bfloat16 if fp8 else q.dtype
     rows = _out_rows(q, cu_k, broadcast_q)
@@ -101,6 +105,7 @@ def gdpa_fwd_op(
     opts = dict(activation_id=act, window=mask_mode != 0, broadcast_q=broadcast_q, fp8=fp8)
     if act_per_head is None and _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts):
         return out
+    hq, hk = _host_list(host_q), _host_list(host_k)
     pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk)
     tbl = _act_table(tuple(act_per_head), str(q.device)) if act_per_head is not None else None
     descale = (q_descale, k_descale, v_descale) if fp8 else None

@@ -72,7 +72,7 @@ def _host_offsets(name: str, t: torch.Tensor, cpu_copy) -> torch.Tensor | None:
             raise _err(f"{name}_cpu must live on the CPU, got {cpu_copy.device}")
         host = cpu_copy.to(torch.int64)
     else:
-        host = torch.tensor([int(x) for x in cpu_copy], dtype=torch.int64)
+        host = torch.as_tensor(cpu_copy, dtype=torch.int64)
     if host.dim() != 1 or host.shape[0] != t.shape[0]:
         raise _err(f"{name}_cpu has {tuple(host.shape)} entries, {name} has {t.shape[0]}")
     return host
