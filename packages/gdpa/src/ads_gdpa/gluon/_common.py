@@ -17,6 +17,23 @@ def sm_count(device: torch.device) -> int:
 
 
 @gluon.jit
+def tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, HEADS, TILES, max_seqlen_q):
+    """Decode virtual tile t of a (sequence rank, head, tile) grid whose sequences are visited in
+    ``order_ptr`` order -> (batch, head, tile, q start, Lq, Lq clamped to max_seqlen_q, k start, Lk)."""
+    per_b = HEADS * TILES
+    rank = t // per_b
+    rem = t - rank * per_b
+    h = rem // TILES
+    idx = rem - h * TILES
+    b = gl.load(order_ptr + rank)
+    q0 = gl.load(cu_q_ptr + b)
+    lq = gl.load(cu_q_ptr + b + 1) - q0
+    k0 = gl.load(cu_k_ptr + b)
+    lk = gl.load(cu_k_ptr + b + 1) - k0
+    return b, h, idx, q0, lq, gl.minimum(lq, max_seqlen_q), k0, lk
+
+
+@gluon.jit
 def act_scaled(x, scale, ACT: gl.constexpr):
     """scale * act(x) in fp32; the scale rides inside the last multiply where it can."""
     if ACT == 3:

@@ -34,27 +34,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import act_and_grad, red_add_v4, sm_count, store_rows
+from ._common import act_and_grad, red_add_v4, sm_count, store_rows, tile_coords
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
 STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ)
-
-
-@gluon.jit
-def _kv_tile(t, order_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q):
-    """Virtual tile t -> (kv head, first kv tile index, q start, Lq clamped, k start, Lk)."""
-    per_b = H_KV * N_TILES
-    rank = t // per_b
-    rem = t - rank * per_b
-    hk = rem // N_TILES
-    n = rem - hk * N_TILES
-    b = gl.load(order_ptr + rank)
-    q0 = gl.load(cu_q_ptr + b)
-    lq = gl.load(cu_q_ptr + b + 1) - q0
-    k0 = gl.load(cu_k_ptr + b)
-    lk = gl.load(cu_k_ptr + b + 1) - k0
-    return hk, n, q0, gl.minimum(lq, max_seqlen_q), k0, lk
 
 
 @gluon.jit
@@ -89,7 +73,7 @@ def _bwd_loader(
     it = 0  # position in the Q/dO ring, continued across tiles
     kc = 0  # K/V tiles loaded by this program
     for t in range(pid, n_tiles, nprog):
-        hk, n_first, q0, lq_eff, k0, lk = _kv_tile(
+        _b, hk, n_first, q0, _lq, lq_eff, k0, lk = tile_coords(
             t, order_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q
         )
         n_m = gl.cdiv(lq_eff, BM)
@@ -114,29 +98,7 @@ def _bwd_loader(
 
 @gluon.jit
 def _bwd_consumer(
-    q_smem,
-    do_smem,
-    k_smem,
-    v_smem,
-    ds_smem,
-    qd_ready,
-    qd_empty,
-    kv_ready,
-    kv_empty,
-    ds_full,
-    ds_free,
-    dq_ptr,
-    dk_ptr,
-    dv_ptr,
-    order_ptr,
-    cu_q_ptr,
-    cu_k_ptr,
-    max_seqlen_q,
-    n_tiles,
-    N_TILES,
-    scale,
-    H_KV,
-    G,
+    args,
     WG: gl.constexpr,
     D: gl.constexpr,
     BM: gl.constexpr,
@@ -145,6 +107,32 @@ def _bwd_consumer(
     ACT: gl.constexpr,
     DQ_ATOMIC: gl.constexpr,
 ):
+    (
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        ds_smem,
+        qd_ready,
+        qd_empty,
+        kv_ready,
+        kv_empty,
+        ds_full,
+        ds_free,
+        dq_ptr,
+        dk_ptr,
+        dv_ptr,
+        order_ptr,
+        cu_q_ptr,
+        cu_k_ptr,
+        max_seqlen_q,
+        n_tiles,
+        N_TILES,
+        scale,
+        H_KV,
+        G,
+    ) = args
+
     ROWS: gl.constexpr = BN // 2  # kv rows of this warpgroup
     DH: gl.constexpr = D // 2  # dQ columns of this warpgroup
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -177,7 +165,7 @@ def _bwd_consumer(
     it = 0
     kc = 0
     for t in range(pid, n_tiles, nprog):
-        hk, n_first, q0, lq_eff, k0, lk = _kv_tile(
+        _b, hk, n_first, q0, _lq, lq_eff, k0, lk = tile_coords(
             t, order_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q
         )
         n_m = gl.cdiv(lq_eff, BM)
@@ -294,78 +282,38 @@ def _gdpa_bwd_ws(
 
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
+    # The two consumer warpgroups differ only in WG (which 64 kv rows and which dQ columns they own):
+    # one tuple carries their runtime arguments; constexprs travel separately (a tuple would drop them
+    # to runtime values).
+    consumer_args = (
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        ds_smem,
+        qd_ready,
+        qd_empty,
+        kv_ready,
+        kv_empty,
+        ds_full,
+        ds_free,
+        dq_ptr,
+        dk_ptr,
+        dv_ptr,
+        order_ptr,
+        cu_q_ptr,
+        cu_k_ptr,
+        max_seqlen_q,
+        n_tiles,
+        N_TILES,
+        scale,
+        H_KV,
+        G,
+    )
     gl.warp_specialize(
         [
-            (
-                _bwd_consumer,
-                (
-                    q_smem,
-                    do_smem,
-                    k_smem,
-                    v_smem,
-                    ds_smem,
-                    qd_ready,
-                    qd_empty,
-                    kv_ready,
-                    kv_empty,
-                    ds_full,
-                    ds_free,
-                    dq_ptr,
-                    dk_ptr,
-                    dv_ptr,
-                    order_ptr,
-                    cu_q_ptr,
-                    cu_k_ptr,
-                    max_seqlen_q,
-                    n_tiles,
-                    N_TILES,
-                    scale,
-                    H_KV,
-                    G,
-                    WG0,
-                    D,
-                    BM,
-                    BN,
-                    STAGES,
-                    ACT,
-                    DQ_ATOMIC,
-                ),
-            ),
-            (
-                _bwd_consumer,
-                (
-                    q_smem,
-                    do_smem,
-                    k_smem,
-                    v_smem,
-                    ds_smem,
-                    qd_ready,
-                    qd_empty,
-                    kv_ready,
-                    kv_empty,
-                    ds_full,
-                    ds_free,
-                    dq_ptr,
-                    dk_ptr,
-                    dv_ptr,
-                    order_ptr,
-                    cu_q_ptr,
-                    cu_k_ptr,
-                    max_seqlen_q,
-                    n_tiles,
-                    N_TILES,
-                    scale,
-                    H_KV,
-                    G,
-                    WG1,
-                    D,
-                    BM,
-                    BN,
-                    STAGES,
-                    ACT,
-                    DQ_ATOMIC,
-                ),
-            ),
+            (_bwd_consumer, (consumer_args, WG0, D, BM, BN, STAGES, ACT, DQ_ATOMIC)),
+            (_bwd_consumer, (consumer_args, WG1, D, BM, BN, STAGES, ACT, DQ_ATOMIC)),
             (
                 _bwd_loader,
                 (

@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import act_scaled, sm_count, store_rows
+from ._common import act_scaled, sm_count, store_rows, tile_coords
 
 # Activation ids (spec §1.4 enum) with a kernel path here.
 ACT_RAW = 0
@@ -63,23 +63,6 @@ SUPPORTED_ACTIVATIONS = frozenset(
 
 BLOCK_M = 128  # query rows per tile (two 64-row consumer warpgroups)
 BLOCK_N = 128  # keys per step
-
-
-@gluon.jit
-def _tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q, BM: gl.constexpr):
-    """Decode virtual tile t -> (batch, head, q-tile, q start, Lq, Lq clamped, k start, Lk)."""
-    per_b = H * M_TILES
-    rank = t // per_b
-    rem = t - rank * per_b
-    h = rem // M_TILES
-    m = rem - h * M_TILES
-    b = gl.load(order_ptr + rank)
-    q0 = gl.load(cu_q_ptr + b)
-    lq = gl.load(cu_q_ptr + b + 1) - q0
-    k0 = gl.load(cu_k_ptr + b)
-    lk = gl.load(cu_k_ptr + b + 1) - k0
-    lq_eff = gl.minimum(lq, max_seqlen_q)
-    return b, h, m, q0, lq, lq_eff, k0, lk
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,8 +103,8 @@ def _ws_loader(
     it = 0  # position in the K/V ring, continued across tiles
     tc = 0  # tiles handled by this program
     for t in range(pid, n_tiles, nprog):
-        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(
-            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q, BM
+        b, h, m, q0, lq, lq_eff, k0, lk = tile_coords(
+            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q
         )
         if m * BM < lq:
             hk = h // GROUP
@@ -169,26 +152,8 @@ def _ws_mask_act(
 
 @gluon.jit
 def _ws_consumer(
-    q_smem,
-    k_smem,
-    v_smem,
-    q_ready,
-    q_empty,
-    k_ready,
-    k_empty,
-    v_ready,
-    v_empty,
-    turn,
-    out_ptr,
-    order_ptr,
-    cu_q_ptr,
-    cu_k_ptr,
-    max_seqlen_q,
-    n_tiles,
-    M_TILES,
-    scale,
+    args,
     WG: gl.constexpr,
-    H,
     D: gl.constexpr,
     BM: gl.constexpr,
     BN: gl.constexpr,
@@ -198,6 +163,28 @@ def _ws_consumer(
     PINGPONG: gl.constexpr,
     DIRECT_STORE: gl.constexpr,
 ):
+    (
+        q_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        k_ready,
+        k_empty,
+        v_ready,
+        v_empty,
+        turn,
+        out_ptr,
+        order_ptr,
+        cu_q_ptr,
+        cu_k_ptr,
+        max_seqlen_q,
+        n_tiles,
+        M_TILES,
+        scale,
+        H,
+    ) = args
+
     ROWS: gl.constexpr = BM // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
@@ -223,8 +210,8 @@ def _ws_consumer(
     tc = 0
     nturn = 0
     for t in range(pid, n_tiles, nprog):
-        b, h, m, q0, lq, lq_eff, k0, lk = _tile_coords(
-            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q, BM
+        b, h, m, q0, lq, lq_eff, k0, lk = tile_coords(
+            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q
         )
         if m * BM < lq:
             qb = tc % QBUF
@@ -362,78 +349,36 @@ def _gdpa_fwd_ws(
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
 
-    # The two consumer warpgroups differ only in WG (which 64-row half and which turn they own). The
-    # argument tuples are spelled out: Gluon's frontend does not concatenate tuples here.
+    # The two consumer warpgroups differ only in WG (which 64-row half and which turn they own): one
+    # tuple carries their runtime arguments; constexprs travel separately (a tuple would drop them to
+    # runtime values).
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
+    consumer_args = (
+        q_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        k_ready,
+        k_empty,
+        v_ready,
+        v_empty,
+        turn,
+        out_ptr,
+        order_ptr,
+        cu_q_ptr,
+        cu_k_ptr,
+        max_seqlen_q,
+        n_tiles,
+        M_TILES,
+        scale,
+        H,
+    )
     gl.warp_specialize(
         [
-            (
-                _ws_consumer,
-                (
-                    q_smem,
-                    k_smem,
-                    v_smem,
-                    q_ready,
-                    q_empty,
-                    k_ready,
-                    k_empty,
-                    v_ready,
-                    v_empty,
-                    turn,
-                    out_ptr,
-                    order_ptr,
-                    cu_q_ptr,
-                    cu_k_ptr,
-                    max_seqlen_q,
-                    n_tiles,
-                    M_TILES,
-                    scale,
-                    WG0,
-                    H,
-                    D,
-                    BM,
-                    BN,
-                    STAGES,
-                    QBUF,
-                    ACT,
-                    PINGPONG,
-                    DIRECT_STORE,
-                ),
-            ),
-            (
-                _ws_consumer,
-                (
-                    q_smem,
-                    k_smem,
-                    v_smem,
-                    q_ready,
-                    q_empty,
-                    k_ready,
-                    k_empty,
-                    v_ready,
-                    v_empty,
-                    turn,
-                    out_ptr,
-                    order_ptr,
-                    cu_q_ptr,
-                    cu_k_ptr,
-                    max_seqlen_q,
-                    n_tiles,
-                    M_TILES,
-                    scale,
-                    WG1,
-                    H,
-                    D,
-                    BM,
-                    BN,
-                    STAGES,
-                    QBUF,
-                    ACT,
-                    PINGPONG,
-                    DIRECT_STORE,
-                ),
-            ),
+            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, PINGPONG, DIRECT_STORE)),
+            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, PINGPONG, DIRECT_STORE)),
             (
                 _ws_loader,
                 (
