@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from ._rotary import load_sin_cos, rotate
+from ._table import table_slot
 
 
 @triton.jit
@@ -37,13 +38,7 @@ def block_attn_fwd_kernel(
     ROT_V: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    # heads vary fastest: neighbouring programs read neighbouring bytes of a row. int64, because
-    # head * head-stride passes 2^31 for head-major layouts (a (H, T, D) tensor viewed as (T, H, D))
-    hk = (pid % H_KV).to(tl.int64)
-    slot = pid // H_KV
-    row0 = tl.load(TABLE + 2 * slot).to(tl.int64)  # int64: row * stride can pass 2^31
-    n = tl.load(TABLE + 2 * slot + 1)
+    hk, row0, n = table_slot(TABLE, H_KV)
     if n > 0:
         offs_m = tl.arange(0, BLOCK)
         offs_d = tl.arange(0, D)

@@ -60,3 +60,17 @@ def block_table_kernel(
     row = tl.where(valid, row, 0)
     tl.store(TABLE + 2 * slot, row, mask=in_range)
     tl.store(TABLE + 2 * slot + 1, length, mask=in_range)
+
+
+@triton.jit
+def table_slot(TABLE, H_KV: tl.constexpr):
+    """This program's (kv head, first row, rows) from the block table: one program per (block slot,
+    kv head), heads varying fastest so neighbouring programs read neighbouring bytes of a row. The
+    head and row are int64: head * head-stride passes 2^31 for head-major layouts (a (H, T, D) tensor
+    viewed as (T, H, D)), row * row-stride for long batches. Empty slots have 0 rows."""
+    pid = tl.program_id(0)
+    hk = (pid % H_KV).to(tl.int64)
+    slot = pid // H_KV
+    row0 = tl.load(TABLE + 2 * slot).to(tl.int64)
+    n = tl.load(TABLE + 2 * slot + 1)
+    return hk, row0, n
