@@ -96,6 +96,15 @@ def test_peers_report_missing_instead_of_raising(capsys):
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, q, q))
 
 
+def test_compiled_peer_allows_repeated_backward_over_one_graph(monkeypatch):
+    """Benchmarks call the backward again and again on a retained graph; buffer donation forbids it."""
+    import torch._functorch.config as functorch_config
+
+    monkeypatch.setattr(functorch_config, "donated_buffer", True)
+    peers.compiled(lambda x: x * 2)
+    assert functorch_config.donated_buffer is False
+
+
 def test_demo_reports_agreement_and_mismatch(capsys):
     from ads_kernel_tools.bench import DemoCase, run_demo
 
