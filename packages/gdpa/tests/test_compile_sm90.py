@@ -65,7 +65,7 @@ def _gluon_job(d: int) -> dict:
     return dict(module=g.__name__, kernel="_gdpa_fwd_ws", types=types, constexprs=consts, gluon=True)
 
 
-def _gluon_bwd_job(d: int) -> dict:
+def _gluon_bwd_job(d: int, dq_mode: int) -> dict:
     import torch
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -76,15 +76,17 @@ def _gluon_bwd_job(d: int) -> dict:
     heads = 4
     host = torch.empty(256, heads * d, dtype=torch.bfloat16)
 
-    def desc(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
-        return mangle_type(TensorDescriptor(host, [256, heads * d], [heads * d, 1], [rows, d], layout))
+    def desc(rows, cols=d, dtype=gl.bfloat16, base=host):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+        return mangle_type(TensorDescriptor(base, [256, heads * d], [heads * d, 1], [rows, cols], layout))
 
+    dq_host = torch.empty(256, heads * d, dtype=torch.float32)
     pointers = {"dq_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "order_ptr": "*i32",
                 "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "scale": "fp32"}  # fmt: skip
     types = {"q_desc": desc(g.BLOCK_M), "do_desc": desc(g.BLOCK_M), "k_desc": desc(g.BLOCK_N),
-             "v_desc": desc(g.BLOCK_N)} | pointers  # fmt: skip
-    consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, ACT=3, DQ_ATOMIC=True, CONSUMER_REGS=240,
+             "v_desc": desc(g.BLOCK_N), "dq_desc": desc(g.BLOCK_M, d // 2, gl.float32, dq_host),
+             **pointers}  # fmt: skip
+    consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, ACT=3, DQ_MODE=dq_mode, CONSUMER_REGS=240,
                   LOADER_REGS=24)  # fmt: skip
     return dict(module=g.__name__, kernel="_gdpa_bwd_ws", types=types, constexprs=consts, gluon=True)
 
@@ -113,7 +115,8 @@ def _jobs() -> dict[str, dict]:
                                    num_stages=1, divisible=aligned)  # fmt: skip
     try:
         jobs |= {f"gluon_d{d}": _gluon_job(d) for d in (64, 128)}
-        jobs |= {f"gluon_bwd_d{d}": _gluon_bwd_job(d) for d in (64, 128)}
+        jobs |= {f"gluon_bwd_d{d}": _gluon_bwd_job(d, dq_mode=2) for d in (64, 128)}
+        jobs["gluon_bwd_red_v4"] = _gluon_bwd_job(128, dq_mode=1)
     except ImportError:  # a Triton without Gluon: the Gluon path is optional
         pass
     return jobs
@@ -177,9 +180,12 @@ def test_gluon_forward_compiles_for_sm90(ptx, d):
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_gluon_backward_compiles_for_sm90(ptx, d):
-    """TMA loads, wgmma, the MUFU tanh, atomic dQ, and no register spills in the warp-specialised backward."""
+    """TMA loads, wgmma, the MUFU tanh, dQ by bulk TMA reductions (no per-element atomics), and no
+    register spills in the warp-specialised backward; the vector-atomic dQ variant compiles too."""
     if f"gluon_bwd_d{d}" not in ptx:
         pytest.skip("this Triton has no Gluon")
     counts = _ok(ptx, f"gluon_bwd_d{d}")
     assert counts["wgmma"] > 0 and counts["tma"] > 0 and counts["tanh_approx"] > 0
-    assert counts["atomic_add"] > 0 and counts["local_memory"] == 0
+    assert counts["tma_reduce"] > 0 and counts["atomic_add"] == 0 and counts["local_memory"] == 0
+    red = _ok(ptx, "gluon_bwd_red_v4")
+    assert red["atomic_add"] > 0 and red["tma_reduce"] == 0 and red["local_memory"] == 0

@@ -128,8 +128,8 @@ def _bench(B=1152, H=4, D=128, max_len=2048, sparsity_half=False):
     return ms, 2.5 * 4 * H * D * sum(L * L for L in lens) / ms / 1e9
 
 
-def _bench_kernel(B=1152, H=4, D=128, max_len=2048, sparsity_half=False, skip_dq=False):
-    """The Gluon kernel alone (no dQ zeroing/conversion, no autograd); skip_dq leaves out the atomics."""
+def _bench_kernel(B=1152, H=4, D=128, max_len=2048, sparsity_half=False, dq_mode="tma"):
+    """The Gluon kernel alone (no dQ zeroing/conversion, no autograd); dq_mode as ``bwd_sm90.DQ_MODES``."""
     import triton
 
     from ads_gdpa.gluon import bwd_sm90
@@ -142,7 +142,7 @@ def _bench_kernel(B=1152, H=4, D=128, max_len=2048, sparsity_half=False, skip_dq
     dq = torch.zeros(T, H, D, device="cuda", dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     fn = lambda: bwd_sm90.gdpa_bwd_gluon(
-        do, q, k, v, cu, cu, max_len, max_len, 3, 1.0, dq, dk, dv, _skip_dq=skip_dq
+        do, q, k, v, cu, cu, max_len, max_len, 3, 1.0, dq, dk, dv, _dq_mode=dq_mode
     )
     fn()
     torch.cuda.synchronize()
@@ -176,9 +176,9 @@ def main():
                       f"{ms:.3f} ms {tf:.1f} TFLOP/s", flush=True)  # fmt: skip
     if args.bench:
         for sp in (False, True):
-            for skip in (False, True):
-                ms, tf = _bench_kernel(sparsity_half=sp, skip_dq=skip)
-                what = ("s=0.5" if sp else "s=1.0(full)") + (" no dQ atomics" if skip else "")
+            for mode in ("tma", "red", "none"):
+                ms, tf = _bench_kernel(sparsity_half=sp, dq_mode=mode)
+                what = ("s=0.5" if sp else "s=1.0(full)") + f" dQ by {mode}"
                 print(f"BENCH kernel-only {what}: {ms:.3f} ms {tf:.1f} TFLOP/s", flush=True)
     sys.exit(1 if failed else 0)
 

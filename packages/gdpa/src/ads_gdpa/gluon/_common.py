@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -173,4 +175,16 @@ def red_add_v4(ptrs, vals, mask):
         dtype=gl.int32,
         is_pure=False,
         pack=4,
+    )
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile ``src`` into the global box of ``tensor_desc`` at ``coord`` with one
+    bulk ``cp.reduce.async.bulk.tensor`` (element-wise atomic; rows outside the tensor are dropped).
+    Asynchronous: ``tma.store_wait`` before ``src`` is written again. Triton 3.6's Gluon has the
+    operation in its IR builder but no Python wrapper for it, hence this one."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(
+        ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
     )

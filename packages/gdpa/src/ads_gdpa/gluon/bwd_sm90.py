@@ -34,11 +34,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import act_and_grad, red_add_v4, sm_count, store_rows, tile_coords
+from ._common import act_and_grad, red_add_v4, sm_count, store_rows, tile_coords, tma_reduce_add
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
-STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ)
+STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ + 32 KB dQ staging)
+# How dQ partials reach the fp32 accumulator (``gdpa_bwd_gluon(_dq_mode=...)``): bulk TMA reductions
+# from shared memory, vector ``red.global.add.v4.f32`` from registers, or not at all (measurement only).
+DQ_MODES = {"tma": 2, "red": 1, "none": 0}
 
 
 @gluon.jit
@@ -105,7 +108,7 @@ def _bwd_consumer(
     BN: gl.constexpr,
     STAGES: gl.constexpr,
     ACT: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr,
+    DQ_MODE: gl.constexpr,
 ):
     (
         q_smem,
@@ -113,6 +116,7 @@ def _bwd_consumer(
         k_smem,
         v_smem,
         ds_smem,
+        dq_smem,
         qd_ready,
         qd_empty,
         kv_ready,
@@ -120,6 +124,7 @@ def _bwd_consumer(
         ds_full,
         ds_free,
         dq_ptr,
+        dq_desc,
         dk_ptr,
         dv_ptr,
         order_ptr,
@@ -216,7 +221,17 @@ def _bwd_consumer(
                     dk = warpgroup_mma_init(dk)
                     mbarrier.arrive(qd_empty.index(s), count=1)
                     mbarrier.arrive(ds_free.index(db), count=1)
-                    if DQ_ATOMIC:
+                    if DQ_MODE == 2:
+                        # Rows past the sequence carry exact zeros (dSᵀ is masked), so the whole box
+                        # may be added, the neighbouring sequence's rows included.
+                        dq_s = dq_smem.index(WG)
+                        tma.store_wait(0)  # the previous step's reduction has read dq_s
+                        gl.thread_barrier()
+                        dq_s.store(dq)
+                        fence_async_shared()
+                        gl.thread_barrier()
+                        tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
+                    elif DQ_MODE == 1:
                         dq_r = gl.convert_layout(dq, red_layout)
                         offs = (q0 + m * BM + red_rows2).to(gl.int64) * W + h * D + WG * DH + red_cols2
                         red_add_v4(dq_ptr + offs, dq_r, (red_rows2 < q_valid) & (red_cols2 < DH))
@@ -229,6 +244,8 @@ def _bwd_consumer(
             store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
             store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
             kc += 1
+    if DQ_MODE == 2:
+        tma.store_wait(0)  # shared memory must outlive the last reduction's read
 
 
 @gluon.jit
@@ -238,6 +255,7 @@ def _gdpa_bwd_ws(
     k_desc,
     v_desc,
     dq_ptr,
+    dq_desc,
     dk_ptr,
     dv_ptr,
     order_ptr,
@@ -254,7 +272,7 @@ def _gdpa_bwd_ws(
     BN: gl.constexpr,
     STAGES: gl.constexpr,
     ACT: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr,
+    DQ_MODE: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr,
 ):
@@ -265,6 +283,7 @@ def _gdpa_bwd_ws(
     v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, BN, BM], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BM, D // 2], dq_desc.layout)  # one per warpgroup
     qd_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qd_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -291,6 +310,7 @@ def _gdpa_bwd_ws(
         k_smem,
         v_smem,
         ds_smem,
+        dq_smem,
         qd_ready,
         qd_empty,
         kv_ready,
@@ -298,6 +318,7 @@ def _gdpa_bwd_ws(
         ds_full,
         ds_free,
         dq_ptr,
+        dq_desc,
         dk_ptr,
         dv_ptr,
         order_ptr,
@@ -312,8 +333,8 @@ def _gdpa_bwd_ws(
     )
     gl.warp_specialize(
         [
-            (_bwd_consumer, (consumer_args, WG0, D, BM, BN, STAGES, ACT, DQ_ATOMIC)),
-            (_bwd_consumer, (consumer_args, WG1, D, BM, BN, STAGES, ACT, DQ_ATOMIC)),
+            (_bwd_consumer, (consumer_args, WG0, D, BM, BN, STAGES, ACT, DQ_MODE)),
+            (_bwd_consumer, (consumer_args, WG1, D, BM, BN, STAGES, ACT, DQ_MODE)),
             (
                 _bwd_loader,
                 (
@@ -352,13 +373,14 @@ def _gdpa_bwd_ws(
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def _rows_desc(x: torch.Tensor, rows: int, dtype) -> TensorDescriptor:
-    """TMA descriptor over a (T, heads, D) tensor seen as (T, heads*D), boxes of [rows, D]."""
+def _rows_desc(x: torch.Tensor, rows: int, dtype, cols: int | None = None) -> TensorDescriptor:
+    """TMA descriptor over a (T, heads, D) tensor seen as (T, heads*D), boxes of [rows, cols or D]."""
     t, heads, d = x.shape
-    if t == 0:  # no rows at all: a one-row dummy keeps the descriptor valid; no step loads it
+    cols = cols or d
+    if t == 0:  # no rows at all: a one-row dummy keeps the descriptor valid; no step touches it
         x, t = torch.zeros(1, heads, d, dtype=x.dtype, device=x.device), 1
-    layout = gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
-    return TensorDescriptor(x.view(t, heads * d), [t, heads * d], [heads * d, 1], [rows, d], layout)
+    layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+    return TensorDescriptor(x.view(t, heads * d), [t, heads * d], [heads * d, 1], [rows, cols], layout)
 
 
 def gdpa_bwd_gluon(
@@ -376,12 +398,13 @@ def gdpa_bwd_gluon(
     dk: torch.Tensor,
     dv: torch.Tensor,
     *,
-    _skip_dq: bool = False,
+    _dq_mode: str = "tma",
 ) -> None:
     """Jagged GDPA backward. q, do (Tq, H, D); k, v (Tk, H_kv, D); dq_acc fp32 (Tq, H, D), zeroed,
-    receives dQ by atomics; dk, dv (Tk, H_kv, D) get every row inside a sequence (rows outside all
-    sequences are not written). Query rows at or past min(Lq_b, max_seqlen_q) contribute nothing.
-    ``_skip_dq`` leaves out the dQ atomics (a wrong dQ): for measuring what they cost, nothing else."""
+    receives dQ by atomic reductions; dk, dv (Tk, H_kv, D) get every row inside a sequence (rows
+    outside all sequences are not written). Query rows at or past min(Lq_b, max_seqlen_q) contribute
+    nothing. ``_dq_mode`` picks how dQ is reduced (``DQ_MODES``; "none" gives a wrong dQ and exists
+    only to measure what the reduction costs)."""
     total_q, H, D = q.shape
     total_k, H_kv, _ = k.shape
     B = cu_seqlens_q.numel() - 1
@@ -397,6 +420,7 @@ def gdpa_bwd_gluon(
     BM, BN = BLOCK_M, BLOCK_N
     q_desc, do_desc = _rows_desc(q, BM, gdt), _rows_desc(do, BM, gdt)
     k_desc, v_desc = _rows_desc(k, BN, gdt), _rows_desc(v, BN, gdt)
+    dq_desc = _rows_desc(dq_acc, BM, gl.float32, cols=D // 2)
     # Heaviest tiles first: a kv tile's work is the query rows it faces. Stays on the device.
     lq_eff = torch.clamp(cu_q[1:] - cu_q[:-1], max=max_seqlen_q)
     has_k = (cu_k[1:] - cu_k[:-1]) > 0
@@ -405,7 +429,8 @@ def gdpa_bwd_gluon(
     n_tiles = B * H_kv * n_kv_tiles
     grid = (min(n_tiles, sm_count(q.device)),)
     _gdpa_bwd_ws[grid](
-        q_desc, do_desc, k_desc, v_desc, dq_acc, dk, dv, order, cu_q, cu_k, max_seqlen_q, n_tiles,
-        n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id), not _skip_dq,
+        q_desc, do_desc, k_desc, v_desc, dq_acc, dq_desc, dk, dv, order, cu_q, cu_k, max_seqlen_q,
+        n_tiles, n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id),
+        DQ_MODES[_dq_mode],
         240, 24, num_warps=4,
     )  # fmt: skip
