@@ -86,8 +86,8 @@ def _gluon_bwd_job(d: int, dq_mode: int) -> dict:
     types = {"q_desc": desc(g.BLOCK_M), "do_desc": desc(g.BLOCK_M), "k_desc": desc(g.BLOCK_N),
              "v_desc": desc(g.BLOCK_N), "dq_desc": desc(g.BLOCK_M, d // 2, gl.float32, dq_host),
              **pointers}  # fmt: skip
-    consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, ACT=3, DQ_MODE=dq_mode, CONSUMER_REGS=240,
-                  LOADER_REGS=24)  # fmt: skip
+    consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, ACT=3, DQ_MODE=dq_mode,
+                  CONSUMER_REGS=240, LOADER_REGS=24)  # fmt: skip
     return dict(module=g.__name__, kernel="_gdpa_bwd_ws", types=types, constexprs=consts, gluon=True)
 
 

@@ -8,13 +8,16 @@ each own 64 of the kv rows and, per query tile,
     Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (wgmma, both in flight at once)
     Pᵀ = scale·act(Sᵀ), dSᵀ = scale·act'(Sᵀ)·dPᵀ (masked: rows/columns outside the sequences)
     dV += Pᵀ dO (Pᵀ from registers), dK += dSᵀ Q (dSᵀ from shared memory)
-    dQ[:, half] = dS K[:, half] over all 128 kv rows, fp32 atomics into a zeroed buffer.
+    dQ[:, half] = dS K[:, half] over all 128 kv rows, added into a zeroed fp32 buffer.
 
 Both warpgroups write their 64-row halves of dSᵀ into one shared [128, 64] buffer (double-buffered,
 guarded by mbarriers), so each dQ product spans the full 128 keys and each warpgroup adds only half
-of the head dim: half the atomics of two independent 64-row tiles, and a dQ accumulator of D/2
-columns keeps the consumers inside their register budget. The warpgroups meet once per step (at the
-dSᵀ exchange) and otherwise drift, so one's activation runs under the other's tensor-core work.
+of the head dim: half the reduction traffic of two independent 64-row tiles, and a dQ accumulator of
+D/2 columns keeps the consumers inside their register budget. The dQ partial goes to shared memory
+and one bulk TMA reduction (``cp.reduce.async.bulk.tensor``) adds it to global memory; the
+warpgroup only waits for that to have read shared memory when it stages the next partial. The
+warpgroups meet once per step (at the dSᵀ exchange) and otherwise drift, so one's activation runs
+under the other's tensor-core work.
 Programs are persistent and walk the tile list heaviest-first (tiles facing the most query rows).
 """
 
@@ -40,8 +43,11 @@ BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
 STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ + 32 KB dQ staging)
 # How dQ partials reach the fp32 accumulator (``gdpa_bwd_gluon(_dq_mode=...)``): bulk TMA reductions
-# from shared memory, vector ``red.global.add.v4.f32`` from registers, or not at all (measurement only).
-DQ_MODES = {"tma": 2, "red": 1, "none": 0}
+# from shared memory (default; 445 TFLOP/s kernel-only at max len 2048 on the H200) or vector
+# ``red.global.add.v4.f32`` from registers (386). "no-reduce" stages dQ in shared memory and stops
+# there: a wrong dQ, for measuring what the reduction costs (479). Leaving out the dQ product as well
+# measures nothing useful: ptxas then deletes the dQ wgmma.
+DQ_MODES = {"tma": 2, "red": 1, "no-reduce": 3}
 
 
 @gluon.jit
@@ -221,7 +227,7 @@ def _bwd_consumer(
                     dk = warpgroup_mma_init(dk)
                     mbarrier.arrive(qd_empty.index(s), count=1)
                     mbarrier.arrive(ds_free.index(db), count=1)
-                    if DQ_MODE == 2:
+                    if DQ_MODE >= 2:
                         # Rows past the sequence carry exact zeros (dSᵀ is masked), so the whole box
                         # may be added, the neighbouring sequence's rows included.
                         dq_s = dq_smem.index(WG)
@@ -230,7 +236,8 @@ def _bwd_consumer(
                         dq_s.store(dq)
                         fence_async_shared()
                         gl.thread_barrier()
-                        tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
+                        if DQ_MODE == 2:
+                            tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
                     elif DQ_MODE == 1:
                         dq_r = gl.convert_layout(dq, red_layout)
                         offs = (q0 + m * BM + red_rows2).to(gl.int64) * W + h * D + WG * DH + red_cols2
@@ -244,7 +251,7 @@ def _bwd_consumer(
             store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
             store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
             kc += 1
-    if DQ_MODE == 2:
+    if DQ_MODE >= 2:
         tma.store_wait(0)  # shared memory must outlive the last reduction's read
 
 
@@ -403,8 +410,7 @@ def gdpa_bwd_gluon(
     """Jagged GDPA backward. q, do (Tq, H, D); k, v (Tk, H_kv, D); dq_acc fp32 (Tq, H, D), zeroed,
     receives dQ by atomic reductions; dk, dv (Tk, H_kv, D) get every row inside a sequence (rows
     outside all sequences are not written). Query rows at or past min(Lq_b, max_seqlen_q) contribute
-    nothing. ``_dq_mode`` picks how dQ is reduced (``DQ_MODES``; "none" gives a wrong dQ and exists
-    only to measure what the reduction costs)."""
+    nothing. ``_dq_mode`` picks how dQ is reduced (``DQ_MODES``)."""
     total_q, H, D = q.shape
     total_k, H_kv, _ = k.shape
     B = cu_seqlens_q.numel() - 1
