@@ -51,7 +51,7 @@ def _gluon_job(d: int) -> dict:
     from ads_gdpa.gluon import fwd_sm90 as g
 
     heads, bm, bn = 4, g.BLOCK_M, g.BLOCK_N
-    stages, qbuf, direct = g._config(d)
+    stages, qbuf, epilogue = g._config(d)
     host = torch.empty(256, heads * d, dtype=torch.bfloat16)
 
     def desc(rows):
@@ -59,8 +59,9 @@ def _gluon_job(d: int) -> dict:
         return mangle_type(TensorDescriptor(host, [256, heads * d], [heads * d, 1], [rows, d], layout))
 
     pointers = {"out_ptr": "*bf16", "order_ptr": "*i32", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32"}
-    types = {"q_desc": desc(bm), "k_desc": desc(bn), "v_desc": desc(bn), "scale": "fp32"} | pointers
-    consts = dict(D=d, BM=bm, BN=bn, STAGES=stages, ACT=3, QBUF=qbuf, PINGPONG=True, DIRECT_STORE=direct,
+    types = {"q_desc": desc(bm), "k_desc": desc(bn), "v_desc": desc(bn), "o_desc": desc(bm // 2),
+             "scale": "fp32", **pointers}  # fmt: skip
+    consts = dict(D=d, BM=bm, BN=bn, STAGES=stages, ACT=3, QBUF=qbuf, PINGPONG=True, EPILOGUE=epilogue,
                   CONSUMER_REGS=232, LOADER_REGS=24)  # fmt: skip
     return dict(module=g.__name__, kernel="_gdpa_fwd_ws", types=types, constexprs=consts, gluon=True)
 

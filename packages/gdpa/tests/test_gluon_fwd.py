@@ -145,7 +145,7 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
-        "--cfgs", default="", help="';'-separated ADS_GDPA_GLUON_CFG values to bench (stages,qbuf,direct)"
+        "--cfgs", default="", help="';'-separated ADS_GDPA_GLUON_CFG values to bench (stages,qbuf,epilogue)"
     )
     args = ap.parse_args()
     fwd = _load_fwd()

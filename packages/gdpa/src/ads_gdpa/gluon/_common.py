@@ -138,14 +138,27 @@ def store_rows(
     memory for 16-byte coalesced stores.
     """
     if DIRECT:
-        st_layout: gl.constexpr = o.type.layout
         ov = o.to(out_ptr.dtype.element_ty)
     else:
-        VEC: gl.constexpr = 8
-        TPC: gl.constexpr = D // VEC if D // VEC < 32 else 32
-        TPR: gl.constexpr = 32 // TPC
-        st_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [TPR, TPC], [NUM_WARPS, 1], [1, 0])
-        ov = gl.convert_layout(o.to(out_ptr.dtype.element_ty), st_layout)
+        ov = gl.convert_layout(o.to(out_ptr.dtype.element_ty), coalesced_rows_layout(D, NUM_WARPS))
+    masked_row_store(out_ptr, ov, row0, n_rows, n_valid, col0, stride_row, ROWS, D)
+
+
+@gluon.constexpr_function
+def coalesced_rows_layout(D, NUM_WARPS):
+    """Register layout of a [rows, D] 16-bit tile for 16-byte row-contiguous global stores."""
+    VEC = 8
+    TPC = D // VEC if D // VEC < 32 else 32
+    return gl.BlockedLayout([1, VEC], [32 // TPC, TPC], [NUM_WARPS, 1], [1, 0])
+
+
+@gluon.jit
+def masked_row_store(
+    out_ptr, ov, row0, n_rows, n_valid, col0, stride_row, ROWS: gl.constexpr, D: gl.constexpr
+):
+    """Store ``ov`` ([ROWS, D], any layout, already in the output dtype): rows < n_valid get ov, rows
+    in [n_valid, n_rows) get zeros, rows from n_rows on are not written."""
+    st_layout: gl.constexpr = ov.type.layout
     rows = gl.arange(0, ROWS, gl.SliceLayout(1, st_layout))
     cols = gl.arange(0, D, gl.SliceLayout(0, st_layout))
     r2 = gl.expand_dims(rows, 1)

@@ -24,7 +24,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,  # noqa: F401  (kept importable for callers that extend the epilogue)
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import act_scaled, sm_count, store_rows, tile_coords
+from ._common import act_scaled, coalesced_rows_layout, masked_row_store, sm_count, store_rows, tile_coords
 
 # Activation ids (spec §1.4 enum) with a kernel path here.
 ACT_RAW = 0
@@ -161,10 +161,12 @@ def _ws_consumer(
     QBUF: gl.constexpr,
     ACT: gl.constexpr,
     PINGPONG: gl.constexpr,
-    DIRECT_STORE: gl.constexpr,
+    EPILOGUE: gl.constexpr,
 ):
     (
         q_smem,
+        o_smem,
+        o_desc,
         k_smem,
         v_smem,
         q_ready,
@@ -295,10 +297,27 @@ def _ws_consumer(
                 mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 0)
             o = warpgroup_mma_wait(0, deps=(acc,))
             row0 = m * BM + WG * ROWS
-            store_rows(
-                out_ptr, o, q0 + row0, lq - row0, lq_eff - row0, h * D, H * D, ROWS, D, 4, DIRECT_STORE
-            )
+            if EPILOGUE == 2:
+                # Through shared memory: a full tile leaves by one asynchronous TMA store, a partial
+                # one is read back row-contiguous and stored under its row mask.
+                o_s = o_smem.index(WG)
+                tma.store_wait(0)  # the previous tile's store has read o_s
+                gl.thread_barrier()
+                o_s.store(o.to(o_desc.dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                if lq_eff - row0 >= ROWS:
+                    tma.async_copy_shared_to_global(o_desc, [q0 + row0, h * D], o_s)
+                else:
+                    ov = o_s.load(coalesced_rows_layout(D, 4))
+                    masked_row_store(out_ptr, ov, q0 + row0, lq - row0, lq_eff - row0, h * D, H * D, ROWS, D)
+            else:
+                store_rows(
+                    out_ptr, o, q0 + row0, lq - row0, lq_eff - row0, h * D, H * D, ROWS, D, 4, EPILOGUE == 1
+                )
             tc += 1
+    if EPILOGUE == 2:
+        tma.store_wait(0)  # shared memory must outlive the last store's read
 
 
 @gluon.jit
@@ -307,6 +326,7 @@ def _gdpa_fwd_ws(
     k_desc,
     v_desc,
     out_ptr,
+    o_desc,
     order_ptr,
     cu_q_ptr,
     cu_k_ptr,
@@ -323,7 +343,7 @@ def _gdpa_fwd_ws(
     ACT: gl.constexpr,
     QBUF: gl.constexpr,
     PINGPONG: gl.constexpr,
-    DIRECT_STORE: gl.constexpr,
+    EPILOGUE: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr,
 ):
@@ -338,6 +358,10 @@ def _gdpa_fwd_ws(
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if EPILOGUE == 2:  # one output tile per consumer warpgroup
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, BM // 2, D], o_desc.layout)
+    else:  # unused; a minimal buffer keeps one consumer signature
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 8, D], o_desc.layout)
     for i in gl.static_range(QBUF):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # one arrival per consumer warpgroup
@@ -356,6 +380,8 @@ def _gdpa_fwd_ws(
     WG1: gl.constexpr = 1
     consumer_args = (
         q_smem,
+        o_smem,
+        o_desc,
         k_smem,
         v_smem,
         q_ready,
@@ -377,8 +403,8 @@ def _gdpa_fwd_ws(
     )
     gl.warp_specialize(
         [
-            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, PINGPONG, DIRECT_STORE)),
-            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, PINGPONG, DIRECT_STORE)),
+            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, PINGPONG, EPILOGUE)),
+            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, PINGPONG, EPILOGUE)),
             (
                 _ws_loader,
                 (
@@ -440,19 +466,24 @@ def _zero_tail(out_ptr, cu_q_ptr, covered, W, num_warps: gl.constexpr):
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def _config(d: int) -> tuple[int, int, bool]:
-    """(K/V stages, Q buffers, direct epilogue store) per head dim within 227 KB of shared memory.
+EPILOGUES = {"scratch": 0, "direct": 1, "tma": 2}
 
-    D=128 measured on an H200 (B=1152, H=4, len 2048): (2, 2, False) 555 TFLOP/s; (3, 1, True), the
-    deepest ring that fits (it needs the epilogue scratch gone), 527; (2, 1, True) 526. So the ring
-    depth is not the limit; the double-buffered Q and coalesced epilogue are worth ~5%.
-    ADS_GDPA_GLUON_CFG="stages,qbuf,direct" overrides (tuning).
+
+def _config(d: int) -> tuple[int, int, int]:
+    """(K/V stages, Q buffers, epilogue) per head dim within 227 KB of shared memory.
+
+    Epilogue (``EPILOGUES``): 0 re-lays the output tile out through compiler scratch for coalesced
+    stores, 1 stores straight from the accumulator layout, 2 stages it in its own shared buffer and
+    sends full tiles by asynchronous TMA stores. D=128 measured on an H200 (B=1152, H=4, len 2048):
+    (2, 2, 0) 555 TFLOP/s; (3, 1, 1), the deepest ring that fits (it needs the scratch gone), 527;
+    (2, 1, 1) 526. So the ring depth is not the limit; the double-buffered Q and the coalesced
+    epilogue are worth ~5%. ADS_GDPA_GLUON_CFG="stages,qbuf,epilogue" overrides (tuning).
     """
     env = os.environ.get("ADS_GDPA_GLUON_CFG")
     if env:
-        st, qb, direct = (int(x) for x in env.split(","))
-        return st, qb, bool(direct)
-    return (2, 2, False) if d == 128 else (5, 2, False)
+        st, qb, epi = (int(x) for x in env.split(","))
+        return st, qb, epi
+    return (2, 2, 2) if d == 128 else (5, 2, 2)
 
 
 def gdpa_fwd_gluon(
@@ -491,11 +522,13 @@ def gdpa_fwd_gluon(
     variant = variant or os.environ.get("ADS_GDPA_GLUON_VARIANT", "ws")
     gdt = _GL_DTYPES[q.dtype]
     BM, BN = BLOCK_M, BLOCK_N
-    stages, qbuf, direct = _config(D)
+    stages, qbuf, epilogue = _config(D)
 
     q_layout = gl.NVMMASharedLayout.get_default_for([BM, D], gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([BN, D], gdt)
     q_desc = TensorDescriptor(q.view(total_q, H * D), [total_q, H * D], [H * D, 1], [BM, D], q_layout)
+    o_layout = gl.NVMMASharedLayout.get_default_for([BM // 2, D], _GL_DTYPES[out.dtype])
+    o_desc = TensorDescriptor(out.view(total_q, H * D), [total_q, H * D], [H * D, 1], [BM // 2, D], o_layout)
     if total_k > 0:
         k2, v2, tk = k.view(total_k, H_kv * D), v.view(total_k, H_kv * D), total_k
     else:  # every Lk is 0: a dummy one-row view keeps the descriptors valid; no step loads it
@@ -519,6 +552,7 @@ def gdpa_fwd_gluon(
         k_desc,
         v_desc,
         out,
+        o_desc,
         order,
         cu_q,
         cu_k,
@@ -534,6 +568,7 @@ def gdpa_fwd_gluon(
     )
     if variant not in ("ws", "ws_simple"):
         raise ValueError(f"unknown variant {variant!r}")
-    _gdpa_fwd_ws[grid](*args, stages, int(activation_id), qbuf, variant == "ws", direct, 232, 24, num_warps=4)
+    pingpong = variant == "ws"
+    _gdpa_fwd_ws[grid](*args, stages, int(activation_id), qbuf, pingpong, epilogue, 232, 24, num_warps=4)
     # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
     _zero_tail[(B,)](out, cu_q, m_tiles * BM, H * D, num_warps=4)
