@@ -67,22 +67,42 @@ def _out_rows(q: Tensor, cu_k: Tensor, broadcast_q: bool) -> int:
     return (cu_k.shape[0] - 1) * q.shape[0] if broadcast_q else q.shape[0]
 
 
-def _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts) -> bool:
-    """Forward through the Gluon Hopper kernel when present, allowed by ADS_GDPA_BACKEND, and supported."""
-    if cfg.backend() == "triton" or q.device.type != "cuda" or cfg.interpreter_active():
-        return False
+def _gluon(backend: str, q: Tensor):
+    """The ``ads_gdpa.gluon`` package when the Hopper kernels may run for this call (the backend
+    switch allows them, a CUDA tensor, no interpreter, Gluon importable, an sm90 device), else None."""
+    if backend == "triton" or q.device.type != "cuda" or cfg.interpreter_active():
+        return None
     try:
-        from . import gluon  # optional, owned by the Gluon kernel work
-        from .gluon import fwd_sm90
+        from . import gluon
     except Exception:
-        return False
+        return None
+    return gluon if gluon.available() else None
+
+
+def _try_gluon_fwd(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts) -> bool:
+    """Forward through the Gluon Hopper kernel when allowed by ADS_GDPA_BACKEND and supported."""
+    gluon = _gluon(cfg.backend(), q)
     try:
-        if not gluon.supports(q, k, v, **opts):
+        if gluon is None or not gluon.supports(q, k, v, **opts):
             return False
     except Exception:
         return False
+    from .gluon import fwd_sm90
+
     fwd_sm90.gdpa_fwd_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out)
     return True
+
+
+def _try_gluon_bwd(do, q, k, v, cu_q, cu_k, pb) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Backward through the Gluon Hopper kernel when allowed by ADS_GDPA_BWD_BACKEND and supported
+    (the caller rules out masks, broadcast_q, per-head activations and the deterministic mode)."""
+    gluon = _gluon(cfg.bwd_backend(), q)
+    if gluon is None:
+        return None
+    dq_acc, dk, dv = launch.grad_buffers(q, k, v, pb, deterministic=False)
+    if not gluon.try_backward(do, q, k, v, cu_q, cu_k, pb.max_q, pb.max_k, pb.act, pb.scale, dq_acc, dk, dv):
+        return None
+    return dq_acc.to(q.dtype), dk, dv
 
 
 @torch.library.custom_op("ads_gdpa::fwd", mutates_args=())
@@ -103,7 +123,7 @@ def gdpa_fwd_op(
     rows = _out_rows(q, cu_k, broadcast_q)
     out = torch.empty((rows, q.shape[1], v.shape[2]), dtype=out_dtype, device=q.device)
     opts = dict(activation_id=act, window=mask_mode != 0, broadcast_q=broadcast_q, fp8=fp8)
-    if act_per_head is None and _try_gluon(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts):
+    if act_per_head is None and _try_gluon_fwd(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts):
         return out
     hq, hk = _host_list(host_q), _host_list(host_k)
     pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk)
@@ -128,6 +148,10 @@ def gdpa_bwd_op(
     """Backward: (dq, dk, dv) shaped like (q, k, v); do (To, H, Dv)."""
     hq, hk = _host_list(host_q), _host_list(host_k)
     pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk)
+    if act_per_head is None and mask_mode == 0 and not (broadcast_q or deterministic):
+        grads = _try_gluon_bwd(do, q, k, v, cu_q, cu_k, pb)
+        if grads is not None:
+            return grads
     tbl = _act_table(tuple(act_per_head), str(q.device)) if act_per_head is not None else None
     return launch.bwd(do, q, k, v, cu_q, cu_k, pb, act_tbl=tbl, deterministic=deterministic)
 

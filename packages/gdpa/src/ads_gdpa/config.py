@@ -46,9 +46,9 @@ def backend() -> str:
 def bwd_backend() -> str:
     """Backward backend from ADS_GDPA_BWD_BACKEND (auto|triton|gluon); auto = gluon: the
     warp-specialised Gluon backward where it supports the call (sm90), Triton elsewhere. On the H200
-    (BENCHMARKS.md) it measured 382 / 355 / 393 / 284 TFLOP/s (max len 2048 s=1.0, 1024, dense
-    4x16x4096, short KV) against Triton's 357 / 314 / 365 / 277, but 295 against 320 at max len 2048
-    s=0.5. ADS_GDPA_BACKEND=triton forces Triton here too."""
+    (BENCHMARKS.md) it measured 434 / 400 / 469 / 323 / 333 TFLOP/s (max len 2048 s=1.0, 1024, dense
+    4x16x4096, short KV, max len 2048 s=0.5) against Triton's 357 / 315 / 363 / 277 / 322.
+    ADS_GDPA_BACKEND=triton forces Triton here too."""
     b = os.environ.get("ADS_GDPA_BWD_BACKEND", "auto").lower()
     if b not in ("auto", "triton", "gluon"):
         raise ValueError(f"ADS_GDPA_BWD_BACKEND must be auto, triton or gluon, got {b!r}")

@@ -185,17 +185,21 @@ def fwd(
     return out
 
 
-def _gluon_backward(do, q, k, v, cu_q, cu_k, pb: Problem, dq_acc, dk, dv) -> bool:
-    """The Hopper Gluon backward into these buffers, when allowed (ADS_GDPA_BWD_BACKEND) and supported."""
-    if cfg.bwd_backend() == "triton" or q.device.type != "cuda" or cfg.interpreter_active():
-        return False
-    try:
-        from .. import gluon
-    except Exception:
-        return False
-    if not gluon.available():
-        return False
-    return gluon.try_backward(do, q, k, v, cu_q, cu_k, pb.max_q, pb.max_k, pb.act, pb.scale, dq_acc, dk, dv)
+def grad_buffers(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pb: Problem, deterministic: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq_acc, dk, dv) for a backward kernel to fill: dq_acc is a zeroed fp32 accumulator for
+    atomic dQ, or a buffer like q for the deterministic pass, which writes every row of every
+    sequence (zeros past max_q). Kernels write only rows inside some sequence; offsets need not span
+    the tensors (leading or trailing rows are allowed) and those rows' gradients are zero, so buffers
+    start zeroed unless the host offsets prove that the sequences cover every row."""
+    dk = torch.empty_like(k) if _spans(pb.host_k, k.shape[0]) else torch.zeros_like(k)
+    dv = torch.empty_like(v) if _spans(pb.host_k, k.shape[0]) else torch.zeros_like(v)
+    if not deterministic:
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    else:
+        dq_acc = torch.empty_like(q) if _spans(pb.host_q, q.shape[0]) else torch.zeros_like(q)
+    return dq_acc, dk, dv
 
 
 def bwd(
@@ -213,23 +217,11 @@ def bwd(
     B = cu_k.shape[0] - 1
     H, H_KV, D_QK, D_V = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
     G = H // H_KV
-    # Kernels write only rows inside some sequence. Offsets need not span the tensors (leading or
-    # trailing rows are allowed), and those rows' gradients are zero: allocate zeros unless the host
-    # offsets prove that the sequences cover every row (then torch.empty saves the memset).
-    dk = torch.empty_like(k) if _spans(pb.host_k, k.shape[0]) else torch.zeros_like(k)
-    dv = torch.empty_like(v) if _spans(pb.host_k, k.shape[0]) else torch.zeros_like(v)
+    dq_acc, dk, dv = grad_buffers(q, k, v, pb, deterministic)
     if B == 0 or q.shape[0] == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     do = do.contiguous() if do.stride(-1) != 1 else do
     atomic = not deterministic
-    # fp32 accumulation buffer for atomics; it must start at zero (rows no tile touches stay zero)
-    if atomic:
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    else:  # the dq kernel writes every row of every sequence (zeros past max_q), none outside them
-        dq_acc = torch.empty_like(q) if _spans(pb.host_q, q.shape[0]) else torch.zeros_like(q)
-    plain = not (deterministic or pb.has_window or pb.broadcast_q or act_tbl is not None)
-    if plain and _gluon_backward(do, q, k, v, cu_q, cu_k, pb, dq_acc, dk, dv):
-        return dq_acc.to(q.dtype), dk, dv
     dummy = cu_q
     fast = _fast_math(q.device)
     consts = dict(
