@@ -175,6 +175,12 @@ def _ws_store_tile(
         store_rows(out_ptr, o, row, n_rows, n_valid, col, W, ROWS, D, 4, EPILOGUE == 1)
 
 
+@gluon.constexpr_function
+def _acc_layout(n):
+    """wgmma accumulator layout of a 64-row warpgroup tile n columns wide."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
 def _ws_consumer(
     args,
@@ -188,165 +194,8 @@ def _ws_consumer(
     SCHEDULE: gl.constexpr,
     EPILOGUE: gl.constexpr,
 ):
-    """One consumer warpgroup (64 query rows of each tile); ``SCHEDULES`` names the schedules."""
-    if SCHEDULE == 2:
-        _ws_consumer_streamed(args, WG, D, BM, BN, STAGES, QBUF, ACT, EPILOGUE)
-    else:
-        _ws_consumer_per_tile(args, WG, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE == 1, EPILOGUE)
-    if EPILOGUE == 2:
-        tma.store_wait(0)  # shared memory must outlive the last store's read
-
-
-@gluon.constexpr_function
-def _acc_layout(n):
-    """wgmma accumulator layout of a 64-row warpgroup tile n columns wide."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
-
-
-@gluon.jit
-def _ws_consumer_streamed(
-    args,
-    WG: gl.constexpr,
-    D: gl.constexpr,
-    BM: gl.constexpr,
-    BN: gl.constexpr,
-    STAGES: gl.constexpr,
-    QBUF: gl.constexpr,
-    ACT: gl.constexpr,
-    EPILOGUE: gl.constexpr,
-):
-    """Ping-pong with one pipeline across tiles: a tile's S_0 = Q·K_0ᵀ goes out in the same turn as
-    the previous tile's last P·V, and that tile's epilogue runs under the other warpgroup's turn, so
-    no turn of a tile boundary is half empty. Only the program's first step and a flush before a tile
-    without keys issue one GEMM alone."""
-    (q_smem, o_smem, o_desc, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-     out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, H) = args  # fmt: skip
-    ROWS: gl.constexpr = BM // 2
-    s_layout: gl.constexpr = _acc_layout(BN)
-    o_layout: gl.constexpr = _acc_layout(D)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    in_dtype: gl.constexpr = q_smem.dtype
-    cols2 = gl.expand_dims(gl.arange(0, BN, gl.SliceLayout(0, s_layout)), 0)
-    s_zero = gl.zeros([ROWS, BN], gl.float32, s_layout)
-    o_zero = gl.zeros([ROWS, D], gl.float32, o_layout)
-    my_turn = turn.index(WG)
-    other_turn = turn.index(1 - WG)
-    turn_par = 1 - WG
-    sink = (o_smem.index(WG), o_desc, out_ptr, H * D)
-
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    it = 0  # K/V ring steps consumed; a pending P·V belongs to step it - 1
-    tc = 0
-    nturn = 0
-    pending = 0  # 1 while the last step's P·V has not been issued
-    p = gl.zeros([ROWS, BN], in_dtype, p_layout)
-    acc = warpgroup_mma_init(o_zero)
-    # where the tile with the pending P·V goes: token row, rows in its sequence, rows with values, column
-    e_row = 0
-    e_rows = 0
-    e_valid = 0
-    e_col = 0
-    for t in range(pid, n_tiles, nprog):
-        b, h, m, q0, lq, lq_eff, k0, lk = tile_coords(
-            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q
-        )
-        if m * BM < lq:
-            qb = tc % QBUF
-            q_half = q_smem.index(qb).slice(WG * ROWS, ROWS, dim=0)
-            mbarrier.wait(q_ready.index(qb), (tc // QBUF) & 1)
-            n_k = gl.cdiv(lk, BN)
-            row0 = m * BM + WG * ROWS
-            if n_k == 0:
-                if pending == 1:
-                    # flush: the previous tile's last P·V alone, then its epilogue
-                    sp = (it + STAGES - 1) % STAGES
-                    mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
-                    mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
-                    acc = warpgroup_mma(p, v_smem.index(sp), acc, is_async=True)
-                    mbarrier.arrive(other_turn, count=1)
-                    nturn += 1
-                    o = warpgroup_mma_wait(0, deps=(acc,))
-                    mbarrier.arrive(v_empty.index(sp), count=1)
-                    _ws_store_tile(o, sink, e_row, e_rows, e_valid, e_col, ROWS, D, EPILOGUE)
-                    acc = warpgroup_mma_init(o_zero)
-                    pending = 0
-                mbarrier.arrive(q_empty.index(qb), count=1)
-                _ws_store_tile(o_zero, sink, q0 + row0, lq - row0, lq_eff - row0, h * D, ROWS, D, EPILOGUE)
-            else:
-                for j in range(n_k):
-                    s = it % STAGES
-                    mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
-                    if pending == 1:
-                        # S_j together with the previous step's P·V (this tile's, or the last tile's)
-                        sp = (it + STAGES - 1) % STAGES
-                        mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
-                        mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
-                        sacc = warpgroup_mma(
-                            q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
-                        )
-                        acc = warpgroup_mma(p, v_smem.index(sp), acc, is_async=True)
-                        mbarrier.arrive(other_turn, count=1)
-                        nturn += 1
-                        # S_j retires first (groups complete in order); P·V keeps running under the
-                        # activation
-                        sacc = warpgroup_mma_wait(1, deps=(sacc,))
-                        mbarrier.arrive(k_empty.index(s), count=1)
-                        mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
-                        p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT)
-                        acc_t, p = warpgroup_mma_wait(0, deps=(acc, p))
-                        mbarrier.arrive(v_empty.index(sp), count=1)
-                        if j == 0:
-                            # that P·V finished the previous tile
-                            _ws_store_tile(acc_t, sink, e_row, e_rows, e_valid, e_col, ROWS, D, EPILOGUE)
-                            acc = warpgroup_mma_init(o_zero)
-                        else:
-                            acc = warpgroup_mma_init(acc_t)
-                        p = p_next
-                    else:
-                        mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
-                        sacc = warpgroup_mma(
-                            q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
-                        )
-                        mbarrier.arrive(other_turn, count=1)
-                        nturn += 1
-                        sacc = warpgroup_mma_wait(0, deps=(sacc,))
-                        mbarrier.arrive(k_empty.index(s), count=1)
-                        mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
-                        p = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT)
-                        pending = 1
-                    it += 1
-                e_row = q0 + row0
-                e_rows = lq - row0
-                e_valid = lq_eff - row0
-                e_col = h * D
-            tc += 1
-    if pending == 1:
-        sp = (it + STAGES - 1) % STAGES
-        mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
-        mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
-        acc = warpgroup_mma(p, v_smem.index(sp), acc, is_async=True)
-        mbarrier.arrive(other_turn, count=1)
-        o = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(v_empty.index(sp), count=1)
-        _ws_store_tile(o, sink, e_row, e_rows, e_valid, e_col, ROWS, D, EPILOGUE)
-
-
-@gluon.jit
-def _ws_consumer_per_tile(
-    args,
-    WG: gl.constexpr,
-    D: gl.constexpr,
-    BM: gl.constexpr,
-    BN: gl.constexpr,
-    STAGES: gl.constexpr,
-    QBUF: gl.constexpr,
-    ACT: gl.constexpr,
-    PINGPONG: gl.constexpr,
-    EPILOGUE: gl.constexpr,
-):
-    """One query tile after the other: each tile's pipeline fills (S_0 alone) and drains (the last
-    P·V alone, then the epilogue) on its own."""
+    """One consumer warpgroup: 64 query rows of each tile, tile after tile (``SCHEDULES``)."""
+    PINGPONG: gl.constexpr = SCHEDULE == 1
     (q_smem, o_smem, o_desc, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
      out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, H) = args  # fmt: skip
     ROWS: gl.constexpr = BM // 2
@@ -457,6 +306,8 @@ def _ws_consumer_per_tile(
             row0 = m * BM + WG * ROWS
             _ws_store_tile(o, sink, q0 + row0, lq - row0, lq_eff - row0, h * D, ROWS, D, EPILOGUE)
             tc += 1
+    if EPILOGUE == 2:
+        tma.store_wait(0)  # shared memory must outlive the last store's read
 
 
 @gluon.jit
@@ -606,9 +457,10 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 EPILOGUES = {"scratch": 0, "direct": 1, "tma": 2}
-# Consumer schedules (the ``variant`` argument): free-running per tile, ping-pong per tile, ping-pong
-# with one pipeline across tiles.
-SCHEDULES = {"ws_simple": 0, "ws_tile": 1, "ws": 2}
+# Consumer schedules (the ``variant`` argument): ping-pong (default) or free-running. A ping-pong
+# streamed across tiles (a tile's S_0 in the turn of the previous tile's last P·V) measured 13 %
+# slower on the H200 and was removed (BENCHMARKS.md, fourth session).
+SCHEDULES = {"ws_simple": 0, "ws": 1}
 
 
 def _config(d: int) -> tuple[int, int, int]:
@@ -645,8 +497,7 @@ def gdpa_fwd_gluon(
     """Jagged GDPA forward into ``out`` (total_q, H, D). See the module docstring for the contract.
 
     ``variant`` (default from env ADS_GDPA_GLUON_VARIANT, else "ws"), see ``SCHEDULES``: "ws"
-    (ping-pong consumers, S_{j+1} overlapping P_j·V, one pipeline across tiles), "ws_tile" (the
-    same, each tile's pipeline filled and drained on its own) or "ws_simple" (free-running).
+    (ping-pong consumers with S_{j+1} overlapping P_j·V) or "ws_simple" (free-running).
     """
     total_q, H, D = q.shape
     total_k, H_kv, _ = k.shape
