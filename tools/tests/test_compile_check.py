@@ -3,7 +3,13 @@ import pytest
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from ads_kernel_tools.compile_check import compile_for, ptx_counts, ptx_counts_batch, signature  # noqa: E402
+from ads_kernel_tools.compile_check import (  # noqa: E402
+    compile_for,
+    counts_between,
+    ptx_counts,
+    ptx_counts_batch,
+    signature,
+)
 
 
 @triton.jit
@@ -84,3 +90,18 @@ def test_batch_runs_in_a_clean_child_under_the_interpreter(monkeypatch):
     ok, failed = ptx_counts_batch([job, bad])
     assert ok["wgmma"] > 0
     assert "CompilationError" in failed["error"]
+
+
+def test_counts_between_counts_per_start_until_the_stop():
+    text = "wait1\nmufu\nadd\nmufu\nwait0\nmufu\nwait1\nwait0\nwait1\nmufu"
+    assert counts_between(text, r"^wait1$", r"^wait0$", r"mufu") == [2, 0, 1]
+    assert counts_between(text, r"absent", r"wait0", r"mufu") == []
+
+
+def test_sass_between_reports_what_runs_under_the_wgmma():
+    """The SASS of a Hopper GEMM tile: stores follow the wgmma wait, none run while it is in flight."""
+    spec = {"stores_after_wait": [r"WARPGROUP\.DEPBAR", r"EXIT", r"\bSTG"],
+            "stores_under_wgmma": [r"HGMMA.*gsb0", r"WARPGROUP\.DEPBAR", r"\bSTG"]}  # fmt: skip
+    (counts,) = ptx_counts_batch([dict(JOB, arch=90, sass_between=spec)])
+    assert counts["stores_after_wait"] and max(counts["stores_after_wait"]) > 0
+    assert counts["stores_under_wgmma"] and max(counts["stores_under_wgmma"]) == 0

@@ -84,6 +84,39 @@ def ptx_counts(compiled, markers: Mapping[str, str] = PTX_MARKERS) -> dict[str, 
     return {name: len(re.findall(pattern, ptx)) for name, pattern in markers.items()}
 
 
+def sass(compiled) -> str:
+    """The kernel's machine code (SASS) as text, from the nvdisasm that ships with Triton. PTX says
+    what Triton asked for; only SASS shows what ptxas made of it (where it put a wait, for one)."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton.backends.nvidia as nvidia
+
+    tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        return subprocess.run([tool, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+
+
+def counts_between(text: str, start: str, stop: str, pattern: str) -> list[int]:
+    """For each line matching ``start``, how many of the following lines match ``pattern`` before
+    the next line matching ``stop`` (or the end). Regular expressions, searched per line: e.g. how
+    many activation instructions a kernel executes while an asynchronous GEMM is still in flight."""
+    lines = text.splitlines()
+    counts = []
+    for i, line in enumerate(lines):
+        if re.search(start, line):
+            n = 0
+            for later in lines[i + 1 :]:
+                if re.search(stop, later):
+                    break
+                n += bool(re.search(pattern, later))
+            counts.append(n)
+    return counts
+
+
 # --- batches in a clean process -------------------------------------------------------------------
 # Under TRITON_INTERPRET=1 every @triton.jit function is an interpreter object that the compiler
 # cannot lower, and the variable is read when a module is imported. So the CPU test suites, which run
@@ -108,14 +141,20 @@ def _run_job(job: Mapping[str, Any]) -> dict[str, Any]:
         )
     except Exception as e:  # reported per job so one failure does not hide the others
         return {"error": f"{type(e).__name__}: {e}"[:4000]}
-    return ptx_counts(compiled)
+    result: dict[str, Any] = dict(ptx_counts(compiled))
+    between = job.get("sass_between", {})
+    if between:
+        text = sass(compiled)
+        result |= {name: counts_between(text, *spec) for name, spec in between.items()}
+    return result
 
 
 def ptx_counts_batch(jobs: list[Mapping[str, Any]], *, timeout: float = 900.0) -> list[dict[str, Any]]:
     """Compile each job and count PTX markers; a job names ``module`` and ``kernel`` (importable),
-    plus the keyword arguments of :func:`compile_for` (JSON values only). Failures come back as
-    ``{"error": message}``. Runs in this process, or in a child without TRITON_INTERPRET when the
-    interpreter is active here."""
+    plus the keyword arguments of :func:`compile_for` (JSON values only), and optionally
+    ``sass_between``: ``{name: [start, stop, pattern]}``, answered as ``name: counts_between(...)``
+    over the kernel's SASS. Failures come back as ``{"error": message}``. Runs in this process, or
+    in a child without TRITON_INTERPRET when the interpreter is active here."""
     import json
     import os
     import subprocess
