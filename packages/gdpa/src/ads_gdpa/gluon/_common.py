@@ -7,6 +7,7 @@ from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -201,3 +202,15 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     _semantic.builder.create_async_tma_reduce(
         ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
     )
+
+
+@gluon.jit
+def stage_for_tma(smem, values):
+    """Write a warpgroup's ``values`` into ``smem`` for a TMA store or reduction to send: first wait
+    until the previous bulk operation from this warpgroup has read ``smem`` (only the issuing thread
+    holds it, hence the barrier after), then store and make the tile visible to the TMA unit."""
+    tma.store_wait(0)
+    gl.thread_barrier()
+    smem.store(values)
+    fence_async_shared()
+    gl.thread_barrier()

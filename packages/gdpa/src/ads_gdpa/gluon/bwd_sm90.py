@@ -37,7 +37,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import act_and_grad, red_add_v4, sm_count, store_rows, tile_coords, tma_reduce_add
+from ._common import (
+    act_and_grad,
+    red_add_v4,
+    sm_count,
+    stage_for_tma,
+    store_rows,
+    tile_coords,
+    tma_reduce_add,
+)
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
@@ -231,11 +239,7 @@ def _bwd_consumer(
                         # Rows past the sequence carry exact zeros (dSᵀ is masked), so the whole box
                         # may be added, the neighbouring sequence's rows included.
                         dq_s = dq_smem.index(WG)
-                        tma.store_wait(0)  # the previous step's reduction has read dq_s
-                        gl.thread_barrier()
-                        dq_s.store(dq)
-                        fence_async_shared()
-                        gl.thread_barrier()
+                        stage_for_tma(dq_s, dq)
                         if DQ_MODE == 2:
                             tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
                     elif DQ_MODE == 1:

@@ -24,7 +24,6 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -33,7 +32,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._common import act_scaled, coalesced_rows_layout, masked_row_store, sm_count, store_rows, tile_coords
+from ._common import (
+    act_scaled,
+    coalesced_rows_layout,
+    masked_row_store,
+    sm_count,
+    stage_for_tma,
+    store_rows,
+    tile_coords,
+)
 
 # Activation ids (spec §1.4 enum) with a kernel path here.
 ACT_RAW = 0
@@ -161,11 +168,7 @@ def _ws_store_tile(
     if EPILOGUE == 2:
         # Through shared memory: a full tile leaves by one asynchronous TMA store, a partial one is
         # read back row-contiguous and stored under its row mask.
-        tma.store_wait(0)  # the previous tile's store has read o_s
-        gl.thread_barrier()
-        o_s.store(o.to(o_desc.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
+        stage_for_tma(o_s, o.to(o_desc.dtype))
         if n_valid >= ROWS:
             tma.async_copy_shared_to_global(o_desc, [row, col], o_s)
         else:
