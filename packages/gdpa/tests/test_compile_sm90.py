@@ -62,7 +62,7 @@ def _gluon_job(d: int) -> dict:
     types = {"q_desc": desc(bm), "k_desc": desc(bn), "v_desc": desc(bn), "o_desc": desc(bm // 2),
              "scale": "fp32", **pointers}  # fmt: skip
     consts = dict(D=d, BM=bm, BN=bn, STAGES=stages, ACT=3, QBUF=qbuf, SCHEDULE=1, EPILOGUE=epilogue,
-                  CONSUMER_REGS=232, LOADER_REGS=24)  # fmt: skip
+                  OVERLAP=False, CONSUMER_REGS=232, LOADER_REGS=24)  # fmt: skip
     return dict(module=g.__name__, kernel="_gdpa_fwd_ws", types=types, constexprs=consts, gluon=True)
 
 
@@ -124,6 +124,9 @@ def _jobs() -> dict[str, dict]:
     try:
         jobs |= {f"gluon_d{d}": _gluon_job(d) for d in (64, 128)}
         jobs["gluon_d128"]["sass_between"] = {"act_under_gemm": ACT_UNDER_GEMM}
+        overlap = _gluon_job(128)
+        jobs["gluon_d128_overlap"] = dict(overlap, constexprs=dict(overlap["constexprs"], OVERLAP=True),
+                                          sass_between={"act_under_gemm": ACT_UNDER_GEMM})  # fmt: skip
         jobs |= {f"gluon_bwd_d{d}": _gluon_bwd_job(d, dq_mode=2) for d in (64, 128)}
         jobs["gluon_bwd_red_v4"] = _gluon_bwd_job(128, dq_mode=1)
         jobs["gluon_bwd_d128"]["sass_between"] = {"act_under_gemm": ACT_UNDER_GEMM}
@@ -214,3 +217,14 @@ def test_gluon_activation_runs_under_the_second_gemm(ptx, job):
     counts = _ok(ptx, job)["act_under_gemm"]
     assert len(counts) == 2  # one steady step per consumer warpgroup
     assert min(counts) >= 16, f"MUFU.TANH between the waits per consumer: {counts}"
+
+
+def test_gluon_forward_overlap_option_lets_the_activation_run_under_pv(ptx):
+    """``overlap=True`` (opt-in, not yet timed): at least half of the step's 64 MUFU.TANH per thread
+    are scheduled while the previous P·V is in flight (54-59 when written), without spills."""
+    if "gluon_d128_overlap" not in ptx:
+        pytest.skip("this Triton has no Gluon")
+    counts = _ok(ptx, "gluon_d128_overlap")
+    under = counts["act_under_gemm"]
+    assert len(under) == 2 and min(under) >= 32, under
+    assert counts["local_memory"] == 0 and counts["tanh_approx"] > 0

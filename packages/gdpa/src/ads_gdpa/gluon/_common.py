@@ -214,3 +214,23 @@ def stage_for_tma(smem, values):
     smem.store(values)
     fence_async_shared()
     gl.thread_barrier()
+
+
+@gluon.jit
+def keep_alive_packed(x, never):
+    """Give the packed 32-bit registers of the 16-bit tensor ``x`` a use here: a shared-memory store
+    predicated on ``never``, a run-time zero the compiler cannot fold, so it never executes.
+
+    Why: after ``warpgroup_mma_wait(deps=(..., x))`` Triton 3.6 keeps x's 16-bit halves alive, not the
+    packed registers an in-flight wgmma reads x from, so ptxas reuses those registers early and must
+    move the wait up before whatever writes them. A use of the packed values after the wait keeps
+    them reserved until then (LLVM folds this packing into the wgmma's)."""
+    flag = gl.full(x.shape, 0, gl.int32, x.type.layout) + never
+    gl.inline_asm_elementwise(
+        "{ .reg .pred q; setp.ne.b32 q, $3, 0; @q st.shared.b32 [$3], $2; mov.b32 $0, 0; mov.b32 $1, 0; }",
+        "=r,=r,r,r,r",
+        [x, flag],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=2,
+    )

@@ -35,6 +35,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ._common import (
     act_scaled,
     coalesced_rows_layout,
+    keep_alive_packed,
     masked_row_store,
     sm_count,
     stage_for_tma,
@@ -149,11 +150,17 @@ def _ws_mask_act(
     in_dtype: gl.constexpr,
     BN: gl.constexpr,
     ACT: gl.constexpr,
+    OVERLAP: gl.constexpr,
 ):
-    if (j + 1) * BN > lk:
-        # Keys past the sequence end belong to the next sequence (or are TMA zero fill).
-        sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
-    p = act_scaled(sacc, scale, ACT)
+    # Keys past the sequence end belong to the next sequence (or are TMA zero fill): P must be 0
+    # there. act(0) = 0 for every activation here, so masking S or P gives the same P.
+    if OVERLAP:
+        # unconditional and after the activation: no branch for ptxas to put the P·V wait at
+        p = gl.where(cols2 < lk - j * BN, act_scaled(sacc, scale, ACT), 0.0)
+    else:
+        if (j + 1) * BN > lk:
+            sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
+        p = act_scaled(sacc, scale, ACT)
     return gl.convert_layout(p.to(in_dtype), p_layout)
 
 
@@ -196,8 +203,11 @@ def _ws_consumer(
     ACT: gl.constexpr,
     SCHEDULE: gl.constexpr,
     EPILOGUE: gl.constexpr,
+    OVERLAP: gl.constexpr,
 ):
-    """One consumer warpgroup: 64 query rows of each tile, tile after tile (``SCHEDULES``)."""
+    """One consumer warpgroup: 64 query rows of each tile, tile after tile (``SCHEDULES``). OVERLAP:
+    code shaped so that ptxas lets the activation run under the in-flight P·V (see
+    ``gdpa_fwd_gluon``)."""
     PINGPONG: gl.constexpr = SCHEDULE == 1
     (q_smem, o_smem, o_desc, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
      out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, H) = args  # fmt: skip
@@ -215,6 +225,7 @@ def _ws_consumer(
     other_turn = turn.index(1 - WG)
     turn_par = 1 - WG
     sink = (o_smem.index(WG), o_desc, out_ptr, H * D)
+    never = (max_seqlen_q < 0).to(gl.int32)  # max_seqlen_q >= 1 here; the compiler cannot know
 
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
@@ -245,7 +256,7 @@ def _ws_consumer(
                     sacc = warpgroup_mma_wait(0, deps=(sacc,))
                     mbarrier.arrive(k_empty.index(s), count=1)
                     mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 1)
-                    p = _ws_mask_act(sacc, cols2, 0, lk, scale, p_layout, in_dtype, BN, ACT)
+                    p = _ws_mask_act(sacc, cols2, 0, lk, scale, p_layout, in_dtype, BN, ACT, OVERLAP)
                     for j in range(1, n_k):
                         sp = it % STAGES  # stage of step j-1 (its V feeds this P·V)
                         php = (it // STAGES) & 1
@@ -266,8 +277,11 @@ def _ws_consumer(
                         sacc = warpgroup_mma_wait(1, deps=(sacc,))
                         mbarrier.arrive(k_empty.index(s), count=1)
                         mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
-                        p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT)
+                        p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT, OVERLAP)
+                        p_issued = p
                         acc_t, p = warpgroup_mma_wait(0, deps=(acc, p))
+                        if OVERLAP:
+                            keep_alive_packed(p_issued, never)
                         acc = warpgroup_mma_init(acc_t)
                         mbarrier.arrive(v_empty.index(sp), count=1)
                         p = p_next
@@ -297,7 +311,7 @@ def _ws_consumer(
                     prev = (it + STAGES - 1) % STAGES
                     mbarrier.arrive(v_empty.index(prev), count=1, pred=j > 0)
                     mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
-                    p = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT)
+                    p = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT, OVERLAP)
                     mbarrier.wait(v_ready.index(s), ph)
                     acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
                     it += 1
@@ -337,6 +351,7 @@ def _gdpa_fwd_ws(
     QBUF: gl.constexpr,
     SCHEDULE: gl.constexpr,
     EPILOGUE: gl.constexpr,
+    OVERLAP: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr,
 ):
@@ -396,8 +411,8 @@ def _gdpa_fwd_ws(
     )
     gl.warp_specialize(
         [
-            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE)),
-            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE)),
+            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, OVERLAP)),
+            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, OVERLAP)),
             (
                 _ws_loader,
                 (
@@ -496,11 +511,18 @@ def gdpa_fwd_gluon(
     out: torch.Tensor,
     *,
     variant: str | None = None,
+    overlap: bool | None = None,
 ) -> None:
     """Jagged GDPA forward into ``out`` (total_q, H, D). See the module docstring for the contract.
 
     ``variant`` (default from env ADS_GDPA_GLUON_VARIANT, else "ws"), see ``SCHEDULES``: "ws"
     (ping-pong consumers with S_{j+1} overlapping P_j·V) or "ws_simple" (free-running).
+
+    ``overlap`` (default from env ADS_GDPA_GLUON_OVERLAP, else off): mask P after the activation
+    without a branch and keep the packed P registers alive past the P·V wait
+    (``_common.keep_alive_packed``). In the default build ptxas waits for the previous step's P·V
+    before the activation (0 of 64 MUFU.TANH per step run under it, SASS); with this 54-59 do. Not
+    yet timed on a GPU, hence off.
     """
     total_q, H, D = q.shape
     total_k, H_kv, _ = k.shape
@@ -517,6 +539,8 @@ def gdpa_fwd_gluon(
     cu_q = cu_seqlens_q.to(torch.int32).contiguous()
     cu_k = cu_seqlens_k.to(torch.int32).contiguous()
     variant = variant or os.environ.get("ADS_GDPA_GLUON_VARIANT", "ws")
+    if overlap is None:
+        overlap = os.environ.get("ADS_GDPA_GLUON_OVERLAP", "0") == "1"
     gdt = _GL_DTYPES[q.dtype]
     BM, BN = BLOCK_M, BLOCK_N
     stages, qbuf, epilogue = _config(D)
@@ -566,6 +590,8 @@ def gdpa_fwd_gluon(
     if variant not in SCHEDULES:
         raise ValueError(f"unknown variant {variant!r}; expected one of {sorted(SCHEDULES)}")
     schedule = SCHEDULES[variant]
-    _gdpa_fwd_ws[grid](*args, stages, int(activation_id), qbuf, schedule, epilogue, 232, 24, num_warps=4)
+    _gdpa_fwd_ws[grid](
+        *args, stages, int(activation_id), qbuf, schedule, epilogue, bool(overlap), 232, 24, num_warps=4
+    )
     # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
     _zero_tail[(B,)](out, cu_q, m_tiles * BM, H * D, num_warps=4)
