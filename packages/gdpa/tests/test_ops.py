@@ -136,3 +136,35 @@ def test_compile_host_offsets_are_inputs_not_constants(device):
     bad = torch.tensor([0, 5, 3, sum(LQ)], dtype=torch.int64)
     with pytest.raises(ValueError, match="non-decreasing"):
         compiled(q, k, v, cu_q, cu_k, bad, hk)
+
+
+def test_gluon_backward_dispatch_asks_before_allocating(monkeypatch):
+    """The backward op asks ``gluon.supports_backward`` before it allocates the Gluon path's buffers
+    (declining costs nothing), and hands over the buffers ``launch.grad_buffers`` made; checked on
+    the CPU with the kernel replaced by a stub."""
+    from ads_gdpa import _ops, gluon
+
+    q, k, v, cu_q, cu_k = _inputs("cpu")
+    do = torch.ones_like(q)
+    pb = _ops._problem(max(LQ), max(LK), 3, 1.0, 0, 1 << 30, 1 << 30, False, None, None)
+    allocations = []
+    real_buffers = launch.grad_buffers
+    monkeypatch.setattr(
+        launch, "grad_buffers", lambda *a, **kw: allocations.append(1) or real_buffers(*a, **kw)
+    )
+    monkeypatch.setattr(_ops, "_gluon", lambda backend, t: gluon)
+    # declined (CPU tensors are never supported): no buffers, the caller falls back to Triton
+    assert _ops._try_gluon_bwd(do, q, k, v, cu_q, cu_k, pb) is None and not allocations
+
+    def fake_backward(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, dq_acc, dk, dv):
+        assert dq_acc.dtype == torch.float32 and not dq_acc.any() and dk.shape == k.shape
+        dq_acc.fill_(2.0)
+        dk.fill_(3.0)
+        dv.fill_(4.0)
+        return True
+
+    monkeypatch.setattr(gluon, "supports_backward", lambda *a, **kw: True)
+    monkeypatch.setattr(gluon, "try_backward", fake_backward)
+    dq, dk, dv = _ops._try_gluon_bwd(do, q, k, v, cu_q, cu_k, pb)
+    assert allocations == [1] and dq.dtype == q.dtype and dq.shape == q.shape
+    assert (dq == 2).all() and (dk == 3).all() and (dv == 4).all()

@@ -97,8 +97,8 @@ def _try_gluon_bwd(do, q, k, v, cu_q, cu_k, pb) -> tuple[Tensor, Tensor, Tensor]
     """Backward through the Gluon Hopper kernel when allowed by ADS_GDPA_BWD_BACKEND and supported
     (the caller rules out masks, broadcast_q, per-head activations and the deterministic mode)."""
     gluon = _gluon(cfg.bwd_backend(), q)
-    if gluon is None:
-        return None
+    if gluon is None or not gluon.supports_backward(do, q, k, v, activation_id=pb.act):
+        return None  # before allocating: the Triton path allocates its own buffers
     dq_acc, dk, dv = launch.grad_buffers(q, k, v, pb, deterministic=False)
     if not gluon.try_backward(do, q, k, v, cu_q, cu_k, pb.max_q, pb.max_k, pb.act, pb.scale, dq_acc, dk, dv):
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["supports", "available", "try_backward"]
+__all__ = ["supports", "supports_backward", "available", "try_backward"]
 
 # Activation ids (spec §1.4) that the kernel implements and that passed the GPU tests.
 _IMPLEMENTED = frozenset({0, 1, 2, 3, 4, 5, 7, 8, 9, 10})
@@ -60,14 +60,20 @@ def supports(q, k, v, *, activation_id: int, window: bool, broadcast_q: bool, fp
     return available()
 
 
+def supports_backward(do, q, k, v, *, activation_id: int) -> bool:
+    """Whether ``bwd_sm90.gdpa_bwd_gluon`` can run this backward; the caller has ruled out windows,
+    broadcast_q, per-head activations and the deterministic mode. Cheap: ask before allocating."""
+    if not supports(q, k, v, activation_id=activation_id, window=False, broadcast_q=False, fp8=False):
+        return False
+    return do.shape == q.shape and do.dtype == q.dtype
+
+
 def try_backward(
     do, q, k, v, cu_q, cu_k, max_q: int, max_k: int, act: int, scale: float, dq_acc, dk, dv
 ) -> bool:
-    """Run ``bwd_sm90.gdpa_bwd_gluon`` into the given buffers when it supports the call (the caller has
-    ruled out windows, broadcast_q, per-head activations and the deterministic mode); False otherwise."""
-    if not supports(q, k, v, activation_id=act, window=False, broadcast_q=False, fp8=False):
-        return False
-    if do.shape != q.shape or do.dtype != q.dtype or dq_acc.shape != q.shape:
+    """Run ``bwd_sm90.gdpa_bwd_gluon`` into the given buffers when it supports the call (see
+    ``supports_backward``); False otherwise."""
+    if not supports_backward(do, q, k, v, activation_id=act) or dq_acc.shape != q.shape:
         return False
     from . import bwd_sm90
 
