@@ -124,33 +124,9 @@ def _bwd_consumer(
     ACT: gl.constexpr,
     DQ_MODE: gl.constexpr,
 ):
-    (
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        ds_smem,
-        dq_smem,
-        qd_ready,
-        qd_empty,
-        kv_ready,
-        kv_empty,
-        ds_full,
-        ds_free,
-        dq_ptr,
-        dq_desc,
-        dk_ptr,
-        dv_ptr,
-        order_ptr,
-        cu_q_ptr,
-        cu_k_ptr,
-        max_seqlen_q,
-        n_tiles,
-        N_TILES,
-        scale,
-        H_KV,
-        G,
-    ) = args
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
+     ds_free, dq_ptr, dq_desc, dk_ptr, dv_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles,
+     N_TILES, scale, H_KV, G) = args  # fmt: skip
 
     ROWS: gl.constexpr = BN // 2  # kv rows of this warpgroup
     DH: gl.constexpr = D // 2  # dQ columns of this warpgroup
