@@ -65,14 +65,11 @@ def _check(
     pad_rows=3,
     seed=0,
     variant="ws",
-    overlap=False,
 ):
     q, k, v, cu_q, cu_k = _make_case(lens_q, lens_k, H, H_kv, D, dtype, seed, pad_rows)
     max_q = max(lens_q) if max_q is None else max_q
     out = torch.full_like(q, float("nan"))
-    fwd.gdpa_fwd_gluon(
-        q, k, v, cu_q, cu_k, max_q, max(lens_k), act, scale, out, variant=variant, overlap=overlap
-    )
+    fwd.gdpa_fwd_gluon(q, k, v, cu_q, cu_k, max_q, max(lens_k), act, scale, out, variant=variant)
     torch.cuda.synchronize()
     n_seq_rows = int(cu_q[-1])
     # Contract: every row of every sequence is written (zeros past max_seqlen_q); rows that belong
@@ -82,8 +79,7 @@ def _check(
     args = (q[:n_seq_rows], k, v, cu_q, cu_k, max_q, max(lens_k))
     ref = gdpa_ref(*args, activation=act, scale=scale)
     base = gdpa_ref(*args, activation=act, scale=scale, dtype=dtype)
-    name = variant + ("+overlap" if overlap else "")
-    desc = f"{name} act={act} D={D} {str(dtype)[6:]} H={H}/{H_kv} scale={scale} max_q={max_q}"
+    desc = f"{variant} act={act} D={D} {str(dtype)[6:]} H={H}/{H_kv} scale={scale} max_q={max_q}"
     assert_close_vs_baseline(out[:n_seq_rows], ref, base, name=desc)
     return desc
 
@@ -121,12 +117,6 @@ def test_gluon_fwd(case):
 def test_gluon_fwd_other_variants(variant, case):
     """The other schedules on the quick list (each variant is a separate compile per case)."""
     _check(_load_fwd(), variant=variant, **_cases(True)[case])
-
-
-@pytest.mark.parametrize("case", range(len(_cases(True))))
-def test_gluon_fwd_overlap_option(case):
-    """``overlap=True`` (opt-in) on the quick list: same contract and accuracy as the default."""
-    _check(_load_fwd(), overlap=True, **_cases(True)[case])
 
 
 def _bench(fwd, variant, sparsity_half: bool, B=1152, H=4, D=128, max_len=2048):

@@ -116,8 +116,6 @@ class Bench:
                 self._fwd_bwd(op, "ours[triton-bwd-tma-loads]", shape, ours, flop)
             with _env(ADS_GDPA_BACKEND="triton", ADS_GDPA_PERSISTENT="1"):
                 self._fwd_bwd(op, "ours[triton-persistent]", shape, ours, flop, make_grad=False)
-            with _env(ADS_GDPA_GLUON_OVERLAP="1"):
-                self._fwd_bwd(op, "ours[gluon-overlap]", shape, ours, flop, make_grad=False)
 
         # padded dense peers
         dense_ok = b * heads * mq * mk <= _NAIVE_MAX_SCORE_ELEMS
@@ -203,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time ours[det] (deterministic backward), ours[gluon-bwd] (the Gluon backward), "
         "ours[triton-bwd-tma-loads] (Triton backward "
-        "with TMA Q/dO loads), ours[triton-persistent] (Triton forward, persistent grid), "
-        "ours[gluon-overlap] (Gluon forward with ADS_GDPA_GLUON_OVERLAP=1)",
+        "with TMA Q/dO loads), ours[triton-persistent] (Triton forward, persistent grid)",
     )
     args = ap.parse_args(argv)
     if args.demo:

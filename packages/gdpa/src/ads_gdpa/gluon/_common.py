@@ -20,15 +20,15 @@ def sm_count(device: torch.device) -> int:
 
 
 @gluon.jit
-def tile_coords(t, order_ptr, cu_q_ptr, cu_k_ptr, HEADS, TILES, max_seqlen_q):
-    """Decode virtual tile t of a (sequence rank, head, tile) grid whose sequences are visited in
-    ``order_ptr`` order -> (batch, head, tile, q start, Lq, Lq clamped to max_seqlen_q, k start, Lk)."""
+def tile_coords(i, tiles_ptr, cu_q_ptr, cu_k_ptr, HEADS, TILES, max_seqlen_q):
+    """Decode entry i of a ``tile_list`` (``(b * HEADS + h) * TILES + tile``) -> (batch, head, tile,
+    q start, Lq, Lq clamped to max_seqlen_q, k start, Lk)."""
+    t = gl.load(tiles_ptr + i)
     per_b = HEADS * TILES
-    rank = t // per_b
-    rem = t - rank * per_b
+    b = t // per_b
+    rem = t - b * per_b
     h = rem // TILES
     idx = rem - h * TILES
-    b = gl.load(order_ptr + rank)
     q0 = gl.load(cu_q_ptr + b)
     lq = gl.load(cu_q_ptr + b + 1) - q0
     k0 = gl.load(cu_k_ptr + b)
@@ -214,23 +214,3 @@ def stage_for_tma(smem, values):
     smem.store(values)
     fence_async_shared()
     gl.thread_barrier()
-
-
-@gluon.jit
-def keep_alive_packed(x, never):
-    """Give the packed 32-bit registers of the 16-bit tensor ``x`` a use here: a shared-memory store
-    predicated on ``never``, a run-time zero the compiler cannot fold, so it never executes.
-
-    Why: after ``warpgroup_mma_wait(deps=(..., x))`` Triton 3.6 keeps x's 16-bit halves alive, not the
-    packed registers an in-flight wgmma reads x from, so ptxas reuses those registers early and must
-    move the wait up before whatever writes them. A use of the packed values after the wait keeps
-    them reserved until then (LLVM folds this packing into the wgmma's)."""
-    flag = gl.full(x.shape, 0, gl.int32, x.type.layout) + never
-    gl.inline_asm_elementwise(
-        "{ .reg .pred q; setp.ne.b32 q, $3, 0; @q st.shared.b32 [$3], $2; mov.b32 $0, 0; mov.b32 $1, 0; }",
-        "=r,=r,r,r,r",
-        [x, flag],
-        dtype=gl.int32,
-        is_pure=False,
-        pack=2,
-    )

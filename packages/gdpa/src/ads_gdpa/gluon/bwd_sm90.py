@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ..tile_list import tile_list
 from ._common import (
     act_and_grad,
     red_add_v4,
@@ -72,11 +73,11 @@ def _bwd_loader(
     qd_empty,
     kv_ready,
     kv_empty,
-    order_ptr,
+    tiles_ptr,
     cu_q_ptr,
     cu_k_ptr,
     max_seqlen_q,
-    n_tiles,
+    count_ptr,
     N_TILES,
     H_KV,
     G,
@@ -89,9 +90,9 @@ def _bwd_loader(
     nprog = gl.num_programs(0)
     it = 0  # position in the Q/dO ring, continued across tiles
     kc = 0  # K/V tiles loaded by this program
-    for t in range(pid, n_tiles, nprog):
+    for t in range(pid, gl.load(count_ptr), nprog):
         _b, hk, n_first, q0, _lq, lq_eff, k0, lk = tile_coords(
-            t, order_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q
         )
         n_m = gl.cdiv(lq_eff, BM)
         # kv tiles past max_seqlen_k's count (a sequence longer than max_seqlen_k) stride along
@@ -125,7 +126,7 @@ def _bwd_consumer(
     DQ_MODE: gl.constexpr,
 ):
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
-     ds_free, dq_ptr, dq_desc, dk_ptr, dv_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles,
+     ds_free, dq_ptr, dq_desc, dk_ptr, dv_ptr, tiles_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, count_ptr,
      N_TILES, scale, H_KV, G) = args  # fmt: skip
 
     ROWS: gl.constexpr = BN // 2  # kv rows of this warpgroup
@@ -159,9 +160,9 @@ def _bwd_consumer(
     nprog = gl.num_programs(0)
     it = 0
     kc = 0
-    for t in range(pid, n_tiles, nprog):
+    for t in range(pid, gl.load(count_ptr), nprog):
         _b, hk, n_first, q0, _lq, lq_eff, k0, lk = tile_coords(
-            t, order_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, H_KV, N_TILES, max_seqlen_q
         )
         n_m = gl.cdiv(lq_eff, BM)
         for n in range(n_first, gl.cdiv(lk, BN), N_TILES):
@@ -245,11 +246,11 @@ def _gdpa_bwd_ws(
     dq_desc,
     dk_ptr,
     dv_ptr,
-    order_ptr,
+    tiles_ptr,
     cu_q_ptr,
     cu_k_ptr,
     max_seqlen_q,
-    n_tiles,
+    count_ptr,
     N_TILES,
     scale,
     H_KV,
@@ -308,11 +309,11 @@ def _gdpa_bwd_ws(
         dq_desc,
         dk_ptr,
         dv_ptr,
-        order_ptr,
+        tiles_ptr,
         cu_q_ptr,
         cu_k_ptr,
         max_seqlen_q,
-        n_tiles,
+        count_ptr,
         N_TILES,
         scale,
         H_KV,
@@ -337,11 +338,11 @@ def _gdpa_bwd_ws(
                     qd_empty,
                     kv_ready,
                     kv_empty,
-                    order_ptr,
+                    tiles_ptr,
                     cu_q_ptr,
                     cu_k_ptr,
                     max_seqlen_q,
-                    n_tiles,
+                    count_ptr,
                     N_TILES,
                     H_KV,
                     G,
@@ -412,11 +413,11 @@ def gdpa_bwd_gluon(
     has_k = (cu_k[1:] - cu_k[:-1]) > 0
     order = torch.argsort(lq_eff * has_k, descending=True, stable=True).to(torch.int32)
     n_kv_tiles = max(triton.cdiv(max_seqlen_k, BN), 1)
-    n_tiles = B * H_kv * n_kv_tiles
-    grid = (min(n_tiles, sm_count(q.device)),)
+    tiles, count = tile_list(order, cu_k, BN, n_kv_tiles, H_kv)
+    grid = (min(B * H_kv * n_kv_tiles, sm_count(q.device)),)
     _gdpa_bwd_ws[grid](
-        q_desc, do_desc, k_desc, v_desc, dq_acc, dq_desc, dk, dv, order, cu_q, cu_k, max_seqlen_q,
-        n_tiles, n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id),
+        q_desc, do_desc, k_desc, v_desc, dq_acc, dq_desc, dk, dv, tiles, cu_q, cu_k, max_seqlen_q,
+        count, n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id),
         DQ_MODES[_dq_mode],
         240, 24, num_warps=4,
     )  # fmt: skip

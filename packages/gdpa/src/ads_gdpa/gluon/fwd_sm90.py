@@ -32,10 +32,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ..tile_list import tile_list
 from ._common import (
     act_scaled,
     coalesced_rows_layout,
-    keep_alive_packed,
     masked_row_store,
     sm_count,
     stage_for_tma,
@@ -92,11 +92,11 @@ def _ws_loader(
     k_empty,
     v_ready,
     v_empty,
-    order_ptr,
+    tiles_ptr,
     cu_q_ptr,
     cu_k_ptr,
     max_seqlen_q,
-    n_tiles,
+    count_ptr,
     M_TILES,
     H,
     GROUP,
@@ -110,9 +110,9 @@ def _ws_loader(
     nprog = gl.num_programs(0)
     it = 0  # position in the K/V ring, continued across tiles
     tc = 0  # tiles handled by this program
-    for t in range(pid, n_tiles, nprog):
+    for t in range(pid, gl.load(count_ptr), nprog):
         b, h, m, q0, lq, lq_eff, k0, lk = tile_coords(
-            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q
         )
         if m * BM < lq:
             hk = h // GROUP
@@ -150,17 +150,12 @@ def _ws_mask_act(
     in_dtype: gl.constexpr,
     BN: gl.constexpr,
     ACT: gl.constexpr,
-    OVERLAP: gl.constexpr,
 ):
     # Keys past the sequence end belong to the next sequence (or are TMA zero fill): P must be 0
     # there. act(0) = 0 for every activation here, so masking S or P gives the same P.
-    if OVERLAP:
-        # unconditional and after the activation: no branch for ptxas to put the P·V wait at
-        p = gl.where(cols2 < lk - j * BN, act_scaled(sacc, scale, ACT), 0.0)
-    else:
-        if (j + 1) * BN > lk:
-            sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
-        p = act_scaled(sacc, scale, ACT)
+    if (j + 1) * BN > lk:
+        sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
+    p = act_scaled(sacc, scale, ACT)
     return gl.convert_layout(p.to(in_dtype), p_layout)
 
 
@@ -203,14 +198,11 @@ def _ws_consumer(
     ACT: gl.constexpr,
     SCHEDULE: gl.constexpr,
     EPILOGUE: gl.constexpr,
-    OVERLAP: gl.constexpr,
 ):
-    """One consumer warpgroup: 64 query rows of each tile, tile after tile (``SCHEDULES``). OVERLAP:
-    code shaped so that ptxas lets the activation run under the in-flight P·V (see
-    ``gdpa_fwd_gluon``)."""
+    """One consumer warpgroup: 64 query rows of each tile, tile after tile (``SCHEDULES``)."""
     PINGPONG: gl.constexpr = SCHEDULE == 1
     (q_smem, o_smem, o_desc, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-     out_ptr, order_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, n_tiles, M_TILES, scale, H) = args  # fmt: skip
+     out_ptr, tiles_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, count_ptr, M_TILES, scale, H) = args  # fmt: skip
     ROWS: gl.constexpr = BM // 2
     s_layout: gl.constexpr = _acc_layout(BN)
     o_layout: gl.constexpr = _acc_layout(D)
@@ -225,16 +217,15 @@ def _ws_consumer(
     other_turn = turn.index(1 - WG)
     turn_par = 1 - WG
     sink = (o_smem.index(WG), o_desc, out_ptr, H * D)
-    never = (max_seqlen_q < 0).to(gl.int32)  # max_seqlen_q >= 1 here; the compiler cannot know
 
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     it = 0
     tc = 0
     nturn = 0
-    for t in range(pid, n_tiles, nprog):
+    for t in range(pid, gl.load(count_ptr), nprog):
         b, h, m, q0, lq, lq_eff, k0, lk = tile_coords(
-            t, order_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, H, M_TILES, max_seqlen_q
         )
         if m * BM < lq:
             qb = tc % QBUF
@@ -256,7 +247,7 @@ def _ws_consumer(
                     sacc = warpgroup_mma_wait(0, deps=(sacc,))
                     mbarrier.arrive(k_empty.index(s), count=1)
                     mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 1)
-                    p = _ws_mask_act(sacc, cols2, 0, lk, scale, p_layout, in_dtype, BN, ACT, OVERLAP)
+                    p = _ws_mask_act(sacc, cols2, 0, lk, scale, p_layout, in_dtype, BN, ACT)
                     for j in range(1, n_k):
                         sp = it % STAGES  # stage of step j-1 (its V feeds this P·V)
                         php = (it // STAGES) & 1
@@ -277,11 +268,8 @@ def _ws_consumer(
                         sacc = warpgroup_mma_wait(1, deps=(sacc,))
                         mbarrier.arrive(k_empty.index(s), count=1)
                         mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
-                        p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT, OVERLAP)
-                        p_issued = p
+                        p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT)
                         acc_t, p = warpgroup_mma_wait(0, deps=(acc, p))
-                        if OVERLAP:
-                            keep_alive_packed(p_issued, never)
                         acc = warpgroup_mma_init(acc_t)
                         mbarrier.arrive(v_empty.index(sp), count=1)
                         p = p_next
@@ -311,7 +299,7 @@ def _ws_consumer(
                     prev = (it + STAGES - 1) % STAGES
                     mbarrier.arrive(v_empty.index(prev), count=1, pred=j > 0)
                     mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
-                    p = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT, OVERLAP)
+                    p = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT)
                     mbarrier.wait(v_ready.index(s), ph)
                     acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
                     it += 1
@@ -334,11 +322,11 @@ def _gdpa_fwd_ws(
     v_desc,
     out_ptr,
     o_desc,
-    order_ptr,
+    tiles_ptr,
     cu_q_ptr,
     cu_k_ptr,
     max_seqlen_q,
-    n_tiles,
+    count_ptr,
     M_TILES,
     scale,
     H,
@@ -351,7 +339,6 @@ def _gdpa_fwd_ws(
     QBUF: gl.constexpr,
     SCHEDULE: gl.constexpr,
     EPILOGUE: gl.constexpr,
-    OVERLAP: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr,
 ):
@@ -400,19 +387,19 @@ def _gdpa_fwd_ws(
         v_empty,
         turn,
         out_ptr,
-        order_ptr,
+        tiles_ptr,
         cu_q_ptr,
         cu_k_ptr,
         max_seqlen_q,
-        n_tiles,
+        count_ptr,
         M_TILES,
         scale,
         H,
     )
     gl.warp_specialize(
         [
-            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, OVERLAP)),
-            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, OVERLAP)),
+            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE)),
+            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE)),
             (
                 _ws_loader,
                 (
@@ -428,11 +415,11 @@ def _gdpa_fwd_ws(
                     k_empty,
                     v_ready,
                     v_empty,
-                    order_ptr,
+                    tiles_ptr,
                     cu_q_ptr,
                     cu_k_ptr,
                     max_seqlen_q,
-                    n_tiles,
+                    count_ptr,
                     M_TILES,
                     H,
                     GROUP,
@@ -511,18 +498,16 @@ def gdpa_fwd_gluon(
     out: torch.Tensor,
     *,
     variant: str | None = None,
-    overlap: bool | None = None,
 ) -> None:
     """Jagged GDPA forward into ``out`` (total_q, H, D). See the module docstring for the contract.
 
     ``variant`` (default from env ADS_GDPA_GLUON_VARIANT, else "ws"), see ``SCHEDULES``: "ws"
     (ping-pong consumers with S_{j+1} overlapping P_j·V) or "ws_simple" (free-running).
 
-    ``overlap`` (default from env ADS_GDPA_GLUON_OVERLAP, else off): mask P after the activation
-    without a branch and keep the packed P registers alive past the P·V wait
-    (``_common.keep_alive_packed``). In the default build ptxas waits for the previous step's P·V
-    before the activation (0 of 64 MUFU.TANH per step run under it, SASS); with this 54-59 do. Not
-    yet timed on a GPU, hence off.
+    In this build ptxas waits for the previous step's P·V before the activation (SASS: 0 of the
+    step's 64 MUFU.TANH run under it). Masking P after the activation without a branch, plus a
+    never-executed use of the packed P registers, moved 54-59 of them under it but ran 11 % slower
+    on an H200 in every case measured (BENCHMARKS.md, fifth session), so it was removed.
     """
     total_q, H, D = q.shape
     total_k, H_kv, _ = k.shape
@@ -539,8 +524,6 @@ def gdpa_fwd_gluon(
     cu_q = cu_seqlens_q.to(torch.int32).contiguous()
     cu_k = cu_seqlens_k.to(torch.int32).contiguous()
     variant = variant or os.environ.get("ADS_GDPA_GLUON_VARIANT", "ws")
-    if overlap is None:
-        overlap = os.environ.get("ADS_GDPA_GLUON_OVERLAP", "0") == "1"
     gdt = _GL_DTYPES[q.dtype]
     BM, BN = BLOCK_M, BLOCK_N
     stages, qbuf, epilogue = _config(D)
@@ -564,21 +547,20 @@ def gdpa_fwd_gluon(
     lens_k = cu_k[1:] - cu_k[:-1]
     work = lens_k.to(torch.int64) * torch.clamp(lens_q, max=max_seqlen_q).to(torch.int64)
     order = torch.argsort(work, descending=True, stable=True).to(torch.int32)
-
     m_tiles = triton.cdiv(max_seqlen_q, BM)
-    n_tiles = B * H * m_tiles
-    grid = (min(n_tiles, sm_count(q.device)),)
+    tiles, count = tile_list(order, cu_q, BM, m_tiles, H)
+    grid = (min(B * H * m_tiles, sm_count(q.device)),)
     args = (
         q_desc,
         k_desc,
         v_desc,
         out,
         o_desc,
-        order,
+        tiles,
         cu_q,
         cu_k,
         max_seqlen_q,
-        n_tiles,
+        count,
         m_tiles,
         float(scale),
         H,
@@ -590,8 +572,6 @@ def gdpa_fwd_gluon(
     if variant not in SCHEDULES:
         raise ValueError(f"unknown variant {variant!r}; expected one of {sorted(SCHEDULES)}")
     schedule = SCHEDULES[variant]
-    _gdpa_fwd_ws[grid](
-        *args, stages, int(activation_id), qbuf, schedule, epilogue, bool(overlap), 232, 24, num_warps=4
-    )
+    _gdpa_fwd_ws[grid](*args, stages, int(activation_id), qbuf, schedule, epilogue, 232, 24, num_warps=4)
     # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
     _zero_tail[(B,)](out, cu_q, m_tiles * BM, H * D, num_warps=4)

@@ -1,0 +1,81 @@
+"""Device-built tile lists for the persistent Gluon kernels: only real tiles, no host sync.
+
+The kernels used to walk a virtual grid of (sequence, head, tile slot) with a fixed number of slots
+per sequence (ceil(max_len / block)), skipping the slots past a short sequence's end. A persistent
+program strides that grid by the program count P, so the slot index it sees advances by P mod slots
+each round: with P = 132 and 16 slots a program only ever meets 4 of the 16 slot indices. Slot 0
+exists in every sequence, slot 15 only in the longest, so at sparsity 0.5 (lengths uniform on
+[1, 2048]) the programs owning the low slots carry 13 % more than the average (23 % at max length
+1024, 37 % at 512): the whole grid waits for them. Listing only the real tiles and striding over the
+list balances the programs to within 1 % (simulated per-program step counts).
+
+Entry ``(b * heads + h) * slots + t``: sequence b (in the caller's order, heaviest first), head h,
+tile t. The tiles of one sequence and head stay adjacent, so their shared K/V stays in L2.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_CHUNK = 1024  # sequences per step of the counting scan
+_WIDTH = 64  # list entries written per step
+
+
+@triton.jit
+def _tile_ends(order_ptr, cu_ptr, ends_ptr, n_seq, heads, slots, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """ends[r] = list entries of the first r + 1 sequences in ``order`` (one program: a chunked scan)."""
+    carry = tl.zeros([], dtype=tl.int32)
+    for c in range(0, n_seq, CHUNK):
+        r = c + tl.arange(0, CHUNK)
+        ok = r < n_seq
+        b = tl.load(order_ptr + r, mask=ok, other=0)
+        length = tl.load(cu_ptr + b + 1, mask=ok, other=0) - tl.load(cu_ptr + b, mask=ok, other=0)
+        n = tl.minimum(tl.cdiv(tl.maximum(length, 0), BLOCK), slots) * heads
+        n = tl.where(ok, n, 0)
+        tl.store(ends_ptr + r, tl.cumsum(n, 0) + carry, mask=ok)
+        carry += tl.sum(n, 0)
+
+
+@triton.jit
+def _tile_fill(order_ptr, cu_ptr, ends_ptr, list_ptr, heads, slots, BLOCK: tl.constexpr, WIDTH: tl.constexpr):
+    """Program r writes the entries of the r-th sequence in ``order``: heads-major, then tiles."""
+    r = tl.program_id(0)
+    b = tl.load(order_ptr + r)
+    length = tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)
+    tiles = tl.minimum(tl.cdiv(tl.maximum(length, 0), BLOCK), slots)
+    count = tiles * heads
+    start = tl.load(ends_ptr + r) - count
+    for e0 in range(0, count, WIDTH):
+        e = e0 + tl.arange(0, WIDTH)
+        h = e // tiles
+        tl.store(list_ptr + start + e, (b * heads + h) * slots + e - h * tiles, mask=e < count)
+
+
+def tile_list(
+    order: torch.Tensor, cu_seqlens: torch.Tensor, block: int, slots: int, heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real tiles of a jagged batch, for a persistent kernel to stride over.
+
+    Args:
+        order: (B,) int32 sequence indices, the order to list them in (heaviest first).
+        cu_seqlens: (B + 1,) int32 offsets of the tiled side (queries forward, keys backward).
+        block: rows per tile.
+        slots: tile cap per sequence and head (ceil(max_len / block)); rows past it are the
+            kernel's business (the forward zeroes them, the backward strides over them).
+        heads: heads per sequence.
+
+    Returns:
+        ``(entries, count)``: entries (B * heads * slots,) int32, only the first ``count`` written,
+        each ``(b * heads + h) * slots + t``; count a (1,) int32 device tensor (no host sync).
+    """
+    n_seq = order.numel()
+    ends = torch.empty(max(n_seq, 1), dtype=torch.int32, device=order.device)
+    entries = torch.empty(max(n_seq * heads * slots, 1), dtype=torch.int32, device=order.device)
+    if n_seq == 0:
+        ends.zero_()
+        return entries, ends
+    _tile_ends[(1,)](order, cu_seqlens, ends, n_seq, heads, slots, BLOCK=block, CHUNK=_CHUNK)
+    _tile_fill[(n_seq,)](order, cu_seqlens, ends, entries, heads, slots, BLOCK=block, WIDTH=_WIDTH)
+    return entries, ends[n_seq - 1 :]
