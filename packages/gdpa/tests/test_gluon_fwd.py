@@ -69,7 +69,11 @@ def _check(
     q, k, v, cu_q, cu_k = _make_case(lens_q, lens_k, H, H_kv, D, dtype, seed, pad_rows)
     max_q = max(lens_q) if max_q is None else max_q
     out = torch.full_like(q, float("nan"))
-    fwd.gdpa_fwd_gluon(q, k, v, cu_q, cu_k, max_q, max(lens_k), act, scale, out, variant=variant)
+    # longest_q as the package passes it with host offsets: the zero-tail launch is skipped unless
+    # a sequence outgrows max_seqlen_q's tiles (the NaN poison catches a wrong skip)
+    fwd.gdpa_fwd_gluon(
+        q, k, v, cu_q, cu_k, max_q, max(lens_k), act, scale, out, variant=variant, longest_q=max(lens_q)
+    )
     torch.cuda.synchronize()
     n_seq_rows = int(cu_q[-1])
     # Contract: every row of every sequence is written (zeros past max_seqlen_q); rows that belong

@@ -73,3 +73,25 @@ def test_striding_the_list_balances_programs(device):
     old_load = [sum(steps[t // (heads * slots)] for t in ts) for ts in old]
     assert max(old_load) / (sum(old_load) / programs) > 1.10  # the aliasing this list removes
     assert imbalance(_run(lens, order, block, slots, heads, device)) < 1.02
+
+
+def _schedule_expected(lq, lk, max_q, tile_q, block, slots, heads):
+    work = [min(a, max_q) * (c if tile_q else (c > 0)) for a, c in zip(lq, lk)]
+    order = sorted(range(len(lq)), key=lambda b: (-work[b], b))  # stable, heaviest first
+    return _expected(order, lq if tile_q else lk, block, slots, heads)
+
+
+@pytest.mark.parametrize("tile_q", [True, False])
+@pytest.mark.parametrize("sort_max", [4096, 2])  # one-program sort, and the torch.argsort fallback
+def test_schedule_orders_by_work_and_lists_real_tiles(device, monkeypatch, tile_q, sort_max):
+    from ads_gdpa import tile_list as tl_mod
+
+    monkeypatch.setattr(tl_mod, "SORT_MAX", sort_max)
+    # ties (equal work), Lq = 0, Lk = 0, Lq past max_q, lengths around the block
+    lq = [65, 0, 300, 64, 1, 65, 129, 500, 7]
+    lk = [10, 5, 0, 63, 129, 10, 300, 2, 64]
+    max_q, block, slots, heads = 200, 64, 4, 2
+    cu_q, cu_k = lengths_to_offsets(lq, device=device), lengths_to_offsets(lk, device=device)
+    entries, count = tl_mod.schedule(cu_q, cu_k, max_q, tile_q=tile_q, block=block, slots=slots, heads=heads)
+    got = entries[: int(count)].tolist()
+    assert got == _schedule_expected(lq, lk, max_q, tile_q, block, slots, heads)

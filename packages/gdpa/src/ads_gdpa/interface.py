@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from . import _ops  # noqa: F401  (registers torch.ops.ads_gdpa.*)
@@ -71,8 +72,8 @@ def _host_offsets(name: str, t: torch.Tensor, cpu_copy) -> torch.Tensor | None:
         if cpu_copy.device.type != "cpu":
             raise _err(f"{name}_cpu must live on the CPU, got {cpu_copy.device}")
         host = cpu_copy.to(torch.int64)
-    else:
-        host = torch.as_tensor(cpu_copy, dtype=torch.int64)
+    else:  # through numpy: torch.as_tensor took ~150 us for a list of 1153 ints (H200 host)
+        host = torch.from_numpy(np.asarray(cpu_copy, dtype=np.int64))
     if host.dim() != 1 or host.shape[0] != t.shape[0]:
         raise _err(f"{name}_cpu has {tuple(host.shape)} entries, {name} has {t.shape[0]}")
     return host

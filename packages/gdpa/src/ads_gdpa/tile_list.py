@@ -9,8 +9,13 @@ exists in every sequence, slot 15 only in the longest, so at sparsity 0.5 (lengt
 1024, 37 % at 512): the whole grid waits for them. Listing only the real tiles and striding over the
 list balances the programs to within 1 % (simulated per-program step counts).
 
-Entry ``(b * heads + h) * slots + t``: sequence b (in the caller's order, heaviest first), head h,
-tile t. The tiles of one sequence and head stay adjacent, so their shared K/V stays in L2.
+Entry ``(b * heads + h) * slots + t``: sequence b (heaviest first), head h, tile t. The tiles of one
+sequence and head stay adjacent, so their shared K/V stays in L2.
+
+``schedule`` orders the sequences and lists their tiles in two launches: one program sorts up to
+``SORT_MAX`` sequences by work (``tl.sort``) and counts their tiles, then one program per sequence
+writes its entries. Larger batches sort with ``torch.argsort``. On an H200 the host side of the
+argsort path (about ten small launches) cost more than the GPU work of a max-length-256 batch.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import triton.language as tl
 
 _CHUNK = 1024  # sequences per step of the counting scan
 _WIDTH = 64  # list entries written per step
+SORT_MAX = 4096  # sequences one program sorts; beyond, torch.argsort
+_KEY_MAX = tl.constexpr(2**31 - 1)  # sort keys are clamped here (ties only reorder near-equal heavy work)
 
 
 @triton.jit
@@ -39,6 +46,35 @@ def _tile_ends(order_ptr, cu_ptr, ends_ptr, n_seq, heads, slots, BLOCK: tl.const
 
 
 @triton.jit
+def _sort_and_count(
+    cu_q_ptr, cu_k_ptr, order_ptr, ends_ptr, n_seq, max_q, heads, slots,
+    BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr,
+):  # fmt: skip
+    """One program: order = sequences by descending work (stable), ends = running tile counts.
+    TILE_Q (forward): work Lq_eff·Lk, tiles over queries. Else (backward): a kv tile's work is Lq_eff
+    (0 without keys), tiles over keys."""
+    r = tl.arange(0, N)
+    ok = r < n_seq
+    lq = tl.load(cu_q_ptr + r + 1, mask=ok, other=0) - tl.load(cu_q_ptr + r, mask=ok, other=0)
+    lk = tl.load(cu_k_ptr + r + 1, mask=ok, other=0) - tl.load(cu_k_ptr + r, mask=ok, other=0)
+    lq_eff = tl.maximum(tl.minimum(lq, max_q), 0).to(tl.int64)
+    if TILE_Q:
+        work = lq_eff * tl.maximum(lk, 0)
+    else:
+        work = tl.where(lk > 0, lq_eff, 0)
+    # descending by work, then ascending by index: the index rides in the low bits, reversed
+    packed = (tl.minimum(work, _KEY_MAX) << 32) | (N - 1 - r).to(tl.int64)
+    packed = tl.sort(tl.where(ok, packed, -1), descending=True)
+    b = (N - 1 - (packed & 0xFFFFFFFF)).to(tl.int32)
+    b = tl.where(ok, b, 0)
+    cu_ptr = cu_q_ptr if TILE_Q else cu_k_ptr
+    rows = tl.load(cu_ptr + b + 1, mask=ok, other=0) - tl.load(cu_ptr + b, mask=ok, other=0)
+    n = tl.where(ok, tl.minimum(tl.cdiv(tl.maximum(rows, 0), BLOCK), slots) * heads, 0)
+    tl.store(order_ptr + r, b, mask=ok)
+    tl.store(ends_ptr + r, tl.cumsum(n, 0), mask=ok)
+
+
+@triton.jit
 def _tile_fill(order_ptr, cu_ptr, ends_ptr, list_ptr, heads, slots, BLOCK: tl.constexpr, WIDTH: tl.constexpr):
     """Program r writes the entries of the r-th sequence in ``order``: heads-major, then tiles."""
     r = tl.program_id(0)
@@ -51,6 +87,51 @@ def _tile_fill(order_ptr, cu_ptr, ends_ptr, list_ptr, heads, slots, BLOCK: tl.co
         e = e0 + tl.arange(0, WIDTH)
         h = e // tiles
         tl.store(list_ptr + start + e, (b * heads + h) * slots + e - h * tiles, mask=e < count)
+
+
+def schedule(
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    *,
+    tile_q: bool,
+    block: int,
+    slots: int,
+    heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heaviest-first tile list of a jagged batch (see the module docstring), no host sync.
+
+    Args:
+        cu_q, cu_k: (B + 1,) int32 device offsets.
+        max_q: queries past it do no work (max_seqlen_q).
+        tile_q: True for the forward (work Lq_eff·Lk, tiles over queries), False for the backward
+            (work Lq_eff for sequences with keys, tiles over keys).
+        block, slots, heads: as in ``tile_list``.
+
+    Returns:
+        ``(entries, count)`` as ``tile_list``.
+    """
+    n_seq = cu_q.numel() - 1
+    if n_seq > SORT_MAX:
+        lens_q, lens_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
+        lq_eff = torch.clamp(lens_q, max=max_q).to(torch.int64)
+        work = lq_eff * lens_k.to(torch.int64) if tile_q else lq_eff * (lens_k > 0)
+        order = torch.argsort(work, descending=True, stable=True).to(torch.int32)
+        return tile_list(order, cu_q if tile_q else cu_k, block, slots, heads)
+    device = cu_q.device
+    order = torch.empty(max(n_seq, 1), dtype=torch.int32, device=device)
+    ends = torch.zeros(max(n_seq, 1), dtype=torch.int32, device=device)
+    entries = torch.empty(max(n_seq * heads * slots, 1), dtype=torch.int32, device=device)
+    if n_seq == 0:
+        return entries, ends
+    n = triton.next_power_of_2(n_seq)
+    _sort_and_count[(1,)](
+        cu_q, cu_k, order, ends, n_seq, max_q, heads, slots,
+        BLOCK=block, N=n, TILE_Q=tile_q, num_warps=4 if n <= 1024 else 8,
+    )  # fmt: skip
+    cu_rows = cu_q if tile_q else cu_k
+    _tile_fill[(n_seq,)](order, cu_rows, ends, entries, heads, slots, BLOCK=block, WIDTH=_WIDTH)
+    return entries, ends[n_seq - 1 :]
 
 
 def tile_list(

@@ -37,11 +37,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..tile_list import tile_list
+from ..tile_list import schedule
 from ._common import (
     act_and_grad,
     red_add_v4,
     sm_count,
+    smem_layout,
     stage_for_tma,
     store_rows,
     tile_coords,
@@ -367,7 +368,7 @@ def _rows_desc(x: torch.Tensor, rows: int, dtype, cols: int | None = None) -> Te
     cols = cols or d
     if t == 0:  # no rows at all: a one-row dummy keeps the descriptor valid; no step touches it
         x, t = torch.zeros(1, heads, d, dtype=x.dtype, device=x.device), 1
-    layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+    layout = smem_layout(rows, cols, dtype)
     return TensorDescriptor(x.view(t, heads * d), [t, heads * d], [heads * d, 1], [rows, cols], layout)
 
 
@@ -409,11 +410,8 @@ def gdpa_bwd_gluon(
     k_desc, v_desc = _rows_desc(k, BN, gdt), _rows_desc(v, BN, gdt)
     dq_desc = _rows_desc(dq_acc, BM, gl.float32, cols=D // 2)
     # Heaviest tiles first: a kv tile's work is the query rows it faces. Stays on the device.
-    lq_eff = torch.clamp(cu_q[1:] - cu_q[:-1], max=max_seqlen_q)
-    has_k = (cu_k[1:] - cu_k[:-1]) > 0
-    order = torch.argsort(lq_eff * has_k, descending=True, stable=True).to(torch.int32)
     n_kv_tiles = max(triton.cdiv(max_seqlen_k, BN), 1)
-    tiles, count = tile_list(order, cu_k, BN, n_kv_tiles, H_kv)
+    tiles, count = schedule(cu_q, cu_k, max_seqlen_q, tile_q=False, block=BN, slots=n_kv_tiles, heads=H_kv)
     grid = (min(B * H_kv * n_kv_tiles, sm_count(q.device)),)
     _gdpa_bwd_ws[grid](
         q_desc, do_desc, k_desc, v_desc, dq_acc, dq_desc, dk, dv, tiles, cu_q, cu_k, max_seqlen_q,

@@ -32,12 +32,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..tile_list import tile_list
+from ..tile_list import schedule
 from ._common import (
     act_scaled,
     coalesced_rows_layout,
     masked_row_store,
     sm_count,
+    smem_layout,
     stage_for_tma,
     store_rows,
     tile_coords,
@@ -498,11 +499,14 @@ def gdpa_fwd_gluon(
     out: torch.Tensor,
     *,
     variant: str | None = None,
+    longest_q: int | None = None,
 ) -> None:
     """Jagged GDPA forward into ``out`` (total_q, H, D). See the module docstring for the contract.
 
     ``variant`` (default from env ADS_GDPA_GLUON_VARIANT, else "ws"), see ``SCHEDULES``: "ws"
     (ping-pong consumers with S_{j+1} overlapping P_j·V) or "ws_simple" (free-running).
+    ``longest_q``: the longest query sequence when the caller knows it (host offsets); the launch
+    that zeroes rows past the tiles' reach is skipped when no sequence has such rows.
 
     In this build ptxas waits for the previous step's P·V before the activation (SASS: 0 of the
     step's 64 MUFU.TANH run under it). Masking P after the activation without a branch, plus a
@@ -528,10 +532,10 @@ def gdpa_fwd_gluon(
     BM, BN = BLOCK_M, BLOCK_N
     stages, qbuf, epilogue = _config(D)
 
-    q_layout = gl.NVMMASharedLayout.get_default_for([BM, D], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BN, D], gdt)
+    q_layout = smem_layout(BM, D, gdt)
+    kv_layout = smem_layout(BN, D, gdt)
     q_desc = TensorDescriptor(q.view(total_q, H * D), [total_q, H * D], [H * D, 1], [BM, D], q_layout)
-    o_layout = gl.NVMMASharedLayout.get_default_for([BM // 2, D], _GL_DTYPES[out.dtype])
+    o_layout = smem_layout(BM // 2, D, _GL_DTYPES[out.dtype])
     o_desc = TensorDescriptor(out.view(total_q, H * D), [total_q, H * D], [H * D, 1], [BM // 2, D], o_layout)
     if total_k > 0:
         k2, v2, tk = k.view(total_k, H_kv * D), v.view(total_k, H_kv * D), total_k
@@ -543,12 +547,8 @@ def gdpa_fwd_gluon(
 
     # Heaviest sequences first (work ~ Lq·Lk), so the persistent programs' strided walk over
     # the tile list ends with small tiles. Stays on the device: no host sync.
-    lens_q = cu_q[1:] - cu_q[:-1]
-    lens_k = cu_k[1:] - cu_k[:-1]
-    work = lens_k.to(torch.int64) * torch.clamp(lens_q, max=max_seqlen_q).to(torch.int64)
-    order = torch.argsort(work, descending=True, stable=True).to(torch.int32)
     m_tiles = triton.cdiv(max_seqlen_q, BM)
-    tiles, count = tile_list(order, cu_q, BM, m_tiles, H)
+    tiles, count = schedule(cu_q, cu_k, max_seqlen_q, tile_q=True, block=BM, slots=m_tiles, heads=H)
     grid = (min(B * H * m_tiles, sm_count(q.device)),)
     args = (
         q_desc,
@@ -571,7 +571,8 @@ def gdpa_fwd_gluon(
     )
     if variant not in SCHEDULES:
         raise ValueError(f"unknown variant {variant!r}; expected one of {sorted(SCHEDULES)}")
-    schedule = SCHEDULES[variant]
-    _gdpa_fwd_ws[grid](*args, stages, int(activation_id), qbuf, schedule, epilogue, 232, 24, num_warps=4)
+    schedule_id = SCHEDULES[variant]
+    _gdpa_fwd_ws[grid](*args, stages, int(activation_id), qbuf, schedule_id, epilogue, 232, 24, num_warps=4)
     # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
-    _zero_tail[(B,)](out, cu_q, m_tiles * BM, H * D, num_warps=4)
+    if longest_q is None or longest_q > m_tiles * BM:
+        _zero_tail[(B,)](out, cu_q, m_tiles * BM, H * D, num_warps=4)
