@@ -31,6 +31,13 @@ _KEY_MAX = tl.constexpr(2**31 - 1)  # sort keys are clamped here (ties only reor
 
 
 @triton.jit
+def _tiles_of(cu_ptr, b, ok, slots, BLOCK: tl.constexpr):
+    """Tiles of sequence b (vector or scalar): ceil(length / BLOCK), capped at ``slots``."""
+    length = tl.load(cu_ptr + b + 1, mask=ok, other=0) - tl.load(cu_ptr + b, mask=ok, other=0)
+    return tl.minimum(tl.cdiv(tl.maximum(length, 0), BLOCK), slots)
+
+
+@triton.jit
 def _tile_ends(order_ptr, cu_ptr, ends_ptr, n_seq, heads, slots, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     """ends[r] = list entries of the first r + 1 sequences in ``order`` (one program: a chunked scan)."""
     carry = tl.zeros([], dtype=tl.int32)
@@ -38,9 +45,7 @@ def _tile_ends(order_ptr, cu_ptr, ends_ptr, n_seq, heads, slots, BLOCK: tl.const
         r = c + tl.arange(0, CHUNK)
         ok = r < n_seq
         b = tl.load(order_ptr + r, mask=ok, other=0)
-        length = tl.load(cu_ptr + b + 1, mask=ok, other=0) - tl.load(cu_ptr + b, mask=ok, other=0)
-        n = tl.minimum(tl.cdiv(tl.maximum(length, 0), BLOCK), slots) * heads
-        n = tl.where(ok, n, 0)
+        n = tl.where(ok, _tiles_of(cu_ptr, b, ok, slots, BLOCK) * heads, 0)
         tl.store(ends_ptr + r, tl.cumsum(n, 0) + carry, mask=ok)
         carry += tl.sum(n, 0)
 
@@ -68,8 +73,7 @@ def _sort_and_count(
     b = (N - 1 - (packed & 0xFFFFFFFF)).to(tl.int32)
     b = tl.where(ok, b, 0)
     cu_ptr = cu_q_ptr if TILE_Q else cu_k_ptr
-    rows = tl.load(cu_ptr + b + 1, mask=ok, other=0) - tl.load(cu_ptr + b, mask=ok, other=0)
-    n = tl.where(ok, tl.minimum(tl.cdiv(tl.maximum(rows, 0), BLOCK), slots) * heads, 0)
+    n = tl.where(ok, _tiles_of(cu_ptr, b, ok, slots, BLOCK) * heads, 0)
     tl.store(order_ptr + r, b, mask=ok)
     tl.store(ends_ptr + r, tl.cumsum(n, 0), mask=ok)
 
@@ -79,8 +83,7 @@ def _tile_fill(order_ptr, cu_ptr, ends_ptr, list_ptr, heads, slots, BLOCK: tl.co
     """Program r writes the entries of the r-th sequence in ``order``: heads-major, then tiles."""
     r = tl.program_id(0)
     b = tl.load(order_ptr + r)
-    length = tl.load(cu_ptr + b + 1) - tl.load(cu_ptr + b)
-    tiles = tl.minimum(tl.cdiv(tl.maximum(length, 0), BLOCK), slots)
+    tiles = _tiles_of(cu_ptr, b, True, slots, BLOCK)
     count = tiles * heads
     start = tl.load(ends_ptr + r) - count
     for e0 in range(0, count, WIDTH):
@@ -112,6 +115,11 @@ def schedule(
         ``(entries, count)`` as ``tile_list``.
     """
     n_seq = cu_q.numel() - 1
+    if n_seq * heads * slots >= 2**31:
+        raise ValueError(
+            f"ads_gdpa: {n_seq} sequences x {heads} heads x {slots} tiles exceed the int32 tile ids of "
+            "the Hopper kernels"
+        )
     if n_seq > SORT_MAX:
         lens_q, lens_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
         lq_eff = torch.clamp(lens_q, max=max_q).to(torch.int64)
