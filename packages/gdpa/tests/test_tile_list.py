@@ -95,3 +95,12 @@ def test_schedule_orders_by_work_and_lists_real_tiles(device, monkeypatch, tile_
     entries, count = tl_mod.schedule(cu_q, cu_k, max_q, tile_q=tile_q, block=block, slots=slots, heads=heads)
     got = entries[: int(count)].tolist()
     assert got == _schedule_expected(lq, lk, max_q, tile_q, block, slots, heads)
+
+
+@pytest.mark.parametrize("lens", [[300], [0], [5, 0]])
+def test_schedule_of_one_or_two_sequences(device, lens):
+    cu = lengths_to_offsets(lens, device=device)
+    from ads_gdpa.tile_list import schedule
+
+    entries, count = schedule(cu, cu, 512, tile_q=True, block=128, slots=4, heads=3)
+    assert entries[: int(count)].tolist() == _schedule_expected(lens, lens, 512, True, 128, 4, 3)

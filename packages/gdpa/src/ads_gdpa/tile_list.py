@@ -132,7 +132,7 @@ def schedule(
     entries = torch.empty(max(n_seq * heads * slots, 1), dtype=torch.int32, device=device)
     if n_seq == 0:
         return entries, ends
-    n = triton.next_power_of_2(n_seq)
+    n = max(triton.next_power_of_2(n_seq), 16)  # small batches (B = 1) still sort a full vector
     _sort_and_count[(1,)](
         cu_q, cu_k, order, ends, n_seq, max_q, heads, slots,
         BLOCK=block, N=n, TILE_Q=tile_q, num_warps=4 if n <= 1024 else 8,
