@@ -74,3 +74,46 @@ def test_hardware_tanh_paths(name, device):
     y_tol = dict(atol=2e-2, rtol=1e-2) if name == "fast_gelu_bf16" else dict(atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(y.double().cpu(), activation_ref(name, xd), **y_tol)
     torch.testing.assert_close(g.double().cpu(), activation_grad_ref(name, xd), atol=4e-3, rtol=4e-3)
+
+
+try:  # Gluon is optional (a Triton without it runs the portable kernels only)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from ads_gdpa.gluon._common import act_and_grad, act_scaled
+
+    @gluon.jit
+    def _gluon_act_kernel(X, Y, YG, G, n, scale, ACT: gl.constexpr, BLOCK: gl.constexpr):
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout)
+        mask = offs < n
+        xv = gl.load(X + offs, mask=mask, other=0.0)
+        gl.store(Y + offs, act_scaled(xv, scale, ACT), mask=mask)
+        y, g = act_and_grad(xv, ACT)
+        gl.store(YG + offs, y, mask=mask)
+        gl.store(G + offs, g, mask=mask)
+except ImportError:
+    _gluon_act_kernel = None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name", [n for n in ACTIVATIONS if n not in ("fast_gelu_bf16", "fast_gelu_taylor_approx")]
+)
+def test_gluon_activation_helpers(name, device):
+    """The Hopper kernels' own activation code (hardware reciprocal / tanh where it uses them)."""
+    if interpreter_active() or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels need an sm_90 GPU")
+    if _gluon_act_kernel is None:
+        pytest.skip("this Triton has no Gluon")
+    x = _grid(device)
+    y, yg, g = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    act = ACTIVATIONS.index(name)
+    _gluon_act_kernel[(triton.cdiv(x.numel(), 128),)](x, y, yg, g, x.numel(), 0.5, ACT=act, BLOCK=128)
+    xd = x.double().cpu()
+    ref_y, ref_g = activation_ref(name, xd), activation_grad_ref(name, xd)
+    tol = dict(atol=2e-3, rtol=2e-3) if name == "fast_gelu" else dict(atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(y.double().cpu(), 0.5 * ref_y, **tol)
+    torch.testing.assert_close(yg.double().cpu(), ref_y, **tol)
+    g_tol = dict(atol=4e-3, rtol=4e-3) if name == "fast_gelu" else dict(atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(g.double().cpu(), ref_g, **g_tol)

@@ -11,6 +11,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
 
+from ..triton._act import ERFC_T, gelu_cdf
+
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -46,6 +48,16 @@ def tile_coords(i, tiles_ptr, cu_q_ptr, cu_k_ptr, HEADS, TILES, max_seqlen_q):
 
 
 @gluon.jit
+def _gelu_cdf_fast(x):
+    """Φ(x) with the hardware reciprocal (``rcp.approx``, about 1 ulp) feeding the shared erfc fit."""
+    d = gl.fma(gl.abs(x), ERFC_T, 1.0)
+    t = gl.inline_asm_elementwise(
+        "rcp.approx.ftz.f32 $0, $1;", "=f,f", [d], dtype=gl.float32, is_pure=True, pack=1
+    )
+    return gelu_cdf(x, t)
+
+
+@gluon.jit
 def act_scaled(x, scale, ACT: gl.constexpr):
     """scale * act(x) in fp32; the scale rides inside the last multiply where it can."""
     if ACT == 3:
@@ -63,7 +75,7 @@ def act_scaled(x, scale, ACT: gl.constexpr):
         e = gl.exp2(u * (-2.0 * 1.4426950408889634))
         y = (x * scale) / (1.0 + e)
     elif ACT == 1:
-        y = (x * (0.5 * scale)) * (1.0 + gl.erf(x * 0.7071067811865476))
+        y = (x * scale) * _gelu_cdf_fast(x)
     elif ACT == 5:
         y = gl.maximum(x, 0.0) * scale
     elif ACT == 10:
@@ -101,7 +113,7 @@ def act_and_grad(x, ACT: gl.constexpr):
         dt = gl.fma(x * x, 0.10703222440890289, 0.7978845608028654)
         g = (0.5 + 0.5 * t) + half_x * (1.0 - t * t) * dt
     elif ACT == 1:
-        cdf = 0.5 * (1.0 + gl.erf(x * 0.7071067811865476))
+        cdf = _gelu_cdf_fast(x)
         y = x * cdf
         g = cdf + x * gl.exp2(x * x * (-0.5 * 1.4426950408889634)) * 0.3989422804014327
     elif ACT == 5:
