@@ -81,6 +81,39 @@ def test_flop_formula_bound_without_host(device):
     assert fc.get_total_flops() == 4 * 2 * 32 * pairs
 
 
+def test_eager_path_matches_the_custom_op(monkeypatch, device):
+    """Plain eager calls skip the dispatcher (``_ops._EagerGDPA``); results and gradients must be
+    bit-identical to the registered op's, and the op must still be what runs under a dispatch mode."""
+    from ads_gdpa import _ops
+
+    q, k, v, cu_q, cu_k = _inputs(device, requires_grad=True)
+    args = _fwd_args(q, k, v, cu_q, cu_k, host=True)
+    do = randn((sum(LQ), 2, 32), dtype=q.dtype, device=device, seed=7)
+    ops_calls = []
+    original = _ops.fwd_impl
+    monkeypatch.setattr(_ops, "fwd_impl", lambda *a: (ops_calls.append(1), original(*a))[1])
+    eager = _ops.gdpa_fwd(*args)
+    assert ops_calls, "plain eager call did not take the eager path"
+    assert eager.grad_fn is not None and "EagerGDPA" in type(eager.grad_fn).__name__
+    via_op = torch.ops.ads_gdpa.fwd(*args)
+    assert torch.equal(eager, via_op)
+    g_eager = torch.autograd.grad(eager, (q, k, v), do)
+    g_op = torch.autograd.grad(via_op, (q, k, v), do)
+    for a, b in zip(g_eager, g_op):
+        assert torch.equal(a, b)
+    with FlopCounterMode(display=False):
+        under_mode = _ops.gdpa_fwd(*args)
+    assert "EagerGDPA" not in type(under_mode.grad_fn).__name__
+
+
+def test_eager_path_refuses_double_backward(device):
+    q, k, v, cu_q, cu_k = _inputs(device, requires_grad=True)
+    out = gdpa_varlen(q, k, v, cu_q, cu_k, max(LQ), max(LK), activation="silu")
+    (gq,) = torch.autograd.grad(out.float().pow(2).sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError):
+        gq.float().sum().backward()
+
+
 @pytest.mark.parametrize("max_q", [17, 3], ids=["full", "clamped"])
 def test_poisoned_output_rows(max_q, device):
     """Every row of every sequence is written (zeros past max_q); rows owned by no sequence are not."""

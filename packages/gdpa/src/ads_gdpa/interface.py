@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from . import _ops  # noqa: F401  (registers torch.ops.ads_gdpa.*)
+from . import _ops  # registers torch.ops.ads_gdpa.*
 from .activations import Activation, activation_id
 
 __all__ = ["gdpa_varlen", "gdpa", "generalized_dot_product_attention"]
@@ -189,7 +189,7 @@ def gdpa_varlen(
             _descale("v_descale", v_descale, hk, q.device),
         )
     # with host offsets the exact maxima are known: tighter tiles for callers that pass loose bounds
-    return torch.ops.ads_gdpa.fwd(
+    return _ops.gdpa_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, act, per_head, float(scale),
         mode, left, right, bool(broadcast_q), *descales, host_q, host_k, bool(deterministic),
     )  # fmt: skip
