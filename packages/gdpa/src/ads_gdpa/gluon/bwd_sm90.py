@@ -39,7 +39,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..tile_list import schedule
 from ._common import (
-    act_and_grad,
+    act_and_grad_scaled,
     red_add_v4,
     sm_count,
     smem_layout,
@@ -184,10 +184,9 @@ def _bwd_consumer(
                     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     # Sᵀ retires first (groups complete in order); dPᵀ keeps running under act(Sᵀ)
                     st = warpgroup_mma_wait(1, deps=(st,))
-                    y, grad = act_and_grad(st, ACT)
+                    pt, grad = act_and_grad_scaled(st, scale, ACT)
                     dpt = warpgroup_mma_wait(0, deps=(dpt,))
-                    pt = y * scale
-                    dst = grad * dpt * scale
+                    dst = grad * dpt
                     q_valid = lq_eff - m * BM
                     if (kv_valid < ROWS) | (q_valid < BM):
                         # TMA brought the neighbouring sequences' rows (or zeros): they must not count
