@@ -105,9 +105,9 @@ def time_fn(
 
 def warm_gpu(seconds: float = 1.0) -> float:
     """Keep the GPU busy with bf16 matrix products for about ``seconds`` before the first timed case,
-    so that the first rows of a table are not measured on an idle device at low clocks. (Seen on the
-    H200: the first case of a sweep measured at 213 TFLOP/s, the identical shape later in the same
-    run at 375.) Returns the seconds spent (0 without CUDA)."""
+    so that the first rows of a table are not measured on an idle, down-clocked device (seen on the
+    H200: the first case of a sweep at half the rate of the same shape measured later). Returns the
+    seconds spent (0 without CUDA)."""
     if not torch.cuda.is_available() or seconds <= 0:
         return 0.0
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
