@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from ads_kernel_tools.bench import Report, Row, flops, peers, time_fn, warm_gpu
+from ads_kernel_tools.bench import Report, Row, flops, peers, time_fn
 
 
 def test_valid_pairs_against_brute_force():
@@ -136,11 +136,3 @@ def test_report_progress_prints_each_row_as_it_lands(capsys):
     live.add(Row("gdpa", "fa4", "fwd", "L=1", None, note="unavailable"))
     out = capsys.readouterr().out.splitlines()
     assert out == ["  . gdpa fwd L=1 ours: 12.3 tflops", "  . gdpa fwd L=1 fa4: - tflops"]
-
-
-def test_warm_gpu_spins_only_with_cuda():
-    spent = warm_gpu(0.05)
-    if torch.cuda.is_available():
-        assert spent >= 0.05
-    else:
-        assert spent == 0.0

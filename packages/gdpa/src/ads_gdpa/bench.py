@@ -210,10 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         return demo()
     if not cli.gpu_present(prog):
         return 0
-    from ads_kernel_tools.bench import peers, warm_gpu
+    from ads_kernel_tools.bench import peers
 
     bench = Bench(args)
-    warm_gpu(1.0)  # the first case otherwise runs on an idle, down-clocked GPU
     batch, heads, d = 1152, 4, 128
     self_lens = [(2048, 1.0), (2048, 0.5), (1024, 1.0)] if args.quick else [
         (n, s) for n in (256, 512, 1024, 2048) for s in (1.0, 0.5)]  # fmt: skip

@@ -101,19 +101,3 @@ def time_fn(
         ends[i].record()
     torch.cuda.synchronize()
     return _quantiles([s.elapsed_time(e) for s, e in zip(starts, ends)])
-
-
-def warm_gpu(seconds: float = 1.0) -> float:
-    """Keep the GPU busy with bf16 matrix products for about ``seconds`` before the first timed case,
-    so that the first rows of a table are not measured on an idle, down-clocked device (seen on the
-    H200: the first case of a sweep at half the rate of the same shape measured later). Returns the
-    seconds spent (0 without CUDA)."""
-    if not torch.cuda.is_available() or seconds <= 0:
-        return 0.0
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(20):
-            a = (a @ a).clamp_(-1, 1)
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
