@@ -50,7 +50,8 @@ def tile_coords(i, tiles_ptr, cu_q_ptr, cu_k_ptr, HEADS, TILES, max_seqlen_q):
 @gluon.jit
 def _rcp(x):
     """1/x by the hardware reciprocal (``rcp.approx.ftz``, about 1 ulp): two instructions where the
-    compiler's fp32 division adds a range check and two predicated rescales per element."""
+    compiler's fp32 division adds a range check and two predicated rescales per element (the
+    backward's silu step: 867 -> 739 SASS instructions, 406 -> 452 TFLOP/s on the H200)."""
     return gl.inline_asm_elementwise(
         "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1
     )
@@ -78,7 +79,7 @@ def act_scaled(x, scale, ACT: gl.constexpr):
         # tanh-GELU through the sigmoid identity 0.5(1+tanh(u)) = σ(2u), so y = x·σ(2u).
         u = x * gl.fma(x * x, 0.035677408136300125, 0.7978845608028654)
         e = gl.exp2(u * (-2.0 * 1.4426950408889634))
-        y = (x * scale) * _rcp(1.0 + e)
+        y = (x * scale) / (1.0 + e)
     elif ACT == 1:
         y = (x * scale) * _gelu_cdf_fast(x)
     elif ACT == 5:
@@ -89,8 +90,10 @@ def act_scaled(x, scale, ACT: gl.constexpr):
     elif ACT == 4:
         y = gl.where(x >= 0.0, x, x * 0.01) * scale
     elif ACT == 7 or ACT == 8:
+        # The compiler's division here, not ``_rcp``: with the hardware reciprocal the forward step is
+        # 192 instructions shorter and ran 5 % slower on the H200 (490 against 514-519 TFLOP/s).
         e = gl.exp2(x * (-1.4426950408889634))
-        y = (x * scale) * _rcp(1.0 + e)
+        y = (x * scale) / (1.0 + e)
     elif ACT == 9:
         y = x * gl.minimum(gl.maximum(x + 3.0, 0.0), 6.0) * (scale / 6.0)
     else:
