@@ -106,6 +106,15 @@ def test_eager_path_matches_the_custom_op(monkeypatch, device):
     assert "EagerGDPA" not in type(under_mode.grad_fn).__name__
 
 
+def test_eager_backward_counted_under_a_later_flop_counter(device):
+    q, k, v, cu_q, cu_k = _inputs(device, requires_grad=True)
+    hq, hk = lengths_to_offsets(LQ).tolist(), lengths_to_offsets(LK).tolist()
+    o = gdpa_varlen(q, k, v, cu_q, cu_k, max(LQ), max(LK), cu_seqlens_q_cpu=hq, cu_seqlens_k_cpu=hk)
+    with FlopCounterMode(display=False) as fc:
+        o.sum().backward()
+    assert fc.get_total_flops() == int(2.5 * 4 * 2 * 32 * sum(a * b for a, b in zip(LQ, LK)))
+
+
 def test_eager_path_refuses_double_backward(device):
     q, k, v, cu_q, cu_k = _inputs(device, requires_grad=True)
     out = gdpa_varlen(q, k, v, cu_q, cu_k, max(LQ), max(LK), activation="silu")

@@ -215,7 +215,10 @@ class _EagerGDPA(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, do):
-        return (*bwd_impl(*_backward_args(ctx, do)), *(None,) * 17)
+        args = _backward_args(ctx, do)
+        # a dispatch mode may have been entered since the forward (FlopCounterMode around backward)
+        grads = bwd_impl(*args) if _plain_eager(args[:6]) else torch.ops.ads_gdpa.bwd(*args)
+        return (*grads, *(None,) * 17)
 
 
 def _plain_eager(tensors) -> bool:
