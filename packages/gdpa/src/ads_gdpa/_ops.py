@@ -235,6 +235,7 @@ def _plain_eager(tensors) -> bool:
 def gdpa_fwd(*inputs) -> Tensor:
     """``ads_gdpa::fwd`` with autograd; arguments as the op's. Plain eager calls take
     ``_EagerGDPA``, the rest the registered custom op (same kernels, same results)."""
+    # the op's tensor arguments: q, k, v, cu_q, cu_k, then the three descales and two host offsets
     if _plain_eager(inputs[:5] + inputs[14:19]):
         return _EagerGDPA.apply(*inputs)
     return torch.ops.ads_gdpa.fwd(*inputs)
