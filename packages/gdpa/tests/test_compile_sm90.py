@@ -134,6 +134,10 @@ def _jobs() -> dict[str, dict]:
     fill_types = dict(order_ptr=i32, cu_ptr=i32, ends_ptr=i32, list_ptr=i32, heads="i32", slots="i32")
     jobs["tile_sort_count"] = dict(module="ads_gdpa.tile_list", kernel="_sort_and_count", types=sort_types,
                                    constexprs=dict(BLOCK=128, N=4096, TILE_Q=True), num_warps=8)  # fmt: skip
+    fused_types = {a: t for a, t in sort_types.items() if a not in ("order_ptr", "ends_ptr")}
+    jobs["tile_sort_fill"] = dict(module="ads_gdpa.tile_list", kernel="_sort_and_fill",
+                                  types=dict(fused_types, list_ptr=i32, count_ptr=i32),
+                                  constexprs=dict(BLOCK=128, N=2048, TILE_Q=True), num_warps=8)  # fmt: skip
     jobs["tile_fill"] = dict(module="ads_gdpa.tile_list", kernel="_tile_fill", types=fill_types,
                              constexprs=dict(BLOCK=128, WIDTH=64))  # fmt: skip
     try:
@@ -196,7 +200,7 @@ def test_backward_kernels_compile_with_wgmma(ptx):
 
 
 def test_tile_list_kernels_compile_without_spills(ptx):
-    for name in ("tile_sort_count", "tile_fill"):
+    for name in ("tile_sort_count", "tile_sort_fill", "tile_fill"):
         assert _ok(ptx, name)["local_memory"] == 0, name
 
 

@@ -188,7 +188,7 @@ def test_gluon_backward_dispatch_asks_before_allocating(monkeypatch):
 
     q, k, v, cu_q, cu_k = _inputs("cpu")
     do = torch.ones_like(q)
-    pb = _ops._problem(max(LQ), max(LK), 3, 1.0, 0, 1 << 30, 1 << 30, False, None, None)
+    args = (max(LQ), max(LK), 3, 1.0, None, None)  # max_q, max_k, act, scale, host offsets
     allocations = []
     real_buffers = launch.grad_buffers
     monkeypatch.setattr(
@@ -196,7 +196,7 @@ def test_gluon_backward_dispatch_asks_before_allocating(monkeypatch):
     )
     monkeypatch.setattr(_ops, "_gluon", lambda backend, t: gluon)
     # declined (CPU tensors are never supported): no buffers, the caller falls back to Triton
-    assert _ops._try_gluon_bwd(do, q, k, v, cu_q, cu_k, pb) is None and not allocations
+    assert _ops._try_gluon_bwd(do, q, k, v, cu_q, cu_k, *args) is None and not allocations
 
     def fake_backward(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, dq_acc, dk, dv):
         assert dq_acc.dtype == torch.float32 and not dq_acc.any() and dk.shape == k.shape
@@ -207,6 +207,6 @@ def test_gluon_backward_dispatch_asks_before_allocating(monkeypatch):
 
     monkeypatch.setattr(gluon, "supports_backward", lambda *a, **kw: True)
     monkeypatch.setattr(gluon, "try_backward", fake_backward)
-    dq, dk, dv = _ops._try_gluon_bwd(do, q, k, v, cu_q, cu_k, pb)
+    dq, dk, dv = _ops._try_gluon_bwd(do, q, k, v, cu_q, cu_k, *args)
     assert allocations == [1] and dq.dtype == q.dtype and dq.shape == q.shape
     assert (dq == 2).all() and (dk == 3).all() and (dv == 4).all()

@@ -82,11 +82,13 @@ def _schedule_expected(lq, lk, max_q, tile_q, block, slots, heads):
 
 
 @pytest.mark.parametrize("tile_q", [True, False])
-@pytest.mark.parametrize("sort_max", [4096, 2])  # one-program sort, and the torch.argsort fallback
-def test_schedule_orders_by_work_and_lists_real_tiles(device, monkeypatch, tile_q, sort_max):
+# one program sorts and writes the list; one sorts, a grid writes; the torch.argsort fallback
+@pytest.mark.parametrize("sort_max, fill_max", [(4096, 2**18), (4096, 0), (2, 2**18)])
+def test_schedule_orders_by_work_and_lists_real_tiles(device, monkeypatch, tile_q, sort_max, fill_max):
     from ads_gdpa import tile_list as tl_mod
 
     monkeypatch.setattr(tl_mod, "SORT_MAX", sort_max)
+    monkeypatch.setattr(tl_mod, "FILL_MAX", fill_max)
     # ties (equal work), Lq = 0, Lk = 0, Lq past max_q, lengths around the block
     lq = [65, 0, 300, 64, 1, 65, 129, 500, 7]
     lk = [10, 5, 0, 63, 129, 10, 300, 2, 64]
@@ -97,10 +99,12 @@ def test_schedule_orders_by_work_and_lists_real_tiles(device, monkeypatch, tile_
     assert got == _schedule_expected(lq, lk, max_q, tile_q, block, slots, heads)
 
 
+@pytest.mark.parametrize("fill_max", [2**18, 0])
 @pytest.mark.parametrize("lens", [[300], [0], [5, 0]])
-def test_schedule_of_one_or_two_sequences(device, lens):
-    cu = lengths_to_offsets(lens, device=device)
-    from ads_gdpa.tile_list import schedule
+def test_schedule_of_one_or_two_sequences(device, monkeypatch, lens, fill_max):
+    from ads_gdpa import tile_list as tl_mod
 
-    entries, count = schedule(cu, cu, 512, tile_q=True, block=128, slots=4, heads=3)
+    monkeypatch.setattr(tl_mod, "FILL_MAX", fill_max)
+    cu = lengths_to_offsets(lens, device=device)
+    entries, count = tl_mod.schedule(cu, cu, 512, tile_q=True, block=128, slots=4, heads=3)
     assert entries[: int(count)].tolist() == _schedule_expected(lens, lens, 512, True, 128, 4, 3)

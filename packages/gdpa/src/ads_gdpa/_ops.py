@@ -34,34 +34,38 @@ def _host_list(host: Tensor | None) -> tuple[int, ...] | None:
 
 def check_host_offsets(
     q: Tensor, k: Tensor, host_q: Tensor | None, host_k: Tensor | None, max_k: int, broadcast_q: bool
-):
+) -> tuple[int | None, int | None]:
     """Value checks that need the offsets themselves; raised from inside the op so that they also
     hold under torch.compile, where the Python wrapper only sees fake tensors. Vectorised in numpy
     over the CPU tensors: a Python loop over B = 1152 offsets cost 0.5 ms per call, torch ops on
-    them ~60 us, more than the GPU work of short batches."""
+    them ~60 us, more than the GPU work of short batches. Returns the longest query and key
+    sequences (None without host offsets)."""
+    longest = []
     for name, host, rows in (("cu_seqlens_q", host_q, q.shape[0]), ("cu_seqlens_k", host_k, k.shape[0])):
         if host is None:
+            longest.append(None)
             continue
         h = host.numpy()
-        if h.size > 1 and np.diff(h).min() < 0:
+        lengths = np.diff(h)
+        if lengths.size and lengths.min() < 0:
             raise ValueError(f"ads_gdpa: {name} must be non-decreasing, got {h[:8].tolist()}")
         first, last = int(h[0]), int(h[-1])
         if first < 0 or last > rows:
             raise ValueError(f"ads_gdpa: {name} spans [{first}, {last}] but the tensor has {rows} rows")
+        longest.append(int(lengths.max()) if lengths.size else None)
     if broadcast_q and host_q is not None and (int(host_q[0]) != 0 or int(host_q[1]) != q.shape[0]):
         raise ValueError(
             f"ads_gdpa: broadcast_q needs cu_seqlens_q == [0, {q.shape[0]}], got {host_q.tolist()}"
         )
-    longest = _longest(host_k)
-    if longest is not None and longest > max_k:
-        raise ValueError(f"ads_gdpa: a key sequence has {longest} rows > max_seqlen_k={max_k}")
+    longest_q, longest_k = longest
+    if longest_k is not None and longest_k > max_k:
+        raise ValueError(f"ads_gdpa: a key sequence has {longest_k} rows > max_seqlen_k={max_k}")
+    return longest_q, longest_k
 
 
-def _longest(host: Tensor | None) -> int | None:
-    """Longest sequence of CPU offsets, or None without them."""
-    if host is None or host.numel() < 2:
-        return None
-    return int(np.diff(host.numpy()).max())
+def _spans(host: Tensor | None, rows: int) -> bool:
+    """Whether CPU offsets are known and their sequences cover rows [0, rows) exactly."""
+    return host is not None and int(host[0]) == 0 and int(host[-1]) == rows
 
 
 def _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk):
@@ -103,14 +107,16 @@ def _try_gluon_fwd(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts, lon
     return True
 
 
-def _try_gluon_bwd(do, q, k, v, cu_q, cu_k, pb) -> tuple[Tensor, Tensor, Tensor] | None:
-    """Backward through the Gluon Hopper kernel when allowed by ADS_GDPA_BWD_BACKEND and supported
-    (the caller rules out masks, broadcast_q, per-head activations and the deterministic mode)."""
+def _try_gluon_bwd(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, host_q, host_k):
+    """(dq, dk, dv) from the Gluon Hopper kernel when allowed by ADS_GDPA_BWD_BACKEND and supported
+    (the caller rules out masks, broadcast_q, per-head activations and the deterministic mode), else
+    None."""
     gluon = _gluon(cfg.bwd_backend(), q)
-    if gluon is None or not gluon.supports_backward(do, q, k, v, activation_id=pb.act):
+    if gluon is None or not gluon.supports_backward(do, q, k, v, activation_id=act):
         return None  # before allocating: the Triton path allocates its own buffers
-    dq_acc, dk, dv = launch.grad_buffers(q, k, v, pb, deterministic=False)
-    if not gluon.try_backward(do, q, k, v, cu_q, cu_k, pb.max_q, pb.max_k, pb.act, pb.scale, dq_acc, dk, dv):
+    spans = (_spans(host_q, q.shape[0]), _spans(host_k, k.shape[0]))
+    dq_acc, dk, dv = launch.grad_buffers(q, k, v, spans, deterministic=False)
+    if not gluon.try_backward(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, dq_acc, dk, dv):
         return None
     return dq_acc.to(q.dtype), dk, dv
 
@@ -126,13 +132,13 @@ def fwd_impl(
     mask_mode: 0 none, 1 top-left symmetric window, 2 bottom-right band (causal/local).
     ``deterministic`` only affects the backward (dQ by a second pass instead of atomics).
     """
-    check_host_offsets(q, k, host_q, host_k, max_k, broadcast_q)
+    longest_q, _ = check_host_offsets(q, k, host_q, host_k, max_k, broadcast_q)
     fp8 = q_descale is not None
     out_dtype = torch.bfloat16 if fp8 else q.dtype
     rows = _out_rows(q, cu_k, broadcast_q)
     out = torch.empty((rows, q.shape[1], v.shape[2]), dtype=out_dtype, device=q.device)
     opts = dict(activation_id=act, window=mask_mode != 0, broadcast_q=broadcast_q, fp8=fp8)
-    gluon_args = (q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts, _longest(host_q))
+    gluon_args = (q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, opts, longest_q)
     if act_per_head is None and _try_gluon_fwd(*gluon_args):
         return out
     hq, hk = _host_list(host_q), _host_list(host_k)
@@ -158,12 +164,12 @@ def bwd_impl(
     broadcast_q: bool, deterministic: bool, host_q: Tensor | None, host_k: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Backward: (dq, dk, dv) shaped like (q, k, v); do (To, H, Dv)."""
-    hq, hk = _host_list(host_q), _host_list(host_k)
-    pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk)
     if act_per_head is None and mask_mode == 0 and not (broadcast_q or deterministic):
-        grads = _try_gluon_bwd(do, q, k, v, cu_q, cu_k, pb)
+        grads = _try_gluon_bwd(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, host_q, host_k)
         if grads is not None:
             return grads
+    hq, hk = _host_list(host_q), _host_list(host_k)  # only the Triton path reads them all
+    pb = _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk)
     tbl = _act_table(tuple(act_per_head), str(q.device)) if act_per_head is not None else None
     return launch.bwd(do, q, k, v, cu_q, cu_k, pb, act_tbl=tbl, deterministic=deterministic)
 

@@ -159,7 +159,10 @@ def gdpa_varlen(
     _check_tensors(q, k, v, 3)
     act = activation_id(activation)
     host_q = _host_offsets("cu_seqlens_q", cu_seqlens_q, cu_seqlens_q_cpu)
-    host_k = _host_offsets("cu_seqlens_k", cu_seqlens_k, cu_seqlens_k_cpu)
+    if cu_seqlens_k is cu_seqlens_q and cu_seqlens_k_cpu is cu_seqlens_q_cpu:
+        host_k = host_q  # self attention: convert and check the offsets once
+    else:
+        host_k = _host_offsets("cu_seqlens_k", cu_seqlens_k, cu_seqlens_k_cpu)
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.device != q.device:
             raise _err(f"{name} is on {t.device}, q on {q.device}")
@@ -199,6 +202,8 @@ _DENSE_CU: dict = {}
 
 
 def _dense_offsets(b: int, s: int, device: torch.device) -> torch.Tensor:
+    """Offsets [0, s, 2s, ..., b·s] on ``device``, cached per shape: the same object for q and k when
+    Sq = Sk (``gdpa_varlen`` then converts and checks them once)."""
     key = (b, s, str(device))
     t = _DENSE_CU.get(key)
     if t is None:
@@ -219,12 +224,13 @@ def gdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.T
         raise _err("broadcast_q is a jagged-layout option; use gdpa_varlen")
     b, sq, h, _ = q.shape
     sk = k.shape[1]
+    host_q = [i * sq for i in range(b + 1)]
+    host_k = host_q if sk == sq else [i * sk for i in range(b + 1)]
     out = gdpa_varlen(
         q.reshape(b * sq, h, q.shape[-1]), k.reshape(b * sk, k.shape[2], k.shape[3]),
         v.reshape(b * sk, v.shape[2], v.shape[3]),
-        _dense_offsets(b, sq, q.device), _dense_offsets(b, sk, q.device),
-        sq, sk, cu_seqlens_q_cpu=list(range(0, (b + 1) * sq, sq)) if sq else [0] * (b + 1),
-        cu_seqlens_k_cpu=list(range(0, (b + 1) * sk, sk)) if sk else [0] * (b + 1), **kwargs,
+        _dense_offsets(b, sq, q.device), _dense_offsets(b, sk, q.device), sq, sk,
+        cu_seqlens_q_cpu=host_q, cu_seqlens_k_cpu=host_k, **kwargs,
     )  # fmt: skip
     return out.view(b, sq, h, v.shape[-1])
 

@@ -14,7 +14,8 @@ sequence and head stay adjacent, so their shared K/V stays in L2.
 
 ``schedule`` orders the sequences and lists their tiles in two launches: one program sorts up to
 ``SORT_MAX`` sequences by work (``tl.sort``) and counts their tiles, then one program per sequence
-writes its entries. Larger batches sort with ``torch.argsort``. On an H200 the host side of the
+writes its entries; small lists (``FILL_MAX``) take one launch, the sorting program writing them
+itself. Larger batches sort with ``torch.argsort``. On an H200 the host side of the
 argsort path (about ten small launches) cost more than the GPU work of a max-length-256 batch.
 """
 
@@ -27,6 +28,7 @@ import triton.language as tl
 _CHUNK = 1024  # sequences per step of the counting scan
 _WIDTH = 64  # list entries written per step
 SORT_MAX = 4096  # sequences one program sorts; beyond, torch.argsort
+FILL_MAX = 2**18  # lanes x entries per sequence up to which that program also writes the list
 _KEY_MAX = tl.constexpr(2**31 - 1)  # sort keys are clamped here (ties only reorder near-equal heavy work)
 
 
@@ -76,6 +78,38 @@ def _sort_and_count(
     n = tl.where(ok, _tiles_of(cu_ptr, b, ok, slots, BLOCK) * heads, 0)
     tl.store(order_ptr + r, b, mask=ok)
     tl.store(ends_ptr + r, tl.cumsum(n, 0), mask=ok)
+
+
+@triton.jit
+def _sort_and_fill(
+    cu_q_ptr, cu_k_ptr, list_ptr, count_ptr, n_seq, max_q, heads, slots,
+    BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr,
+):  # fmt: skip
+    """``_sort_and_count`` and ``_tile_fill`` in one program, for small lists: each sorted sequence
+    writes its e-th entry in step e (heads · slots steps over N lanes). One launch fewer on the
+    host, which is what small batches wait for."""
+    r = tl.arange(0, N)
+    ok = r < n_seq
+    lq = tl.load(cu_q_ptr + r + 1, mask=ok, other=0) - tl.load(cu_q_ptr + r, mask=ok, other=0)
+    lk = tl.load(cu_k_ptr + r + 1, mask=ok, other=0) - tl.load(cu_k_ptr + r, mask=ok, other=0)
+    lq_eff = tl.maximum(tl.minimum(lq, max_q), 0).to(tl.int64)
+    if TILE_Q:
+        work = lq_eff * tl.maximum(lk, 0)
+    else:
+        work = tl.where(lk > 0, lq_eff, 0)
+    packed = (tl.minimum(work, _KEY_MAX) << 32) | (N - 1 - r).to(tl.int64)
+    packed = tl.sort(tl.where(ok, packed, -1), descending=True)
+    b = (N - 1 - (packed & 0xFFFFFFFF)).to(tl.int32)
+    b = tl.where(ok, b, 0)
+    cu_ptr = cu_q_ptr if TILE_Q else cu_k_ptr
+    tiles = _tiles_of(cu_ptr, b, ok, slots, BLOCK)
+    n = tl.where(ok, tiles * heads, 0)
+    start = tl.cumsum(n, 0) - n
+    per_tile = tl.maximum(tiles, 1)  # a sequence without tiles writes nothing (n = 0)
+    for e in range(0, heads * slots):
+        h = e // per_tile
+        tl.store(list_ptr + start + e, (b * heads + h) * slots + e - h * tiles, mask=e < n)
+    tl.store(count_ptr, tl.sum(n, 0))
 
 
 @triton.jit
@@ -133,6 +167,13 @@ def schedule(
     if n_seq == 0:
         return entries, ends
     n = max(triton.next_power_of_2(n_seq), 16)  # small batches (B = 1) still sort a full vector
+    if n * heads * slots <= FILL_MAX:
+        count = torch.empty(1, dtype=torch.int32, device=device)
+        _sort_and_fill[(1,)](
+            cu_q, cu_k, entries, count, n_seq, max_q, heads, slots,
+            BLOCK=block, N=n, TILE_Q=tile_q, num_warps=4 if n <= 1024 else 8,
+        )  # fmt: skip
+        return entries, count
     _sort_and_count[(1,)](
         cu_q, cu_k, order, ends, n_seq, max_q, heads, slots,
         BLOCK=block, N=n, TILE_Q=tile_q, num_warps=4 if n <= 1024 else 8,

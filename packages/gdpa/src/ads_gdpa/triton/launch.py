@@ -186,19 +186,21 @@ def fwd(
 
 
 def grad_buffers(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pb: Problem, deterministic: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: tuple[bool, bool], deterministic: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq_acc, dk, dv) for a backward kernel to fill: dq_acc is a zeroed fp32 accumulator for
     atomic dQ, or a buffer like q for the deterministic pass, which writes every row of every
     sequence (zeros past max_q). Kernels write only rows inside some sequence; offsets need not span
     the tensors (leading or trailing rows are allowed) and those rows' gradients are zero, so buffers
-    start zeroed unless the host offsets prove that the sequences cover every row."""
-    dk = torch.empty_like(k) if _spans(pb.host_k, k.shape[0]) else torch.zeros_like(k)
-    dv = torch.empty_like(v) if _spans(pb.host_k, k.shape[0]) else torch.zeros_like(v)
+    start zeroed unless host offsets prove that the sequences cover every row (``spans``: for the
+    query and the key offsets)."""
+    q_spans, k_spans = spans
+    dk = torch.empty_like(k) if k_spans else torch.zeros_like(k)
+    dv = torch.empty_like(v) if k_spans else torch.zeros_like(v)
     if not deterministic:
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     else:
-        dq_acc = torch.empty_like(q) if _spans(pb.host_q, q.shape[0]) else torch.zeros_like(q)
+        dq_acc = torch.empty_like(q) if q_spans else torch.zeros_like(q)
     return dq_acc, dk, dv
 
 
@@ -217,7 +219,8 @@ def bwd(
     B = cu_k.shape[0] - 1
     H, H_KV, D_QK, D_V = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
     G = H // H_KV
-    dq_acc, dk, dv = grad_buffers(q, k, v, pb, deterministic)
+    spans = (_spans(pb.host_q, q.shape[0]), _spans(pb.host_k, k.shape[0]))
+    dq_acc, dk, dv = grad_buffers(q, k, v, spans, deterministic)
     if B == 0 or q.shape[0] == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     do = do.contiguous() if do.stride(-1) != 1 else do
