@@ -12,6 +12,7 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
 
 from ..triton._act import ERFC_T, gelu_cdf
+from ..triton._act import tanh_approx as _tanh
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -54,14 +55,6 @@ def _rcp(x):
     backward's silu step: 867 -> 739 SASS instructions, 406 -> 452 TFLOP/s on the H200)."""
     return gl.inline_asm_elementwise(
         "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1
-    )
-
-
-@gluon.jit
-def _tanh(x):
-    """tanh by the hardware (``tanh.approx``, MUFU, about 2^-11 relative error)."""
-    return gl.inline_asm_elementwise(
-        "tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1
     )
 
 

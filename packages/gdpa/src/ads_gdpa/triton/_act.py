@@ -31,17 +31,18 @@ N_ACT = tl.constexpr(12)
 
 
 @triton.jit
-def _tanh_approx(u):
-    """Hardware tanh (MUFU, ~2^-11 relative error), sm75+."""
+def tanh_approx(u):
+    """Hardware tanh (``tanh.approx.f32``, MUFU, ~2^-11 relative error), sm75+; the Gluon kernels
+    call it too."""
     return tl.inline_asm_elementwise(
-        "tanh.approx.f32 $0, $1;", "=r,r", [u], dtype=tl.float32, is_pure=True, pack=1
+        "tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32, is_pure=True, pack=1
     )
 
 
 @triton.jit
 def _tanh(u, FAST: tl.constexpr):
     if FAST:
-        t = _tanh_approx(u)
+        t = tanh_approx(u)
     else:
         # 2*sigmoid(2u) - 1, as the upstream portable path; exact enough in fp32
         t = 2.0 / (1.0 + tl.exp(-2.0 * u)) - 1.0
