@@ -53,11 +53,10 @@ def _tile_ends(order_ptr, cu_ptr, ends_ptr, n_seq, heads, slots, BLOCK: tl.const
 
 
 @triton.jit
-def _sort_and_count(
-    cu_q_ptr, cu_k_ptr, order_ptr, ends_ptr, n_seq, max_q, heads, slots,
-    BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr,
-):  # fmt: skip
-    """One program: order = sequences by descending work (stable), ends = running tile counts.
+def _by_work(
+    cu_q_ptr, cu_k_ptr, n_seq, max_q, slots, BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr
+):
+    """Lanes r < n_seq: (b = the r-th sequence by descending work, stable; its tile count; lane ok).
     TILE_Q (forward): work Lq_eff·Lk, tiles over queries. Else (backward): a kv tile's work is Lq_eff
     (0 without keys), tiles over keys."""
     r = tl.arange(0, N)
@@ -75,7 +74,18 @@ def _sort_and_count(
     b = (N - 1 - (packed & 0xFFFFFFFF)).to(tl.int32)
     b = tl.where(ok, b, 0)
     cu_ptr = cu_q_ptr if TILE_Q else cu_k_ptr
-    n = tl.where(ok, _tiles_of(cu_ptr, b, ok, slots, BLOCK) * heads, 0)
+    return b, _tiles_of(cu_ptr, b, ok, slots, BLOCK), ok
+
+
+@triton.jit
+def _sort_and_count(
+    cu_q_ptr, cu_k_ptr, order_ptr, ends_ptr, n_seq, max_q, heads, slots,
+    BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr,
+):  # fmt: skip
+    """One program: order = sequences by descending work (``_by_work``), ends = running entry counts."""
+    b, tiles, ok = _by_work(cu_q_ptr, cu_k_ptr, n_seq, max_q, slots, BLOCK, N, TILE_Q)
+    n = tl.where(ok, tiles * heads, 0)
+    r = tl.arange(0, N)
     tl.store(order_ptr + r, b, mask=ok)
     tl.store(ends_ptr + r, tl.cumsum(n, 0), mask=ok)
 
@@ -88,21 +98,7 @@ def _sort_and_fill(
     """``_sort_and_count`` and ``_tile_fill`` in one program, for small lists: each sorted sequence
     writes its e-th entry in step e (heads · slots steps over N lanes). One launch fewer on the
     host, which is what small batches wait for."""
-    r = tl.arange(0, N)
-    ok = r < n_seq
-    lq = tl.load(cu_q_ptr + r + 1, mask=ok, other=0) - tl.load(cu_q_ptr + r, mask=ok, other=0)
-    lk = tl.load(cu_k_ptr + r + 1, mask=ok, other=0) - tl.load(cu_k_ptr + r, mask=ok, other=0)
-    lq_eff = tl.maximum(tl.minimum(lq, max_q), 0).to(tl.int64)
-    if TILE_Q:
-        work = lq_eff * tl.maximum(lk, 0)
-    else:
-        work = tl.where(lk > 0, lq_eff, 0)
-    packed = (tl.minimum(work, _KEY_MAX) << 32) | (N - 1 - r).to(tl.int64)
-    packed = tl.sort(tl.where(ok, packed, -1), descending=True)
-    b = (N - 1 - (packed & 0xFFFFFFFF)).to(tl.int32)
-    b = tl.where(ok, b, 0)
-    cu_ptr = cu_q_ptr if TILE_Q else cu_k_ptr
-    tiles = _tiles_of(cu_ptr, b, ok, slots, BLOCK)
+    b, tiles, ok = _by_work(cu_q_ptr, cu_k_ptr, n_seq, max_q, slots, BLOCK, N, TILE_Q)
     n = tl.where(ok, tiles * heads, 0)
     start = tl.cumsum(n, 0) - n
     per_tile = tl.maximum(tiles, 1)  # a sequence without tiles writes nothing (n = 0)
