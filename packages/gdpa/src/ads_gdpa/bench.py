@@ -96,8 +96,11 @@ class Bench:
         q = torch.randn(sum(lq), heads, d, device=dev, dtype=dt) * 0.3
         k = torch.randn(sum(lk), heads, d, device=dev, dtype=dt) * 0.3
         v = torch.randn(sum(lk), heads, d, device=dev, dtype=dt)
-        cu_q, cu_k = lengths_to_offsets(lq, device=dev), lengths_to_offsets(lk, device=dev)
-        hq, hk = cu_q.tolist(), cu_k.tolist()
+        # self attention: one set of offsets for queries and keys, as users pass them
+        cu_q = lengths_to_offsets(lq, device=dev)
+        cu_k = cu_q if lk is lq else lengths_to_offsets(lk, device=dev)
+        hq = cu_q.tolist()
+        hk = hq if cu_k is cu_q else cu_k.tolist()
 
         def ours(grad=False, **kw):
             leaves = [t.detach().requires_grad_(grad) for t in (q, k, v)]
