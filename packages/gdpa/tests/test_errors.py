@@ -63,6 +63,20 @@ def test_cpu_copy_checked_without_device_read():
         _call(q, k, v, cu_q, cu_k, cu_seqlens_q_cpu=[0, 7, 5])
 
 
+@pytest.mark.parametrize("host", [None, [0, 4, 10]])
+def test_shared_self_attention_offsets_checked_as_key_offsets(host):
+    """One offsets object (and one host copy) for queries and keys is converted once and still
+    checked against the keys: max_seqlen_k, and the key tensor's rows."""
+    q, _, _, cu, _ = _inputs()
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    k = v = torch.zeros(10, 1, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        gdpa_varlen(q, k, v, cu, cu, 6, 5, cu_seqlens_q_cpu=host, cu_seqlens_k_cpu=host)
+    short = torch.zeros(8, 1, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="rows"):
+        gdpa_varlen(q, short, short, cu, cu, 6, 6, cu_seqlens_q_cpu=host, cu_seqlens_k_cpu=host)
+
+
 def test_dense_batch_mismatch():
     q = torch.zeros(2, 4, 1, 32, dtype=torch.bfloat16)
     k = torch.zeros(3, 4, 1, 32, dtype=torch.bfloat16)
