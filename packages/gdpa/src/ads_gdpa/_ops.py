@@ -63,11 +63,6 @@ def check_host_offsets(
     return longest_q, longest_k
 
 
-def _spans(host: Tensor | None, rows: int) -> bool:
-    """Whether CPU offsets are known and their sequences cover rows [0, rows) exactly."""
-    return host is not None and int(host[0]) == 0 and int(host[-1]) == rows
-
-
 def _problem(max_q, max_k, act, scale, mask_mode, win_left, win_right, broadcast_q, hq, hk):
     return launch.Problem(
         max_q=max_q, max_k=max_k, act=act, scale=scale, has_window=mask_mode != 0,
@@ -114,8 +109,8 @@ def _try_gluon_bwd(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, host_q, ho
     gluon = _gluon(cfg.bwd_backend(), q)
     if gluon is None or not gluon.supports_backward(do, q, k, v, activation_id=act):
         return None  # before allocating: the Triton path allocates its own buffers
-    spans = (_spans(host_q, q.shape[0]), _spans(host_k, k.shape[0]))
-    dq_acc, dk, dv = launch.grad_buffers(q, k, v, spans, deterministic=False)
+    covered = (launch.spans(host_q, q.shape[0]), launch.spans(host_k, k.shape[0]))
+    dq_acc, dk, dv = launch.grad_buffers(q, k, v, covered, deterministic=False)
     if not gluon.try_backward(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, dq_acc, dk, dv):
         return None
     return dq_acc.to(q.dtype), dk, dv

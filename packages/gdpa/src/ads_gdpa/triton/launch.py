@@ -97,9 +97,10 @@ def _lengths(host: tuple[int, ...]) -> list[int]:
     return [host[i + 1] - host[i] for i in range(len(host) - 1)]
 
 
-def _spans(host: tuple[int, ...] | None, rows: int) -> bool:
-    """True when host offsets are known and their sequences cover rows [0, rows) exactly."""
-    return host is not None and host[0] == 0 and host[-1] == rows
+def spans(host, rows: int) -> bool:
+    """True when host offsets (a tuple or a CPU tensor) are known and their sequences cover rows
+    [0, rows) exactly."""
+    return host is not None and int(host[0]) == 0 and int(host[-1]) == rows
 
 
 def fwd(
@@ -186,15 +187,15 @@ def fwd(
 
 
 def grad_buffers(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: tuple[bool, bool], deterministic: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, covered: tuple[bool, bool], deterministic: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq_acc, dk, dv) for a backward kernel to fill: dq_acc is a zeroed fp32 accumulator for
     atomic dQ, or a buffer like q for the deterministic pass, which writes every row of every
     sequence (zeros past max_q). Kernels write only rows inside some sequence; offsets need not span
     the tensors (leading or trailing rows are allowed) and those rows' gradients are zero, so buffers
-    start zeroed unless host offsets prove that the sequences cover every row (``spans``: for the
-    query and the key offsets)."""
-    q_spans, k_spans = spans
+    start zeroed unless host offsets prove that the sequences cover every row (``covered``: for the
+    query and the key offsets, see ``spans``)."""
+    q_spans, k_spans = covered
     dk = torch.empty_like(k) if k_spans else torch.zeros_like(k)
     dv = torch.empty_like(v) if k_spans else torch.zeros_like(v)
     if not deterministic:
@@ -219,8 +220,8 @@ def bwd(
     B = cu_k.shape[0] - 1
     H, H_KV, D_QK, D_V = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
     G = H // H_KV
-    spans = (_spans(pb.host_q, q.shape[0]), _spans(pb.host_k, k.shape[0]))
-    dq_acc, dk, dv = grad_buffers(q, k, v, spans, deterministic)
+    covered = (spans(pb.host_q, q.shape[0]), spans(pb.host_k, k.shape[0]))
+    dq_acc, dk, dv = grad_buffers(q, k, v, covered, deterministic)
     if B == 0 or q.shape[0] == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     do = do.contiguous() if do.stride(-1) != 1 else do
