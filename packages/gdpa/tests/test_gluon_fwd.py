@@ -65,6 +65,7 @@ def _check(
     pad_rows=3,
     seed=0,
     variant="ws",
+    skip_dead_halves=None,
 ):
     q, k, v, cu_q, cu_k = _make_case(lens_q, lens_k, H, H_kv, D, dtype, seed, pad_rows)
     max_q = max(lens_q) if max_q is None else max_q
@@ -72,7 +73,19 @@ def _check(
     # longest_q as the package passes it with host offsets: the zero-tail launch is skipped unless
     # a sequence outgrows max_seqlen_q's tiles (the NaN poison catches a wrong skip)
     fwd.gdpa_fwd_gluon(
-        q, k, v, cu_q, cu_k, max_q, max(lens_k), act, scale, out, variant=variant, longest_q=max(lens_q)
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        max_q,
+        max(lens_k),
+        act,
+        scale,
+        out,
+        variant=variant,
+        longest_q=max(lens_q),
+        skip_dead_halves=skip_dead_halves,
     )
     torch.cuda.synchronize()
     n_seq_rows = int(cu_q[-1])
@@ -84,6 +97,7 @@ def _check(
     ref = gdpa_ref(*args, activation=act, scale=scale)
     base = gdpa_ref(*args, activation=act, scale=scale, dtype=dtype)
     desc = f"{variant} act={act} D={D} {str(dtype)[6:]} H={H}/{H_kv} scale={scale} max_q={max_q}"
+    desc += f" skip_dead={skip_dead_halves}"
     assert_close_vs_baseline(out[:n_seq_rows], ref, base, name=desc)
     return desc
 
@@ -121,6 +135,14 @@ def test_gluon_fwd(case):
 def test_gluon_fwd_other_variants(variant, case):
     """The other schedules on the quick list (each variant is a separate compile per case)."""
     _check(_load_fwd(), variant=variant, **_cases(True)[case])
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("case", range(len(_cases(True))))
+def test_gluon_fwd_dead_half_skip_forced(skip, case):
+    """Both builds on every quick case: the default picks one by max_seqlen_q, so forcing each
+    covers the dead-half skip on long maxima and its absence on short ones."""
+    _check(_load_fwd(), skip_dead_halves=skip, **_cases(True)[case])
 
 
 def _bench(fwd, variant, sparsity_half: bool, B=1152, H=4, D=128, max_len=2048):

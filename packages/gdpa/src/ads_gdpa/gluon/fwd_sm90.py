@@ -199,6 +199,7 @@ def _ws_consumer(
     ACT: gl.constexpr,
     SCHEDULE: gl.constexpr,
     EPILOGUE: gl.constexpr,
+    SKIP_DEAD: gl.constexpr,
 ):
     """One consumer warpgroup: 64 query rows of each tile, tile after tile (``SCHEDULES``)."""
     PINGPONG: gl.constexpr = SCHEDULE == 1
@@ -235,7 +236,23 @@ def _ws_consumer(
             n_k = gl.cdiv(lk, BN)
             acc = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, o_layout))
             if PINGPONG:
-                if n_k > 0:
+                if SKIP_DEAD & (n_k > 0) & (lq_eff <= m * BM + WG * ROWS):
+                    # No row of this warpgroup's half needs a value (all past the sequence or
+                    # max_seqlen_q; the store below writes the zeros): take the same turns and hand
+                    # back the same stages as the other warpgroup, without the GEMMs and activations.
+                    for j in range(n_k + 1):
+                        if j < n_k:
+                            mbarrier.wait(k_ready.index((it + j) % STAGES), ((it + j) // STAGES) & 1)
+                        if j > 0:
+                            mbarrier.wait(v_ready.index((it + j - 1) % STAGES), ((it + j - 1) // STAGES) & 1)
+                        mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
+                        mbarrier.arrive(other_turn, count=1)
+                        nturn += 1
+                        mbarrier.arrive(k_empty.index((it + j) % STAGES), count=1, pred=j < n_k)
+                        mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
+                        mbarrier.arrive(v_empty.index((it + j - 1) % STAGES), count=1, pred=j > 0)
+                    it += n_k
+                elif n_k > 0:
                     # Step 0: S_0 only; its P·V goes out together with S_1.
                     s = it % STAGES
                     mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
@@ -340,6 +357,7 @@ def _gdpa_fwd_ws(
     QBUF: gl.constexpr,
     SCHEDULE: gl.constexpr,
     EPILOGUE: gl.constexpr,
+    SKIP_DEAD: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr,
 ):
@@ -399,8 +417,8 @@ def _gdpa_fwd_ws(
     )
     gl.warp_specialize(
         [
-            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE)),
-            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE)),
+            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, SKIP_DEAD)),
+            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, SKIP_DEAD)),
             (
                 _ws_loader,
                 (
@@ -486,6 +504,19 @@ def _config(d: int) -> tuple[int, int, int]:
     return (2, 2, 2) if d == 128 else (5, 2, 2)
 
 
+# The dead-half skip measured on an H200 (B=1152, H=4, D=128, sparsity 0.5, A/B in one process):
+# +4 % at max 256, +13 % at 512, -1 % at 1024, -4 % at 2048, where dead halves are 15/8/4/2 % of
+# the half-steps and the added branch costs more than it removes; so only short maxima get it.
+SKIP_DEAD_MAX_Q = 512
+
+
+def _skip_dead_default(max_seqlen_q: int) -> bool:
+    env = os.environ.get("ADS_GDPA_SKIP_DEAD")
+    if env is not None:
+        return env != "0"
+    return max_seqlen_q <= SKIP_DEAD_MAX_Q
+
+
 def gdpa_fwd_gluon(
     q,
     k,
@@ -500,6 +531,7 @@ def gdpa_fwd_gluon(
     *,
     variant: str | None = None,
     longest_q: int | None = None,
+    skip_dead_halves: bool | None = None,
 ) -> None:
     """Jagged GDPA forward into ``out`` (total_q, H, D). See the module docstring for the contract.
 
@@ -507,6 +539,9 @@ def gdpa_fwd_gluon(
     (ping-pong consumers with S_{j+1} overlapping P_j·V) or "ws_simple" (free-running).
     ``longest_q``: the longest query sequence when the caller knows it (host offsets); the launch
     that zeroes rows past the tiles' reach is skipped when no sequence has such rows.
+    ``skip_dead_halves`` (ping-pong only): a consumer warpgroup whose 64 rows of a tile lie past
+    the sequence keeps its turns but skips its GEMMs and activation. Default: on for
+    max_seqlen_q <= ``SKIP_DEAD_MAX_Q`` (see there); env ADS_GDPA_SKIP_DEAD=0/1 overrides it.
 
     In this build ptxas waits for the previous step's P·V before the activation (SASS: 0 of the
     step's 64 MUFU.TANH run under it). Masking P after the activation without a branch, plus a
@@ -572,7 +607,10 @@ def gdpa_fwd_gluon(
     if variant not in SCHEDULES:
         raise ValueError(f"unknown variant {variant!r}; expected one of {sorted(SCHEDULES)}")
     schedule_id = SCHEDULES[variant]
-    _gdpa_fwd_ws[grid](*args, stages, int(activation_id), qbuf, schedule_id, epilogue, 232, 24, num_warps=4)
+    if skip_dead_halves is None:
+        skip_dead_halves = _skip_dead_default(max_seqlen_q)
+    consts = (stages, int(activation_id), qbuf, schedule_id, epilogue, bool(skip_dead_halves), 232, 24)
+    _gdpa_fwd_ws[grid](*args, *consts, num_warps=4)
     # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
     if longest_q is None or longest_q > m_tiles * BM:
         _zero_tail[(B,)](out, cu_q, m_tiles * BM, H * D, num_warps=4)
