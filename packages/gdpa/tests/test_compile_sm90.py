@@ -68,7 +68,7 @@ def _gluon_job(d: int, skip_dead: bool = False) -> dict:
     types = {"q_desc": desc(bm), "k_desc": desc(bn), "v_desc": desc(bn), "o_desc": desc(bm // 2),
              "scale": "fp32", **pointers}  # fmt: skip
     consts = dict(D=d, BM=bm, BN=bn, STAGES=stages, ACT=3, QBUF=qbuf, SCHEDULE=1, EPILOGUE=epilogue,
-                  SKIP_DEAD=skip_dead, CONSUMER_REGS=232, LOADER_REGS=24)  # fmt: skip
+                  SKIP_DEAD=skip_dead, DEFER=True, CONSUMER_REGS=232, LOADER_REGS=24)  # fmt: skip
     return dict(module=g.__name__, kernel="_gdpa_fwd_ws", types=types, constexprs=consts, gluon=True)
 
 

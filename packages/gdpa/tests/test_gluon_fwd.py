@@ -229,3 +229,18 @@ def test_dispatch_routes_to_gluon_when_asked(monkeypatch):
     base = gdpa_ref(*args, activation="fast_gelu", dtype=torch.bfloat16)
     assert_close_vs_baseline(gluon_out, ref, base, name="gluon via dispatch")
     assert_close_vs_baseline(triton_out, ref, base, name="triton via dispatch")
+
+
+def test_gluon_fwd_deferred_scale_same_bits(monkeypatch):
+    """bf16 fast_gelu multiplies the output tile by scale·½ instead of every score (one multiply per
+    score less); with a power-of-two scale that is exact, so both builds give the same bits."""
+    fwd = _load_fwd()
+    q, k, v, cu_q, cu_k = _make_case(RAGGED, RAGGED_K, 4, 2, 128, torch.bfloat16, seed=3)
+    outs = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ADS_GDPA_DEFER_SCALE", flag)
+        out = torch.full_like(q, float("nan"))
+        fwd.gdpa_fwd_gluon(q, k, v, cu_q, cu_k, max(RAGGED), max(RAGGED_K), 3, 0.25, out)
+        outs.append(out[: int(cu_q[-1])])
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1]), (outs[0].float() - outs[1].float()).abs().max()

@@ -34,6 +34,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..tile_list import schedule
 from ._common import (
+    DEFERRED_GAIN,
+    act_deferred,
     act_scaled,
     coalesced_rows_layout,
     masked_row_store,
@@ -151,12 +153,16 @@ def _ws_mask_act(
     in_dtype: gl.constexpr,
     BN: gl.constexpr,
     ACT: gl.constexpr,
+    DEFER: gl.constexpr,
 ):
     # Keys past the sequence end belong to the next sequence (or are TMA zero fill): P must be 0
     # there. act(0) = 0 for every activation here, so masking S or P gives the same P.
     if (j + 1) * BN > lk:
         sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
-    p = act_scaled(sacc, scale, ACT)
+    if DEFER:  # scale and gain applied to the output tile instead (``DEFERRED_GAIN``)
+        p = act_deferred(sacc, ACT)
+    else:
+        p = act_scaled(sacc, scale, ACT)
     return gl.convert_layout(p.to(in_dtype), p_layout)
 
 
@@ -200,6 +206,7 @@ def _ws_consumer(
     SCHEDULE: gl.constexpr,
     EPILOGUE: gl.constexpr,
     SKIP_DEAD: gl.constexpr,
+    DEFER: gl.constexpr,
 ):
     """One consumer warpgroup: 64 query rows of each tile, tile after tile (``SCHEDULES``)."""
     PINGPONG: gl.constexpr = SCHEDULE == 1
@@ -265,7 +272,7 @@ def _ws_consumer(
                     sacc = warpgroup_mma_wait(0, deps=(sacc,))
                     mbarrier.arrive(k_empty.index(s), count=1)
                     mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 1)
-                    p = _ws_mask_act(sacc, cols2, 0, lk, scale, p_layout, in_dtype, BN, ACT)
+                    p = _ws_mask_act(sacc, cols2, 0, lk, scale, p_layout, in_dtype, BN, ACT, DEFER)
                     for j in range(1, n_k):
                         sp = it % STAGES  # stage of step j-1 (its V feeds this P·V)
                         php = (it // STAGES) & 1
@@ -286,7 +293,7 @@ def _ws_consumer(
                         sacc = warpgroup_mma_wait(1, deps=(sacc,))
                         mbarrier.arrive(k_empty.index(s), count=1)
                         mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
-                        p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT)
+                        p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT, DEFER)
                         acc_t, p = warpgroup_mma_wait(0, deps=(acc, p))
                         acc = warpgroup_mma_init(acc_t)
                         mbarrier.arrive(v_empty.index(sp), count=1)
@@ -317,7 +324,7 @@ def _ws_consumer(
                     prev = (it + STAGES - 1) % STAGES
                     mbarrier.arrive(v_empty.index(prev), count=1, pred=j > 0)
                     mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
-                    p = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT)
+                    p = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT, DEFER)
                     mbarrier.wait(v_ready.index(s), ph)
                     acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
                     it += 1
@@ -326,6 +333,8 @@ def _ws_consumer(
                 mbarrier.arrive(v_empty.index(last), count=1, pred=n_k > 0)
                 mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 0)
             o = warpgroup_mma_wait(0, deps=(acc,))
+            if DEFER:
+                o = o * scale
             row0 = m * BM + WG * ROWS
             _ws_store_tile(o, sink, q0 + row0, lq - row0, lq_eff - row0, h * D, ROWS, D, EPILOGUE)
             tc += 1
@@ -358,6 +367,7 @@ def _gdpa_fwd_ws(
     SCHEDULE: gl.constexpr,
     EPILOGUE: gl.constexpr,
     SKIP_DEAD: gl.constexpr,
+    DEFER: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr,
 ):
@@ -417,8 +427,14 @@ def _gdpa_fwd_ws(
     )
     gl.warp_specialize(
         [
-            (_ws_consumer, (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, SKIP_DEAD)),
-            (_ws_consumer, (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, SKIP_DEAD)),
+            (
+                _ws_consumer,
+                (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, SKIP_DEAD, DEFER),
+            ),
+            (
+                _ws_consumer,
+                (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, SKIP_DEAD, DEFER),
+            ),
             (
                 _ws_loader,
                 (
@@ -585,6 +601,16 @@ def gdpa_fwd_gluon(
     m_tiles = triton.cdiv(max_seqlen_q, BM)
     tiles, count = schedule(cu_q, cu_k, max_seqlen_q, tile_q=True, block=BM, slots=m_tiles, heads=H)
     grid = (min(B * H * m_tiles, sm_count(q.device)),)
+    # bf16 P has fp32's exponent range, so P may leave out the scale (and a constant gain) and the
+    # output tile take them; fp16 P could overflow without the scale, so it keeps the per-score
+    # multiply. With a power-of-two scale both give the same bits. ADS_GDPA_DEFER_SCALE=0 (tuning).
+    defer = (
+        q.dtype == torch.bfloat16
+        and int(activation_id) in DEFERRED_GAIN
+        and os.environ.get("ADS_GDPA_DEFER_SCALE", "1") != "0"
+    )
+    if defer:
+        scale = scale * DEFERRED_GAIN[int(activation_id)]
     args = (
         q_desc,
         k_desc,
@@ -609,7 +635,7 @@ def gdpa_fwd_gluon(
     schedule_id = SCHEDULES[variant]
     if skip_dead_halves is None:
         skip_dead_halves = _skip_dead_default(max_seqlen_q)
-    consts = (stages, int(activation_id), qbuf, schedule_id, epilogue, bool(skip_dead_halves), 232, 24)
+    consts = (stages, int(activation_id), qbuf, schedule_id, epilogue, bool(skip_dead_halves), defer, 232, 24)
     _gdpa_fwd_ws[grid](*args, *consts, num_warps=4)
     # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
     if longest_q is None or longest_q > m_tiles * BM:
