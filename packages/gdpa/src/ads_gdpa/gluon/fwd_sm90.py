@@ -292,12 +292,14 @@ def _ws_consumer(
                         # this step's activation.
                         sacc = warpgroup_mma_wait(1, deps=(sacc,))
                         mbarrier.arrive(k_empty.index(s), count=1)
-                        mbarrier.arrive(q_empty.index(qb), count=1, pred=j == n_k - 1)
                         p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT, DEFER)
                         acc_t, p = warpgroup_mma_wait(0, deps=(acc, p))
                         acc = warpgroup_mma_init(acc_t)
                         mbarrier.arrive(v_empty.index(sp), count=1)
                         p = p_next
+                    # Every Q·Kᵀ of the tile has retired: Q's buffer goes back here, once per tile,
+                    # not under a predicate in every step (each arrive costs the warpgroup a barrier).
+                    mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k > 1)
                     # Last P·V.
                     s = it % STAGES
                     mbarrier.wait(v_ready.index(s), (it // STAGES) & 1)
