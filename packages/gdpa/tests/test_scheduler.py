@@ -1,4 +1,4 @@
-"""Host tile maps and config fitting (pure CPU, no kernels)."""
+"""Host tile maps, config fitting and the config knobs (pure CPU, no kernels)."""
 
 import torch
 
@@ -33,3 +33,19 @@ def test_fit_respects_shared_memory():
     big = cfg.TileConfig(256, 256, 8, 4)
     huge, _ = cfg.fit([big], big, cfg.fwd_smem, 256, 256)
     assert cfg.fwd_smem(huge[0], 256, 256) <= cfg.SMEM_LIMIT
+
+
+def test_gluon_forward_knobs(monkeypatch):
+    """The dead-half build is chosen by max_seqlen_q unless ADS_GDPA_SKIP_DEAD says otherwise; the
+    deferred scale is on unless ADS_GDPA_DEFER_SCALE=0."""
+    monkeypatch.delenv("ADS_GDPA_SKIP_DEAD", raising=False)
+    monkeypatch.delenv("ADS_GDPA_DEFER_SCALE", raising=False)
+    limit = cfg.SKIP_DEAD_MAX_Q
+    assert cfg.skip_dead_halves(limit) and not cfg.skip_dead_halves(limit + 1)
+    assert cfg.defer_scale()
+    monkeypatch.setenv("ADS_GDPA_SKIP_DEAD", "0")
+    assert not cfg.skip_dead_halves(1)
+    monkeypatch.setenv("ADS_GDPA_SKIP_DEAD", "1")
+    assert cfg.skip_dead_halves(1 << 20)
+    monkeypatch.setenv("ADS_GDPA_DEFER_SCALE", "0")
+    assert not cfg.defer_scale()

@@ -25,6 +25,10 @@ from dataclasses import dataclass
 import triton
 
 SHORT_KV_MAX = 256  # max_seqlen_k at or below which dense KV takes the one-step short-KV path
+# The Gluon forward's dead-half skip on an H200 (B=1152, H=4, D=128, sparsity 0.5, A/B in one
+# process): +4 % at max 256, +13 % at 512, -1 % at 1024, -4 % at 2048, where dead halves are
+# 15/8/4/2 % of the half-steps; so only short maxima take it.
+SKIP_DEAD_MAX_Q = 512
 
 
 def interpreter_active() -> bool:
@@ -65,6 +69,22 @@ def dq_tma() -> bool:
 
 def persistent() -> bool:
     return os.environ.get("ADS_GDPA_PERSISTENT", "0") == "1"
+
+
+def skip_dead_halves(max_seqlen_q: int) -> bool:
+    """Whether the Gluon forward takes its build that skips a consumer warpgroup's GEMMs when its
+    half of a tile is past the sequence: for max_seqlen_q <= SKIP_DEAD_MAX_Q, where it measured
+    faster (BENCHMARKS.md, eighth session); ADS_GDPA_SKIP_DEAD=0|1 overrides."""
+    env = os.environ.get("ADS_GDPA_SKIP_DEAD")
+    if env is not None:
+        return env != "0"
+    return max_seqlen_q <= SKIP_DEAD_MAX_Q
+
+
+def defer_scale() -> bool:
+    """Whether a forward may leave the scale to the output tile (where the kernel has such a form);
+    ADS_GDPA_DEFER_SCALE=0 keeps it on every score (tuning)."""
+    return os.environ.get("ADS_GDPA_DEFER_SCALE", "1") != "0"
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .. import config as cfg
 from ..tile_list import schedule
 from ._common import (
     DEFERRED_GAIN,
@@ -522,19 +523,6 @@ def _config(d: int) -> tuple[int, int, int]:
     return (2, 2, 2) if d == 128 else (5, 2, 2)
 
 
-# The dead-half skip measured on an H200 (B=1152, H=4, D=128, sparsity 0.5, A/B in one process):
-# +4 % at max 256, +13 % at 512, -1 % at 1024, -4 % at 2048, where dead halves are 15/8/4/2 % of
-# the half-steps and the added branch costs more than it removes; so only short maxima get it.
-SKIP_DEAD_MAX_Q = 512
-
-
-def _skip_dead_default(max_seqlen_q: int) -> bool:
-    env = os.environ.get("ADS_GDPA_SKIP_DEAD")
-    if env is not None:
-        return env != "0"
-    return max_seqlen_q <= SKIP_DEAD_MAX_Q
-
-
 def gdpa_fwd_gluon(
     q,
     k,
@@ -559,7 +547,7 @@ def gdpa_fwd_gluon(
     that zeroes rows past the tiles' reach is skipped when no sequence has such rows.
     ``skip_dead_halves`` (ping-pong only): a consumer warpgroup whose 64 rows of a tile lie past
     the sequence keeps its turns but skips its GEMMs and activation. Default: on for
-    max_seqlen_q <= ``SKIP_DEAD_MAX_Q`` (see there); env ADS_GDPA_SKIP_DEAD=0/1 overrides it.
+    max_seqlen_q <= ``config.SKIP_DEAD_MAX_Q`` (``config.skip_dead_halves``).
 
     In this build ptxas waits for the previous step's P·V before the activation (SASS: 0 of the
     step's 64 MUFU.TANH run under it). Masking P after the activation without a branch, plus a
@@ -605,12 +593,8 @@ def gdpa_fwd_gluon(
     grid = (min(B * H * m_tiles, sm_count(q.device)),)
     # bf16 P has fp32's exponent range, so P may leave out the scale (and a constant gain) and the
     # output tile take them; fp16 P could overflow without the scale, so it keeps the per-score
-    # multiply. With a power-of-two scale both give the same bits. ADS_GDPA_DEFER_SCALE=0 (tuning).
-    defer = (
-        q.dtype == torch.bfloat16
-        and int(activation_id) in DEFERRED_GAIN
-        and os.environ.get("ADS_GDPA_DEFER_SCALE", "1") != "0"
-    )
+    # multiply. With a power-of-two scale both give the same bits.
+    defer = q.dtype == torch.bfloat16 and int(activation_id) in DEFERRED_GAIN and cfg.defer_scale()
     if defer:
         scale = scale * DEFERRED_GAIN[int(activation_id)]
     args = (
@@ -636,7 +620,7 @@ def gdpa_fwd_gluon(
         raise ValueError(f"unknown variant {variant!r}; expected one of {sorted(SCHEDULES)}")
     schedule_id = SCHEDULES[variant]
     if skip_dead_halves is None:
-        skip_dead_halves = _skip_dead_default(max_seqlen_q)
+        skip_dead_halves = cfg.skip_dead_halves(max_seqlen_q)
     consts = (stages, int(activation_id), qbuf, schedule_id, epilogue, bool(skip_dead_halves), defer, 232, 24)
     _gdpa_fwd_ws[grid](*args, *consts, num_warps=4)
     # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
