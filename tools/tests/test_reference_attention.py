@@ -199,3 +199,31 @@ def test_jagged_attention_broadcast_q():
     assert out.shape == (6, 2, 4)
     torch.testing.assert_close(out[:3], _sdpa(q[None], k[None, :2], v[None, :2])[0])
     torch.testing.assert_close(out[3:], _sdpa(q[None], k[None, 2:], v[None, 2:])[0])
+
+
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_empty_kv_sequence_with_queries(with_sink):
+    # a kv sequence of length 0 whose q sequence is not empty: out 0, lse -inf (sink: lse = sink)
+    lq, lk = [2, 3], [0, 4]
+    q, k, v = _rand(5, 2, 4, seed=29), _rand(4, 2, 4, seed=30), _rand(4, 2, 4, seed=31)
+    sink = _rand(2, seed=32) if with_sink else None
+    out, lse = softmax_attention_varlen_ref(q, k, v, _cu(lq), _cu(lk), sink=sink, dtype=F64)
+    assert (out[:2] == 0).all()
+    if with_sink:
+        torch.testing.assert_close(lse[:, :2], sink[:, None].expand(2, 2))
+    else:
+        assert torch.isneginf(lse[:, :2]).all()
+    ref, _ = softmax_attention_ref(q[None, 2:], k[None], v[None], sink=sink, dtype=F64)
+    torch.testing.assert_close(out[2:], ref[0])
+    jag, jlse = jagged_attention_ref(q, k, v, _cu(lq), _cu(lk), 3, dtype=F64)
+    assert (jag[:2] == 0).all() and torch.isneginf(jlse[:, :2]).all()
+    dense, dlse = softmax_attention_ref(q[None, :2], k[None, :0], v[None, :0], dtype=F64)
+    assert (dense == 0).all() and torch.isneginf(dlse).all()
+
+
+def test_empty_kv_sequence_gradients_are_zero():
+    q = _rand(3, 1, 4, seed=33).requires_grad_(True)
+    k, v = _rand(2, 1, 4, seed=34), _rand(2, 1, 4, seed=35)
+    out, _ = softmax_attention_varlen_ref(q, k, v, [0, 1, 3], [0, 0, 2], dtype=F64)
+    (g,) = torch.autograd.grad(out.sum(), q)
+    assert torch.isfinite(g).all() and (g[0] == 0).all()

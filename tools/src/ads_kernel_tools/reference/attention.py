@@ -76,7 +76,10 @@ def _attend(
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     s = s.masked_fill(~mask, -math.inf)
-    row_max = s.amax(dim=-1)
+    if s.shape[-1] == 0:  # an empty kv sequence: amax over an empty dim would raise
+        row_max = s.new_full(s.shape[:-1], -math.inf)
+    else:
+        row_max = s.amax(dim=-1)
     if sink is not None:
         row_max = torch.maximum(row_max, sink[:, None])
     # A fully masked row has max -inf; shift by 0 instead so exp() gives clean zeros, not NaN.
