@@ -2,6 +2,22 @@
 
 Padding needs no mask: out-of-range Q/K/V rows load as zeros, S = 0 there and every activation has
 act(0) = 0, so P = 0. Only band masks (window / causal / local) are applied explicitly.
+
+FP8 (e4m3 Q, K, V; bf16 out): P must be rounded to e4m3 before P·V, and e4m3 holds only about
+2^-9..448 (normal from 2^-6). act(S) is unbounded (raw, relu_square, gelu grow with S) and ``scale``
+is often 1/max_seq_len, so neither P = scale·act(S) nor act(S) itself fits that range in general.
+The kernel therefore keeps ``scale`` out of P (applied to the fp32 output, like the bf16 deferred
+scale) and scales each row by its running maximum m = max |act(S)| over the keys seen so far, as
+online softmax does with its running max: P_q = e4m3(act(S)·448/m), the accumulator is multiplied by
+m_old/m_new whenever a row's maximum grows, and the output by m/448·scale·v_descale at the end. So
+every row's largest P is exactly 448 and every value within 2^15 of it keeps e4m3's relative
+precision (2^-4), whatever the score magnitudes, activation or scale. Rows whose maximum is 0 have
+all P = 0 and get output 0 (the scale factor is taken as 1 there, no division by zero).
+Why not the alternatives: a per-tile power-of-two scale needs each tile's P·V summed into the
+accumulator through its own multiply (a second D-wide fp32 tile per step on Hopper, where the GEMM
+accumulates in place), which costs more than the in-place rescale here, and its scales are up to 2x
+coarser; a static bound either saturates large scores or flushes small ones, since act(S)'s range is
+data-dependent, and counting the saturation only reports the error instead of avoiding it.
 """
 
 import triton
@@ -78,6 +94,7 @@ def gdpa_fwd_kernel(
             if PER_HEAD:
                 act_id = tl.load(ACT_TBL + h)
             acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+            row_max = tl.zeros([BLOCK_M], dtype=tl.float32)  # FP8: running max |act(S)| per row
             for n0 in range(lo, hi, BLOCK_N):
                 offs_n = n0 + tl.arange(0, BLOCK_N)
                 if USE_TMA:
@@ -95,12 +112,20 @@ def gdpa_fwd_kernel(
                     p = act_fwd_dyn(s, act_id, FAST)
                 else:
                     p = act_fwd(s, ACT, FAST)
-                p = p * scale
+                if not FP8:
+                    p = p * scale
                 if HAS_WINDOW:
                     p = tl.where(band_mask(offs_m, offs_n, diag, win_left, win_right), p, 0.0)
+                if FP8:
+                    # acc holds P·V in units of 448/row_max: move it to the new maximum's units
+                    m_new = tl.maximum(row_max, tl.max(tl.abs(p), axis=1))
+                    m_safe = tl.where(m_new > 0.0, m_new, 1.0)
+                    acc = acc * (row_max / m_safe)[:, None]
+                    p = p * (448.0 / m_safe)[:, None]
+                    row_max = m_new
                 acc = tl.dot(p.to(p_dtype), v, acc)
             if FP8:
-                acc = acc * tl.load(V_DESCALE + hk)
+                acc = acc * (row_max * (scale / 448.0) * tl.load(V_DESCALE + hk))[:, None]
             o_mask = (offs_m[:, None] < Lq) & (offs_dv[None, :] < D_V)
             o_ptrs = o_base + offs_m[:, None] * stride_ot + offs_dv[None, :]
             tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=o_mask)
