@@ -1,0 +1,167 @@
+"""torch.library registration: ``lp_fa4::fwd`` / ``lp_fa4::bwd`` custom ops, fakes, autograd, FLOPs.
+
+custom_op (not triton_op) so that opcheck and torch.compile(fullgraph=True) run under the Triton
+interpreter too. Every call is in varlen form: q (TQ, H, D), k/v (TK, Hkv, ·) or paged
+(pages, page_size, Hkv, ·); the dense API reshapes (B, S, H, D) to (B·S, H, D) with offsets b·S.
+Options travel as plain ints/floats/bools; window sides are resolved (launch.BIG = unbounded).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.flop_counter import register_flop_formula
+
+from .triton import launch
+
+Tensor = torch.Tensor
+_EMPTY = (0,)
+
+
+def _batches(cu_q: Tensor, cu_k: Tensor | None, broadcast_q: bool) -> int:
+    return (cu_k.shape[0] if broadcast_q else cu_q.shape[0]) - 1
+
+
+def _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense):
+    h = q.shape[1]
+    n_b = _batches(cu_q, cu_k, broadcast_q)
+    rows = n_b * q.shape[0] if broadcast_q else q.shape[0]
+    out = (rows, h, v.shape[-1])
+    if lse_dense:
+        s = q.shape[0] // n_b if n_b > 0 else 0
+        return out, (n_b, h, s)
+    return out, (h, rows)
+
+
+def _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap):
+    return launch.Problem(max_q=max_q, max_k=max_k, scale=scale, softcap=softcap, win_left=win_left,
+                          win_right=win_right, top_left=top_left, broadcast_q=broadcast_q,
+                          rows_cap=rows_cap)  # fmt: skip
+
+
+@torch.library.custom_op("lp_fa4::fwd", mutates_args=())
+def fwd_op(
+    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor | None, used_q: Tensor | None,
+    used_k: Tensor | None, page_table: Tensor | None, sink: Tensor | None, max_q: int, max_k: int,
+    scale: float, softcap: float, win_left: int, win_right: int, top_left: bool, broadcast_q: bool,
+    rows_cap: int, lse_dense: bool, zero_fill: bool, deterministic: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(out, lse): out like the query rows (broadcast_q: B·Lq rows), lse fp32 natural log, (B, H, S)
+    when ``lse_dense`` else (H, rows). ``zero_fill`` pre-fills out 0 / lse -inf for rows no kernel
+    program reaches (jagged rows past max_seqlen_q; the sink gradient reads every LSE row).
+    ``deterministic`` is the backward's (the forward is always deterministic)."""
+    out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
+    if zero_fill:
+        out = q.new_zeros(out_shape, dtype=q.dtype)
+        lse = torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device)
+    else:
+        out = q.new_empty(out_shape, dtype=q.dtype)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
+    launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense)
+    return out, lse
+
+
+@fwd_op.register_fake
+def _(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, max_q, max_k, scale, softcap, win_left,
+      win_right, top_left, broadcast_q, rows_cap, lse_dense, zero_fill, deterministic):  # fmt: skip
+    out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _flat(lse: Tensor, lse_dense: bool) -> Tensor:
+    """(B, H, S) -> (H, B·S); (H, rows) unchanged."""
+    return lse.permute(1, 0, 2).reshape(lse.shape[1], -1) if lse_dense else lse
+
+
+@torch.library.custom_op("lp_fa4::bwd", mutates_args=())
+def bwd_op(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None,
+    cu_q: Tensor, cu_k: Tensor, used_q: Tensor | None, used_k: Tensor | None, sink: Tensor | None,
+    max_q: int, max_k: int, scale: float, softcap: float, win_left: int, win_right: int, top_left: bool,
+    broadcast_q: bool, rows_cap: int, lse_dense: bool, deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq, dk, dv, dsink); dsink is empty when there is no sink."""
+    pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
+    lse_f = _flat(lse, lse_dense).contiguous()
+    dlse_f = _flat(dlse, lse_dense).float().contiguous() if dlse is not None else None
+    do = do if do.stride(-1) == 1 else do.contiguous()
+    dq, dk, dv, delta = launch.bwd(do, q, k, v, out, lse_f, dlse_f, cu_q, cu_k, used_q, used_k, pb,
+                                   deterministic)  # fmt: skip
+    if sink is None:
+        return dq, dk, dv, q.new_empty(_EMPTY)
+    # d sink_h = Σ_i p_i (dLSE_i - delta_i), p_i = exp(sink_h - LSE_i); rows with LSE -inf (not
+    # computed, no sequence) carry no probability
+    live = torch.isfinite(lse_f)
+    p = torch.where(live, torch.exp(sink.float()[:, None] - lse_f.masked_fill(~live, 0.0)), 0.0)
+    dsink = -(p * delta.masked_fill(~live, 0.0)).sum(1)
+    return dq, dk, dv, dsink.to(sink.dtype)
+
+
+@bwd_op.register_fake
+def _(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, sink, max_q, max_k, scale, softcap,
+      win_left, win_right, top_left, broadcast_q, rows_cap, lse_dense, deterministic):  # fmt: skip
+    dsink = torch.empty_like(sink) if sink is not None else q.new_empty(_EMPTY)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsink
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink = inputs[:9]
+    out, lse = output
+    ctx.paged = page_table is not None
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink)
+    ctx.opts = inputs[9:19]  # max_q .. lse_dense
+    ctx.deterministic = inputs[20]
+
+
+def _backward(ctx, dout, dlse):
+    if ctx.paged:
+        raise NotImplementedError("lp_fa4: the backward of paged KV (page_table) is not implemented")
+    q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    max_q, max_k, scale, softcap, wl, wr, top_left, bq, rows_cap, lse_dense = ctx.opts
+    dq, dk, dv, dsink = torch.ops.lp_fa4.bwd(
+        dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, sink, max_q, max_k, scale, softcap,
+        wl, wr, top_left, bq, rows_cap, lse_dense, ctx.deterministic,
+    )  # fmt: skip
+    return (dq, dk, dv) + (None,) * 5 + (dsink if sink is not None else None,) + (None,) * 12
+
+
+torch.library.register_autograd("lp_fa4::fwd", _backward, setup_context=_setup_context)
+
+
+def _pairs(max_q, max_k, n_b, win_left, win_right, top_left) -> int:
+    """Query-key pairs computed for B sequences of max_q x max_k (the bound when lengths vary)."""
+    if max_q <= 0 or max_k <= 0:
+        return 0
+    left = None if win_left >= launch.BIG else win_left
+    right = None if win_right >= launch.BIG else win_right
+    if left is None and right is None:
+        return n_b * max_q * max_k
+    from ads_kernel_tools.bench.flops import valid_pairs
+
+    if top_left:  # the jagged symmetric band |i - j| <= W
+        if left != right or left is None:
+            return n_b * max_q * max_k
+        return n_b * valid_pairs(max_q, max_k, symmetric_window=left)
+    return n_b * valid_pairs(max_q, max_k, window=(left, right))
+
+
+def fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q) -> int:
+    n_b = _batches(cu_q, cu_k, broadcast_q)
+    return 2 * q.shape[1] * (q.shape[-1] + v.shape[-1]) * _pairs(max_q, max_k, n_b, win_left, win_right,
+                                                                 top_left)  # fmt: skip
+
+
+@register_flop_formula(torch.ops.lp_fa4.fwd, get_raw=True)
+def _flops_fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, max_q, max_k, scale, softcap,
+               win_left, win_right, top_left, broadcast_q, *rest, out_val=None, **kw) -> int:  # fmt: skip
+    return fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q)
+
+
+@register_flop_formula(torch.ops.lp_fa4.bwd, get_raw=True)
+def _flops_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, sink, max_q, max_k, scale,
+               softcap, win_left, win_right, top_left, broadcast_q, *rest, out_val=None, **kw) -> int:  # fmt: skip
+    return int(2.5 * fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q))

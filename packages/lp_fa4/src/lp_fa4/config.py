@@ -1,0 +1,85 @@
+"""Tile configurations and every environment knob of lp_fa4, read in one place.
+
+Env:
+    LP_FA4_DQ=pass|atomic  how the backward forms dQ when ``deterministic=False``: ``pass`` (default) a
+        second kernel per query tile (bitwise repeatable, recomputes P), ``atomic`` fp32 atomics from
+        the dK/dV kernel plus a cast. ``deterministic=True`` always takes ``pass``.
+    ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
+        monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
+        default: the hot path never syncs.
+    TRITON_INTERPRET=1  (Triton's own) run the kernels on the CPU; tiles are pinned small there so
+        tests reach tile edges with short sequences.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _flag(name: str, default: str = "0") -> bool:
+    return os.environ.get(name, default).strip().lower() in _TRUE
+
+
+def interpreter_active() -> bool:
+    return _flag("TRITON_INTERPRET")
+
+
+def check_inputs() -> bool:
+    return _flag("ADS_CHECK_INPUTS")
+
+
+def dq_mode(deterministic: bool) -> str:
+    if deterministic:
+        return "pass"
+    mode = os.environ.get("LP_FA4_DQ", "pass").strip().lower()
+    if mode not in ("pass", "atomic"):
+        raise ValueError(f"LP_FA4_DQ must be pass or atomic, got {mode!r}")
+    return mode
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def launch(self) -> dict:
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "num_warps": self.num_warps,
+                "num_stages": self.num_stages}  # fmt: skip
+
+
+# Interpreter tiles: 16 rows/keys, so lengths 15/16/17 cross a tile edge cheaply on a CPU.
+_INTERP = Tile(16, 16, 4, 1)
+
+
+def fwd_tile(d_pad: int) -> Tile:
+    """Forward tile for padded head dim d_pad (64..256). Registers hold the BLOCK_M x d_pad fp32
+    accumulator; 256 wide needs 8 warps and one pipeline stage less to stay in shared memory."""
+    if interpreter_active():
+        return _INTERP
+    if d_pad <= 64:
+        return Tile(128, 64, 4, 3)
+    if d_pad <= 128:
+        return Tile(128, 64, 4, 3)
+    return Tile(128, 64, 8, 2)
+
+
+def dkdv_tile(d_pad: int) -> Tile:
+    """dK/dV kernel: BLOCK_N keys resident (K, V, dK, dV), BLOCK_M queries streamed."""
+    if interpreter_active():
+        return _INTERP
+    if d_pad <= 128:
+        return Tile(64, 128, 8, 2)
+    return Tile(32, 64, 8, 1)
+
+
+def dq_tile(d_pad: int) -> Tile:
+    if interpreter_active():
+        return _INTERP
+    if d_pad <= 128:
+        return Tile(128, 64, 8, 2)
+    return Tile(64, 64, 8, 1)

@@ -1,0 +1,441 @@
+"""Public API: FlashAttention-4's ``flash_attn_func`` / ``flash_attn_varlen_func`` (names, keywords
+and return values of flash-attn-4 4.0.0b36's ``flash_attn.cute``) and ``jagged_attention``.
+
+Validation and canonicalisation live here; every call becomes one ``lp_fa4::fwd`` custom op in varlen
+form. Nothing here reads device memory unless ``ADS_CHECK_INPUTS=1`` or a max_seqlen is omitted.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import torch
+
+from . import _ops
+from . import config as cfg
+from .triton.launch import BIG
+
+Tensor = torch.Tensor
+_DTYPES = (torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 256
+
+
+def _unsupported(**kw) -> None:
+    """NotImplementedError naming every FA4 keyword given a value this package does not implement."""
+    for name, value in kw.items():
+        if value is not None:
+            raise NotImplementedError(f"lp_fa4: {name} is not supported (got {type(value).__name__})")
+
+
+def _check_splits(num_splits: int) -> None:
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"lp_fa4: num_splits must be a non-negative int, got {num_splits!r}")
+    if num_splits > 1:
+        raise NotImplementedError(f"lp_fa4: num_splits={num_splits} (split-KV) is not supported; use 1")
+
+
+def _check_pack_gqa(pack_gqa) -> None:
+    if pack_gqa not in (None, True, False):
+        raise ValueError(f"lp_fa4: pack_gqa must be None, True or False, got {pack_gqa!r}")
+
+
+def _last_contig(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, q_dims: int, kv_dims: int) -> None:
+    for name, t, dims in (("q", q, q_dims), ("k", k, kv_dims), ("v", v, kv_dims)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"lp_fa4: {name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != dims:
+            raise ValueError(f"lp_fa4: {name} must be {dims}-D here, got shape {tuple(t.shape)}")
+    if q.dtype not in _DTYPES:
+        if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise NotImplementedError("lp_fa4: FP8 inputs are not supported yet (bf16/fp16 only)")
+        raise ValueError(f"lp_fa4: q must be bfloat16 or float16, got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"lp_fa4: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"lp_fa4: q, k, v on different devices: {q.device}, {k.device}, {v.device}")
+    d, dv = q.shape[-1], v.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"lp_fa4: q and k head dims differ: {d} vs {k.shape[-1]}")
+    for name, x in (("head dim", d), ("v head dim", dv)):
+        if x < 8 or x > MAX_HEAD_DIM or x % 8:
+            raise ValueError(f"lp_fa4: {name} must be a multiple of 8 in [8, {MAX_HEAD_DIM}], got {x}")
+    h, hkv = q.shape[-2], k.shape[-2]
+    if v.shape[-2] != hkv:
+        raise ValueError(f"lp_fa4: k has {hkv} heads but v has {v.shape[-2]}")
+    if hkv == 0 or h % hkv:
+        raise ValueError(f"lp_fa4: q heads ({h}) must be a multiple of kv heads ({hkv})")
+    if k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"lp_fa4: k and v disagree on tokens: {tuple(k.shape)} vs {tuple(v.shape)}")
+
+
+def _check_sink(sink: Tensor | None, h: int, device) -> None:
+    if sink is None:
+        return
+    if not isinstance(sink, Tensor) or sink.shape != (h,) or not sink.is_floating_point():
+        shape = tuple(sink.shape) if isinstance(sink, Tensor) else type(sink).__name__
+        raise ValueError(f"lp_fa4: learnable_sink must be a float tensor of shape ({h},), got {shape}")
+    if sink.device != device:
+        raise ValueError(f"lp_fa4: learnable_sink is on {sink.device}, q on {device}")
+
+
+def _check_index(name: str, t: Tensor | None, length: int | None, device) -> None:
+    if t is None:
+        return
+    if not isinstance(t, Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+        desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+        raise ValueError(f"lp_fa4: {name} must be a 1-D int32 tensor, got {desc}")
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"lp_fa4: {name} must have {length} entries, got {t.shape[0]}")
+    if t.device != device:
+        raise ValueError(f"lp_fa4: {name} is on {t.device}, q on {device}")
+
+
+def _resolve_window(causal: bool, window_size) -> tuple[int, int]:
+    """FA4's rules: causal sets right = 0; left + right < 0 drops the window; None is unbounded."""
+    if not isinstance(causal, bool):
+        raise ValueError(f"lp_fa4: causal must be a bool, got {causal!r}")
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"lp_fa4: window_size must be a pair (left, right), got {window_size!r}") from None
+    for side in (left, right):
+        if side is not None and (isinstance(side, bool) or not isinstance(side, int)):
+            raise ValueError(f"lp_fa4: window_size entries must be int or None, got {window_size!r}")
+    if causal:
+        right = 0
+    if left is not None and right is not None and left + right < 0:
+        left, right = None, None
+    wl = BIG if left is None else max(min(left, BIG), -BIG)
+    wr = BIG if right is None else max(min(right, BIG), -BIG)
+    return wl, wr
+
+
+def _scale(softmax_scale, d: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(
+        softmax_scale
+    ):
+        raise ValueError(f"lp_fa4: softmax_scale must be a finite float, got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def _softcap(softcap) -> float:
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (softcap >= 0):
+        raise ValueError(f"lp_fa4: softcap must be a float >= 0 (0 = off), got {softcap!r}")
+    if not math.isfinite(softcap):
+        raise ValueError(f"lp_fa4: softcap must be finite, got {softcap!r}")
+    return float(softcap)
+
+
+def _check_max(name: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"lp_fa4: {name} must be a non-negative int, got {value!r}")
+
+
+@functools.lru_cache(maxsize=32)
+def _dense_offsets_cached(n_b: int, s: int, device: str) -> Tensor:
+    return torch.arange(0, n_b + 1, dtype=torch.int32, device=device) * s
+
+
+def _dense_offsets(n_b: int, s: int, device) -> Tensor:
+    if n_b * s >= 2**31:
+        return torch.arange(0, n_b + 1, dtype=torch.int64, device=device) * s
+    if torch.compiler.is_compiling():
+        return torch.arange(0, n_b + 1, dtype=torch.int32, device=device) * s
+    return _dense_offsets_cached(n_b, s, str(device))
+
+
+def _longest(cu: Tensor) -> int:
+    """max(cu[b+1] - cu[b]): a device sync, only when the caller omitted max_seqlen."""
+    return int((cu[1:] - cu[:-1]).max().item()) if cu.shape[0] > 1 else 0
+
+
+def _host_checks(q_rows, k_rows, cu_q, cu_k, used_q, used_k, page_table, n_pages, max_q, max_k,
+                 broadcast_q) -> None:  # fmt: skip
+    """ADS_CHECK_INPUTS=1: the value checks that need device data (one sync)."""
+    for name, cu, rows, mx in (("cu_seqlens_q", cu_q, q_rows, max_q), ("cu_seqlens_k", cu_k, k_rows, max_k)):
+        if cu is None:
+            continue
+        h = cu.detach().to("cpu", torch.int64)
+        lens = h[1:] - h[:-1]
+        if h.numel() and (int(h[0]) < 0 or int(h[-1]) > rows):
+            raise ValueError(f"lp_fa4: {name} spans [{int(h[0])}, {int(h[-1])}] but the tensor has {rows} rows")
+        if lens.numel() and int(lens.min()) < 0:
+            raise ValueError(f"lp_fa4: {name} must be non-decreasing, got {h[:8].tolist()}")
+        if lens.numel() and mx is not None and int(lens.max()) > mx and not (broadcast_q and name.endswith("q")):
+            raise ValueError(f"lp_fa4: a sequence in {name} has {int(lens.max())} rows > max_seqlen {mx}")
+    for name, used in (("seqused_q", used_q), ("seqused_k", used_k)):
+        if used is not None and int(used.min()) < 0 if used.numel() else False:
+            raise ValueError(f"lp_fa4: {name} has negative entries")
+    if page_table is not None and page_table.numel():
+        lo, hi = int(page_table.min()), int(page_table.max())
+        if lo < 0 or hi >= n_pages:
+            raise ValueError(f"lp_fa4: page_table holds pages [{lo}, {hi}] but k has {n_pages} pages")
+
+
+def _run(q3, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, max_q, max_k, scale, softcap, wl, wr, *,
+         top_left=False, broadcast_q=False, rows_cap=BIG, lse_dense=False, zero_fill=False,
+         deterministic=False):  # fmt: skip
+    q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
+    zero_fill = zero_fill or sink is not None
+    return _ops.fwd_op(q3, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, max_q, max_k, scale, softcap,
+                       wl, wr, top_left, broadcast_q, rows_cap, lse_dense, zero_fill,
+                       bool(deterministic))  # fmt: skip
+
+
+def _check_paged(q: Tensor, k: Tensor, v: Tensor, page_table: Tensor, n_b: int, device) -> None:
+    if page_table.dim() != 2 or page_table.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"lp_fa4: page_table must be 2-D int32 (batch, max_pages), got "
+                         f"{page_table.dtype} {tuple(page_table.shape)}")  # fmt: skip
+    if page_table.shape[0] != n_b:
+        raise ValueError(f"lp_fa4: page_table has {page_table.shape[0]} rows for {n_b} sequences")
+    if page_table.device != device:
+        raise ValueError(f"lp_fa4: page_table is on {page_table.device}, q on {device}")
+    if page_table.shape[1] == 0 or k.shape[1] == 0:
+        raise ValueError("lp_fa4: page_table needs at least one page of at least one row")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("lp_fa4: paged KV (page_table) is forward-only; call it under no_grad")
+
+
+def flash_attn_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int | None, int | None] = (None, None),
+    learnable_sink: Tensor | None = None,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    *,
+    qv: Tensor | None = None,
+    score_mod=None,
+    score_mod_bwd=None,
+    mask_mod=None,
+    aux_tensors=None,
+    aux_scalars=None,
+    block_sparse_tensors=None,
+    block_sparse_tensors_bwd=None,
+    gather_kv_indices: Tensor | None = None,
+    return_lse: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Softmax attention on dense batches, FlashAttention-4's interface.
+
+    q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); bf16 or fp16; H % Hkv == 0 (GQA/MQA).
+    Returns ``(out, lse)``: out (B, Sq, H, Dv) in q's dtype; lse (B, H, Sq) fp32 natural-log
+    logsumexp of the scaled (and softcapped) scores, including the sink, when ``return_lse`` (else
+    None); differentiable. Masks are bottom-right aligned: query i sees key j iff
+    ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` for ``window_size=(left, right)`` (None =
+    unbounded; causal sets right = 0; left + right < 0 means no window). ``softcap`` > 0 maps scores to
+    ``softcap·tanh(s/softcap)``; ``learnable_sink`` (H,) is a per-head logit (not scaled) added to the
+    softmax denominator only. Rows with no valid key give out 0, lse -inf. ``pack_gqa`` is accepted
+    (GQA needs no packing here); ``deterministic`` gives a bitwise repeatable backward.
+    """
+    _unsupported(qv=qv, score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
+                 aux_tensors=aux_tensors, aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
+                 block_sparse_tensors_bwd=block_sparse_tensors_bwd,
+                 gather_kv_indices=gather_kv_indices)  # fmt: skip
+    _check_splits(num_splits)
+    _check_pack_gqa(pack_gqa)
+    _check_qkv(q, k, v, 4, 4)
+    n_b, sq, h, d = q.shape
+    sk = k.shape[1]
+    if k.shape[0] != n_b:
+        raise ValueError(f"lp_fa4: q has batch {n_b} but k has {k.shape[0]}")
+    _check_sink(learnable_sink, h, q.device)
+    wl, wr = _resolve_window(causal, window_size)
+    scale, cap = _scale(softmax_scale, d), _softcap(softcap)
+    cu_q, cu_k = _dense_offsets(n_b, sq, q.device), _dense_offsets(n_b, sk, q.device)
+    q3 = q.reshape(n_b * sq, h, d)
+    k3, v3 = k.reshape(n_b * sk, *k.shape[2:]), v.reshape(n_b * sk, *v.shape[2:])
+    out, lse = _run(q3, k3, v3, cu_q, cu_k, None, None, None, learnable_sink, sq, sk, scale, cap, wl, wr,
+                    lse_dense=True, deterministic=deterministic)  # fmt: skip
+    return out.view(n_b, sq, h, v.shape[-1]), (lse if return_lse else None)
+
+
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    page_table: Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int | None, int | None] = (None, None),
+    learnable_sink: Tensor | None = None,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    *,
+    min_seqlen_k: int | None = None,
+    qv: Tensor | None = None,
+    score_mod=None,
+    score_mod_bwd=None,
+    mask_mod=None,
+    aux_tensors=None,
+    aux_scalars=None,
+    block_sparse_tensors=None,
+    gather_kv_indices: Tensor | None = None,
+    scheduler_metadata=None,
+    broadcast_q: bool = False,
+    cpu_cu_seqlens_k=None,
+    return_lse: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Softmax attention on packed variable-length batches, FlashAttention-4's interface.
+
+    q (Tq, H, D) with ``cu_seqlens_q`` int32 (B+1,), or (B, Sq, H, D) without it; k/v (Tk, Hkv, ·)
+    with ``cu_seqlens_k``, (B, Sk, Hkv, ·) without it, or paged (num_pages, page_size, Hkv, ·) with
+    ``page_table`` int32 (B, max_pages) (sequence b's key j lives in page page_table[b, j //
+    page_size]; forward only; its length is seqused_k[b], else max_pages·page_size).
+    ``seqused_q/k`` (B,) shorten each sequence to its first entries: query rows past seqused_q give
+    out 0 / lse -inf, keys past seqused_k are ignored and get zero dK/dV. ``max_seqlen_q/k`` bound the
+    longest sequence (omitted: read from the offsets, one device sync). ``broadcast_q``: the one query
+    sequence (cu_seqlens_q = [0, Lq]) attends to each of the B kv sequences; out (B·Lq, H, Dv), dQ
+    summed over the batch. Returns ``(out, lse)``: out (Tq, H, Dv), lse (H, Tq) fp32 natural log (for
+    4-D q: (B, Sq, H, Dv) and (B, H, Sq)) when ``return_lse``, else None. Rows before cu_seqlens_q[0]
+    or after cu_seqlens_q[B] are left unwritten. Other options as :func:`flash_attn_func`.
+    """
+    _unsupported(qv=qv, score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
+                 aux_tensors=aux_tensors, aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
+                 gather_kv_indices=gather_kv_indices, scheduler_metadata=scheduler_metadata)  # fmt: skip
+    _check_splits(num_splits)
+    _check_pack_gqa(pack_gqa)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k), ("min_seqlen_k",
+                        min_seqlen_k)):  # fmt: skip
+        _check_max(name, value)
+    if not isinstance(broadcast_q, bool):
+        raise ValueError(f"lp_fa4: broadcast_q must be a bool, got {broadcast_q!r}")
+    dense_q = cu_seqlens_q is None
+    paged = page_table is not None
+    if paged and cu_seqlens_k is not None:
+        raise ValueError("lp_fa4: page_table cannot be combined with cu_seqlens_k (use seqused_k)")
+    dense_k = cu_seqlens_k is None and not paged
+    if not isinstance(q, Tensor) or not isinstance(k, Tensor) or not isinstance(v, Tensor):
+        raise ValueError("lp_fa4: q, k, v must be tensors")
+    _check_qkv(q, k, v, 4 if dense_q else 3, 4 if (dense_k or paged) else 3)
+    h, d = q.shape[-2], q.shape[-1]
+    dev = q.device
+    if dense_q:
+        n_b, sq = q.shape[0], q.shape[1]
+        if broadcast_q:
+            raise ValueError("lp_fa4: broadcast_q needs 3-D q with cu_seqlens_q = [0, Lq]")
+        cu_q = _dense_offsets(n_b, sq, dev)
+        q3 = q.reshape(n_b * sq, h, d)
+        max_q = sq
+    else:
+        _check_index("cu_seqlens_q", cu_seqlens_q, None, dev)
+        if cu_seqlens_q.shape[0] < 1:
+            raise ValueError("lp_fa4: cu_seqlens_q needs at least one entry")
+        if broadcast_q and cu_seqlens_q.shape[0] != 2:
+            raise ValueError("lp_fa4: broadcast_q needs cu_seqlens_q with exactly 2 entries [0, Lq]")
+        cu_q, q3 = cu_seqlens_q, q
+        n_b = cu_q.shape[0] - 1
+        max_q = max_seqlen_q if max_seqlen_q is not None else _longest(cu_q)
+        if broadcast_q:
+            max_q = q.shape[0] if max_seqlen_q is None else max_seqlen_q
+    if paged:
+        n_b = page_table.shape[0] if broadcast_q else n_b
+        _check_paged(q, k, v, page_table, n_b, dev)
+        cu_k, k3, v3 = None, k, v
+        max_k = page_table.shape[1] * k.shape[1]
+        max_k = min(max_k, max_seqlen_k) if max_seqlen_k is not None else max_k
+    elif dense_k:
+        if k.shape[0] != n_b and not broadcast_q:
+            raise ValueError(f"lp_fa4: q has {n_b} sequences but dense k has batch {k.shape[0]}")
+        n_b = k.shape[0] if broadcast_q else n_b
+        cu_k = _dense_offsets(k.shape[0], k.shape[1], dev)
+        k3, v3 = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
+        max_k = k.shape[1]
+    else:
+        _check_index("cu_seqlens_k", cu_seqlens_k, None if broadcast_q else n_b + 1, dev)
+        cu_k, k3, v3 = cu_seqlens_k, k, v
+        n_b = cu_k.shape[0] - 1 if broadcast_q else n_b
+        if max_seqlen_k is not None:
+            max_k = max_seqlen_k
+        elif cpu_cu_seqlens_k is not None:
+            host = torch.as_tensor(cpu_cu_seqlens_k)
+            max_k = int((host[1:] - host[:-1]).max()) if host.numel() > 1 else 0
+        else:
+            max_k = _longest(cu_k)
+    if paged and v.shape[:2] != k.shape[:2]:
+        raise ValueError("lp_fa4: paged k and v must have the same pages")
+    _check_index("seqused_q", seqused_q, n_b, dev)
+    _check_index("seqused_k", seqused_k, n_b, dev)
+    if broadcast_q and seqused_q is not None:
+        raise ValueError("lp_fa4: broadcast_q does not take seqused_q")
+    _check_sink(learnable_sink, h, dev)
+    wl, wr = _resolve_window(causal, window_size)
+    scale, cap = _scale(softmax_scale, d), _softcap(softcap)
+    if cfg.check_inputs():
+        n_pages = k.shape[0] if paged else 0
+        k_rows = k3.shape[0] if not paged else 0
+        _host_checks(q3.shape[0], k_rows, cu_q if not dense_q else None, cu_k if not (dense_k or paged) else None,
+                     seqused_q, seqused_k, page_table, n_pages, max_q, max_k, broadcast_q)  # fmt: skip
+    out, lse = _run(q3, k3, v3, cu_q, cu_k, seqused_q, seqused_k, page_table, learnable_sink, max_q, max_k,
+                    scale, cap, wl, wr, broadcast_q=broadcast_q, lse_dense=dense_q,
+                    deterministic=deterministic)  # fmt: skip
+    if dense_q:
+        out = out.view(n_b, q.shape[1], h, v.shape[-1])
+    return out, (lse if return_lse else None)
+
+
+def jagged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int | None = None,
+    *,
+    softmax_scale: float | None = None,
+    window_size: int | None = None,
+    broadcast_q: bool = False,
+    deterministic: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Jagged softmax attention (the semantics ads-jfa builds on; not an FA4 name).
+
+    q (Tq, H, D), k/v (Tk, Hkv, ·); int32 offsets ``cu_seqlens_q`` / ``cu_seqlens_k`` (B+1,), independent
+    (Lq != Lk: cross attention); query sequence b attends to kv sequence b. ``window_size=W``: the
+    top-left symmetric band |i - j| <= W with i, j counted from each sequence's start. Query rows
+    i >= ``max_seqlen_q`` are zeros (and get zero dQ); an empty kv sequence gives 0 / -inf.
+    ``broadcast_q``: q is one sequence (cu_seqlens_q = [0, Lq]) attending to each of the B kv
+    sequences; out (B·Lq, H, Dv), dQ summed over the batch. ``max_seqlen_k`` bounds the longest kv
+    sequence (omitted: read from the offsets, one device sync). Returns (out, lse): lse (H, rows) fp32
+    natural log (the upstream TLX kernel stores lse / ln 2); both differentiable.
+    """
+    _check_qkv(q, k, v, 3, 3)
+    dev = q.device
+    _check_index("cu_seqlens_q", cu_seqlens_q, 2 if broadcast_q else None, dev)
+    _check_index("cu_seqlens_k", cu_seqlens_k, None if broadcast_q else cu_seqlens_q.shape[0], dev)
+    _check_max("max_seqlen_q", max_seqlen_q)
+    _check_max("max_seqlen_k", max_seqlen_k)
+    if max_seqlen_q is None:
+        raise ValueError("lp_fa4: jagged_attention needs max_seqlen_q")
+    if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int)
+                                    or window_size < 0):  # fmt: skip
+        raise ValueError(f"lp_fa4: window_size must be None or an int >= 0, got {window_size!r}")
+    max_k = max_seqlen_k if max_seqlen_k is not None else _longest(cu_seqlens_k)
+    w = BIG if window_size is None else min(window_size, BIG)
+    scale = _scale(softmax_scale, q.shape[-1])
+    if cfg.check_inputs():
+        _host_checks(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, None, None, None, 0, None, max_k,
+                     broadcast_q)  # fmt: skip
+    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, None, None, max_seqlen_q, max_k, scale, 0.0,
+                w, w, top_left=True, broadcast_q=broadcast_q, rows_cap=max_seqlen_q, zero_fill=True,
+                deterministic=deterministic)  # fmt: skip

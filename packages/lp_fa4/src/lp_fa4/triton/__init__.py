@@ -1,0 +1,1 @@
+"""Portable Triton kernels (sm80+, and the CPU interpreter): forward, backward, launchers."""

@@ -1,0 +1,186 @@
+"""Backward kernels: preprocess (delta = rowsum(dO∘O) - dLSE), dK/dV per kv tile (optionally dQ by
+fp32 atomics), and a deterministic dQ pass per query tile.
+
+P is recomputed from the forward's LSE: P = exp2(s2 - LSE·log2e). Rows outside the computed rows carry
+LSE +inf here so that their P is exactly 0 whatever the scores are.
+"""
+
+import triton
+import triton.language as tl
+
+from ._common import band_mask, diag_offset, key_rows, scores, seq_extent
+
+
+@triton.jit
+def preprocess_kernel(O, DO, DLSE, DELTA, stride_ot, stride_oh, stride_dot, stride_doh, TO, H,
+                      D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                      HAS_DLSE: tl.constexpr):  # fmt: skip
+    """DELTA (H, TO) fp32 = rowsum(dO∘O) - dLSE (dLSE (H, TO), when the LSE had a gradient)."""
+    h = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_DV)
+    ok = rows < TO
+    m2 = ok[:, None] & (offs_d[None, :] < D_V)
+    o = tl.load(O + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], mask=m2, other=0.0)
+    do = tl.load(DO + rows[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=m2, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + h * TO + rows, mask=ok, other=0.0)
+    tl.store(DELTA + h * TO + rows, delta, mask=ok)
+
+
+@triton.jit
+def _p_ds(q, kt, vt, do, lse2, delta, offs_m, offs_n, k_len, off, win_left, win_right,
+          qk_scale2, cap_in, cap_out2, SOFTCAP: tl.constexpr):  # fmt: skip
+    """(P, dS) of one (BLOCK_M, BLOCK_N) tile; dS is the gradient w.r.t. the raw q·k without the
+    softmax scale (applied once to dK and dQ): P∘(dP - delta), times 1 - tanh² under softcap."""
+    s2, t = scores(tl.dot(q, kt), qk_scale2, cap_in, cap_out2, SOFTCAP)
+    s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
+    p = tl.exp2(s2 - lse2[:, None])
+    dp = tl.dot(do, vt)
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    return p, ds
+
+
+@triton.jit
+def _row_stats(LSE, DELTA, h, o0, offs_m, rows, TO):
+    """LSE·log2e (+inf on rows not computed or with no mass, so P = 0 there) and delta of the rows."""
+    o_rows = o0 + offs_m.to(tl.int64)
+    ok = (offs_m < rows) & (o_rows < TO)
+    lse = tl.load(LSE + h * TO + o_rows, mask=ok, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    delta = tl.load(DELTA + h * TO + o_rows, mask=ok, other=0.0)
+    return lse2, delta, ok
+
+
+@triton.jit
+def dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, DK, DV, CU_Q, CU_K, USED_Q, USED_K,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dqt, stride_dqh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+    TQ, TK, TO, ROWS_CAP, H_KV, G, sm_scale,
+    qk_scale2, cap_in, cap_out2, win_left, win_right,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_USED_Q: tl.constexpr, HAS_USED_K: tl.constexpr, SOFTCAP: tl.constexpr, TOP_LEFT: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+):  # fmt: skip
+    """One program per (sequence, kv head, BLOCK_N keys): dK, dV summed over the G query heads of the
+    group on chip (no atomics, so bitwise repeatable); keys past k_len get zeros."""
+    pid = tl.program_id(0)
+    b = pid // H_KV
+    hk = pid % H_KV
+    start_n = tl.program_id(1) * BLOCK_N
+    q0, slot_q, q_len, rows, o0, k0, k_len = seq_extent(
+        b, CU_Q, CU_K, USED_Q, USED_K, TQ, TK, 0, ROWS_CAP, HAS_USED_Q, HAS_USED_K, BROADCAST_Q, False
+    )
+    if start_n >= k_len:
+        return
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    k_ok = offs_n < k_len
+    k_rows = (k0 + offs_n.to(tl.int64))
+    kt = tl.load(K + k_rows[None, :] * stride_kt + hk * stride_kh + offs_d[:, None],
+                 mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
+    vt = tl.load(V + k_rows[None, :] * stride_vt + hk * stride_vh + offs_dv[:, None],
+                 mask=k_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0)  # fmt: skip
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    off = diag_offset(q_len, k_len, TOP_LEFT)
+    last_n = tl.minimum(start_n + BLOCK_N, k_len) - 1
+    lo = tl.maximum(start_n - off - win_right, 0)
+    hi = tl.minimum(last_n - off + win_left + 1, rows)
+    lo = (lo // BLOCK_M) * BLOCK_M
+    for g in range(0, G):
+        h = hk * G + g
+        for start_m in range(lo, hi, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            q_rows = q0 + offs_m.to(tl.int64)
+            lse2, delta, ok = _row_stats(LSE, DELTA, h, o0, offs_m, rows, TO)
+            q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                        mask=ok[:, None] & (offs_d[None, :] < D_QK), other=0.0)  # fmt: skip
+            o_rows = o0 + offs_m.to(tl.int64)
+            do = tl.load(DO + o_rows[:, None] * stride_dot + h * stride_doh + offs_dv[None, :],
+                         mask=ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
+            p, ds = _p_ds(q, kt, vt, do, lse2, delta, offs_m, offs_n, k_len, off, win_left, win_right,
+                          qk_scale2, cap_in, cap_out2, SOFTCAP)  # fmt: skip
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+            dsl = ds.to(q.dtype)
+            dk += tl.dot(tl.trans(dsl), q)
+            if DQ_ATOMIC:
+                dq = tl.dot(dsl, tl.trans(kt)) * sm_scale
+                dq_ptrs = DQ + q_rows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :]
+                tl.atomic_add(dq_ptrs, dq, mask=ok[:, None] & (offs_d[None, :] < D_QK))
+    dk_ptrs = DK + k_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :]
+    tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (offs_d[None, :] < D_QK))
+    dv_ptrs = DV + k_rows[:, None] * stride_dvt + hk * stride_dvh + offs_dv[None, :]
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=k_ok[:, None] & (offs_dv[None, :] < D_V))
+
+
+@triton.jit
+def dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, USED_Q, USED_K,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
+    stride_dqt, stride_dqh,
+    TQ, TK, TO, ROWS_CAP, B, H, G, sm_scale,
+    qk_scale2, cap_in, cap_out2, win_left, win_right,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_USED_Q: tl.constexpr, HAS_USED_K: tl.constexpr, SOFTCAP: tl.constexpr, TOP_LEFT: tl.constexpr,
+    BROADCAST_Q: tl.constexpr,
+):  # fmt: skip
+    """Deterministic dQ: one program per (sequence, head, BLOCK_M queries) walks its keys; under
+    broadcast_q one program per (head, BLOCK_M) sums over all B kv sequences in a fixed order."""
+    pid = tl.program_id(0)
+    if BROADCAST_Q:
+        h = pid
+        b_first = 0
+        b_end = B
+    else:
+        h = pid % H
+        b_first = pid // H
+        b_end = b_first + 1
+    hk = (h // G).to(tl.int64)
+    start_m = tl.program_id(1) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    q0, slot_q, q_len, rows, o0, k0, k_len = seq_extent(
+        b_first, CU_Q, CU_K, USED_Q, USED_K, TQ, TK, 0, ROWS_CAP, HAS_USED_Q, HAS_USED_K, BROADCAST_Q, False
+    )
+    q_rows = q0 + offs_m.to(tl.int64)
+    q_ok = offs_m < rows
+    q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=q_ok[:, None] & (offs_d[None, :] < D_QK), other=0.0)  # fmt: skip
+    for b in range(b_first, b_end):
+        q0, slot_q, q_len, rows, o0, k0, k_len = seq_extent(
+            b, CU_Q, CU_K, USED_Q, USED_K, TQ, TK, 0, ROWS_CAP, HAS_USED_Q, HAS_USED_K, BROADCAST_Q, False
+        )
+        lse2, delta, ok = _row_stats(LSE, DELTA, h, o0, offs_m, rows, TO)
+        o_rows = o0 + offs_m.to(tl.int64)
+        do = tl.load(DO + o_rows[:, None] * stride_dot + h * stride_doh + offs_dv[None, :],
+                     mask=ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
+        off = diag_offset(q_len, k_len, TOP_LEFT)
+        last_m = tl.minimum(start_m + BLOCK_M, rows) - 1
+        lo = tl.maximum(start_m + off - win_left, 0)
+        hi = tl.minimum(last_m + off + win_right + 1, k_len)
+        hi = tl.where(start_m < rows, hi, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        for start_n in range(lo, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k_ok = offs_n < k_len
+            k_rows = k0 + offs_n.to(tl.int64)
+            kt = tl.load(K + k_rows[None, :] * stride_kt + hk * stride_kh + offs_d[:, None],
+                         mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
+            vt = tl.load(V + k_rows[None, :] * stride_vt + hk * stride_vh + offs_dv[:, None],
+                         mask=k_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0)  # fmt: skip
+            p, ds = _p_ds(q, kt, vt, do, lse2, delta, offs_m, offs_n, k_len, off, win_left, win_right,
+                          qk_scale2, cap_in, cap_out2, SOFTCAP)  # fmt: skip
+            dq += tl.dot(ds.to(q.dtype), tl.trans(kt))
+    q_in = offs_m < slot_q  # rows of the slot that were not computed get zeros
+    dq_ptrs = DQ + q_rows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :]
+    tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_in[:, None] & (offs_d[None, :] < D_QK))

@@ -1,0 +1,94 @@
+"""Forward kernel: one program per (sequence, head, BLOCK_M query rows); online softmax in exp2."""
+
+import triton
+import triton.language as tl
+
+from ._common import band_mask, diag_offset, key_rows, scores, seq_extent
+
+
+@triton.jit
+def fwd_kernel(
+    Q, K, V, O, LSE, CU_Q, CU_K, USED_Q, USED_K, PT, SINK,
+    stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    stride_ot, stride_oh, stride_lb, stride_lh, spt_b,
+    TQ, TK, TO, NUM_PAGES, MAX_PAGES, K_CAP, ROWS_CAP, H, G,
+    qk_scale2, cap_in, cap_out2, win_left, win_right,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    HAS_USED_Q: tl.constexpr, HAS_USED_K: tl.constexpr, PAGED: tl.constexpr, HAS_SINK: tl.constexpr,
+    SOFTCAP: tl.constexpr, TOP_LEFT: tl.constexpr, BROADCAST_Q: tl.constexpr, LSE_PER_SEQ: tl.constexpr,
+):  # fmt: skip
+    """O (TO, H, D_V) and LSE: rows [rows, slot_q) of each sequence get 0 / -inf; rows past slot_q
+    belong to the next sequence and are not touched. LSE_PER_SEQ: LSE row r of sequence b lives at
+    b·stride_lb + h·stride_lh + r (dense (B, H, S)); else at h·stride_lh + o0 + r (varlen (H, TO))."""
+    pid = tl.program_id(0)
+    b = pid // H
+    h = pid % H
+    start_m = tl.program_id(1) * BLOCK_M
+    q0, slot_q, q_len, rows, o0, k0, k_len = seq_extent(
+        b, CU_Q, CU_K, USED_Q, USED_K, TQ, TK, K_CAP, ROWS_CAP, HAS_USED_Q, HAS_USED_K, BROADCAST_Q, PAGED
+    )
+    if start_m >= slot_q:
+        return
+    hk = (h // G).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < rows
+    q_ptrs = Q + (q0 + offs_m.to(tl.int64))[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < D_QK), other=0.0)
+
+    off = diag_offset(q_len, k_len, TOP_LEFT)
+    last_m = tl.minimum(start_m + BLOCK_M, rows) - 1
+    lo = tl.maximum(start_m + off - win_left, 0)
+    hi = tl.minimum(last_m + off + win_right + 1, k_len)
+    hi = tl.where(start_m < rows, hi, 0)  # a tile past the computed rows only writes zeros
+    lo = (lo // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ok = offs_n < k_len
+        koff = key_rows(K, PT, b, offs_n, k0, k_len, spt_b, stride_kp, stride_kt, NUM_PAGES, MAX_PAGES,
+                        PAGED, PAGE_SIZE)  # fmt: skip
+        voff = key_rows(V, PT, b, offs_n, k0, k_len, spt_b, stride_vp, stride_vt, NUM_PAGES, MAX_PAGES,
+                        PAGED, PAGE_SIZE)  # fmt: skip
+        kt = tl.load(K + koff[None, :] + hk * stride_kh + offs_d[:, None],
+                     mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
+        s2, _t = scores(tl.dot(q, kt), qk_scale2, cap_in, cap_out2, SOFTCAP)
+        s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        # a row that has seen no key yet keeps max -inf: shift by 0 so exp2 gives 0, not NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s2 - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + voff[:, None] + hk * stride_vh + offs_dv[None, :],
+                    mask=k_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if HAS_SINK:
+        # the sink is a logit in natural units (not scaled by softmax_scale): denominator only
+        sink2 = tl.load(SINK + h).to(tl.float32) * 1.4426950408889634
+        m_f = tl.maximum(m_i, sink2)
+        alpha = tl.exp2(m_i - m_f)
+        l_i = l_i * alpha + tl.exp2(sink2 - m_f)
+        acc = acc * alpha[:, None]
+        m_i = m_f
+    has = (l_i > 0) & row_ok
+    l_safe = tl.where(has, l_i, 1.0)
+    out = tl.where(has[:, None], acc / l_safe[:, None], 0.0)
+    lse = tl.where(has, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    in_slot = offs_m < slot_q
+    o_rows = o0 + offs_m.to(tl.int64)
+    o_ok = in_slot & (o_rows < TO)
+    o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_dv[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_ok[:, None] & (offs_dv[None, :] < D_V))
+    if LSE_PER_SEQ:
+        l_ptrs = LSE + b.to(tl.int64) * stride_lb + h * stride_lh + offs_m.to(tl.int64)
+    else:
+        l_ptrs = LSE + h * stride_lh + o_rows
+    tl.store(l_ptrs, lse, mask=o_ok)
