@@ -71,15 +71,148 @@ def test_report_ratio_table_json_plot(tmp_path):
         rep.add(Row("gdpa", "cudnn", "fwd", f"L={x}", 1.0, tflops=peer, extra={"L": x}))
         rep.add(Row("gdpa", "fa4", "fwd", f"L={x}", None, note="unavailable", extra={"L": x}))
     text = rep.table()
-    assert "x best peer" in text and "2.00" in text and "0.75" in text
+    assert "x best peer" in text and "2.00" in text and "0.75" in text and "best peer" in text
     data = json.loads(rep.write_json(tmp_path / "r.json").read_text())
-    assert data["rows"][0]["ratio"] == pytest.approx(2.0)
+    assert data["rows"][0]["ratio"] == pytest.approx(2.0) and data["rows"][0]["best_peer"] == "cudnn"
+    assert data["rows"][1]["ratio"] == pytest.approx(1.0)  # the best peer's own row
     assert data["environment"]["torch"] == torch.__version__
+    assert data["metric"] == "tflops" and data["ours"] == "ours"
     pytest.importorskip("matplotlib")
     png = rep.plot_png(tmp_path / "r.png", x_key="L")
     assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError):
         Report("x", metric="ms")
+
+
+def _sweep_report() -> Report:
+    """Two modes, two line families told apart by extra["D"], one single-x family, an absent peer."""
+    rep = Report("suite: demo")
+    for d in (64, 128):
+        for n in (256, 512, 1024):
+            shape = f"B=8 D={d} max={n}"
+            for mode, scale in (("fwd", 1.0), ("bwd", 0.7)):
+                extra = {"D": d, "max_len": n}
+                rep.add(Row("self", "ours", mode, shape, 1.0, tflops=scale * n, extra=dict(extra)))
+                rep.add(
+                    Row("self", "ours[triton]", mode, shape, 1.0, tflops=scale * n / 2, extra=dict(extra))
+                )
+                peer = None if (n == 1024 and mode == "bwd") else scale * 400
+                rep.add(
+                    Row("self", "fa4", mode, shape, None if peer is None else 1.0, tflops=peer, extra=extra)
+                )
+    for mode in ("fwd", "bwd"):
+        rep.add(Row("dense", "ours", mode, "B=4 max=4096", 1.0, tflops=600.0, extra={"max_len": 4096}))
+        rep.add(Row("dense", "fa4", mode, "B=4 max=4096", 1.0, tflops=640.0, extra={"max_len": 4096}))
+    return rep
+
+
+def test_markdown_one_table_per_op_with_ratio_and_missing_cells():
+    md = _sweep_report().markdown()
+    assert "| shape | ours | ours[triton] | fa4 | ours / best peer |" in md
+    assert "| shape | ours | fa4 | ours / best peer |" in md  # dense: only the providers it has
+    assert "**self** (B=8): TFLOP/s, fwd / bwd" in md
+    assert "| D=64 max=256 | 256 / 179 | 128 / 90 | 400 / 280 | 0.64 / 0.64 |" in md
+    assert "| D=64 max=1024 | 1024 / 717 | 512 / 358 | 400 / — | 2.56 / — |" in md  # no peer: no ratio
+    assert "| B=4 max=4096 | 600 / 600 | 640 / 640 | 0.94 / 0.94 |" in md  # one shape: labelled in full
+    kept = _sweep_report().markdown(providers=["fa4"])
+    assert "ours[triton]" not in kept and "| shape | ours | fa4 |" in kept
+
+
+def test_saved_report_rerenders_with_its_own_environment(tmp_path):
+    rep = _sweep_report()
+    rep.env = {"gpu": "NVIDIA H200", "sm": "9.0", "sms": 132, "date": "2026-11-30", "torch": "2.11",
+               "triton": "3.6.0", "clocks_mhz": "1980, 1980, 3201", "git_sha": "abc1234",
+               "peers": {"flash-attn-4": "4.0.0b36"}}  # fmt: skip
+    path = rep.write_json(tmp_path / "docs" / "bench.json")
+    back = Report.load(path)
+    assert back.markdown() == rep.markdown()
+    head = back.markdown().splitlines()[2]
+    for part in (
+        "2026-11-30",
+        "H200 (sm_90, 132 SMs)",
+        "1980, 1980, 3201 MHz",
+        "flash-attn-4 4.0.0b36",
+        "abc1234",
+    ):
+        assert part in head
+    # older files: no metric saved (GB/s rows say it), unknown keys ignored
+    data = {"title": "t", "rows": [{"op": "a", "provider": "ours", "mode": "fwd", "shape": "s", "ms": 1.0,
+                                    "gbps": 3.0, "future_key": 1}]}  # fmt: skip
+    old = Report.from_dict(data)
+    assert old.metric == "gbps" and old.rows[0].gbps == 3.0
+
+
+def test_combined_table_names_suite_provider_and_best_peer(tmp_path):
+    from ads_kernel_tools.bench.report import combined_table
+
+    a = _sweep_report().write_json(tmp_path / "pkg_a" / "docs" / "bench.json")
+    b = Report("b", metric="gbps")
+    b.add(Row("copy", "torch", "d2d", "1 GiB", None, gbps=4000.0))
+    b.add(Row("blk", "ours", "fwd", "T=9", 0.5, gbps=4200.0))
+    b.add(Row("blk", "cudnn", "fwd", "T=9", 1.0, gbps=2100.0))
+    b = b.write_json(tmp_path / "out" / "blk.json")
+    lines = combined_table([Report.load(a), Report.load(b)]).splitlines()
+    head = next(line for line in lines if line.startswith("suite"))
+    assert head.split() == ["suite", "op", "mode", "shape", "provider", "ms", "TFLOP/s", "GB/s", "x", "best",
+                            "peer", "best", "peer"]  # fmt: skip
+    row = next(line for line in lines if "*ours " in line and "blk" in line).split()
+    assert row[0] == "blk" and row[-2:] == ["2.00", "cudnn"]
+    assert any(line.split()[0] == "pkg_a" and "*ours[triton]" in line for line in lines)
+    assert any(" fa4 " in line and "1.00" in line for line in lines)  # peers are rows too
+
+
+def test_cli_renders_markdown_into_markers_and_plots(tmp_path, capsys):
+    from ads_kernel_tools.bench.report import main
+
+    path = _sweep_report().write_json(tmp_path / "r.json")
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# x\n<!-- bench-tables:begin -->\nold\n<!-- bench-tables:end -->\ntail\n")
+    assert main([str(path), "--into", str(md), "--combine"]) == 0
+    text = md.read_text()
+    assert "old" not in text and text.endswith("<!-- bench-tables:end -->\ntail\n") and "**dense**" in text
+    assert "*ours" in capsys.readouterr().out
+    md.write_text("no markers")
+    with pytest.raises(ValueError, match="bench-tables"):
+        main([str(path), "--into", str(md)])
+    assert main([str(tmp_path / "absent.json")]) == 1
+    pytest.importorskip("matplotlib")
+    assert main([str(path), "--plot", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_layout_families_modes_and_bars(tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from ads_kernel_tools.bench.plot import _layout, _series
+
+    rep = _sweep_report()
+    grid, ncols = _layout(_series(rep.rows, "max_len", "tflops"), "max_len")
+    assert ncols == 2 and len(grid) == 3  # D=64 and D=128 lines, then dense bars; fwd | bwd
+    assert [c[0] for c in grid[0]] == ["self, D=64 · fwd", "self, D=64 · bwd"]
+    assert grid[2][0][1] == "bars" and grid[2][0][0] == "dense · fwd (max_len = 4096)"
+    # a shape parameter missing from extra would zig-zag one line: the repeat becomes its own series
+    dup = [Row("op", "ours", "fwd", f"s{i}", 1.0, tflops=float(i), extra={"x": 1}) for i in range(2)]
+    assert sorted(_series(dup, "x", "tflops")[(("op", ()), "fwd")]) == ["ours", "ours #2"]
+    png = rep.plot_png(tmp_path / "p.png", "max_len")
+    width, height = Image.open(png).size
+    assert 1200 <= width <= 1600 and height < 1600
+    one_mode = Report("m")
+    for d in (1, 2, 3, 4):
+        one_mode.add(Row("op", "ours", "fwd", f"d{d}", 1.0, tflops=1.0, extra={"d": d, "x": 1}))
+        one_mode.add(Row("op", "ours", "fwd", f"d{d}b", 1.0, tflops=2.0, extra={"d": d, "x": 2}))
+    grid, ncols = _layout(_series(one_mode.rows, "x", "tflops"), "x")
+    assert ncols == 3 and [len([c for c in r if c]) for r in grid] == [3, 1]
+
+
+def test_cli_save_writes_json_and_plot(tmp_path, capsys):
+    from ads_kernel_tools.bench import cli
+
+    args = cli.parser("p", "d").parse_args(
+        ["--json", str(tmp_path / "a.json"), "--plot", str(tmp_path / "a.png")]
+    )
+    cli.save(_sweep_report(), args, x_key="max_len")
+    assert Report.load(tmp_path / "a.json").rows and "--markdown" in capsys.readouterr().out
 
 
 def test_peers_report_missing_instead_of_raising(capsys):

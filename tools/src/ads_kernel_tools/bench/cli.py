@@ -2,7 +2,7 @@
 
 ``ci/bench`` relies on these flags: ``--quick`` (a subset for ci/gpu), ``--json`` and ``--plot``
 (where to write results) and ``--demo`` (the checked CPU run). Packages add their own flags to the
-returned parser.
+returned parser and can hand the finished report to ``save``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 
 import torch
+
+from ads_kernel_tools.bench.report import Report
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -27,3 +29,13 @@ def gpu_present(prog: str) -> bool:
         return True
     print(f"{prog} measures speed and needs a CUDA GPU; none found. `{prog} --demo` runs a checked CPU demo.")
     return False
+
+
+def save(report: Report, args: argparse.Namespace, *, x_key: str, x_label: str | None = None) -> None:
+    """Writes what ``--json`` and ``--plot`` asked for; ``x_key`` is the ``Row.extra`` entry the plot
+    runs along (e.g. ``max_len``). The JSON re-renders later with ``python -m ads_kernel_tools.bench``."""
+    if args.json:
+        report.write_json(args.json)
+        print(f"wrote {args.json} (tables: python -m ads_kernel_tools.bench {args.json} --markdown)")
+    if args.plot and report.plot_png(args.plot, x_key, x_label=x_label) is not None:
+        print(f"wrote {args.plot}")
