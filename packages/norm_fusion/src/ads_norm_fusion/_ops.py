@@ -1,0 +1,341 @@
+"""torch.library custom ops (fake impls, autograd, FLOP formulas) around the Triton launchers.
+
+``custom_op`` (not ``triton_op``) is deliberate: it also passes opcheck and torch.compile on CPU under
+TRITON_INTERPRET, where ``triton_op`` would read data pointers of fake tensors.
+
+Ops (all 2-D; the public API flattens leading dims):
+- ``linear_layernorm_fwd(x, w, bias, weight, norm_bias, eps, save_xhat) -> (y, mean, rstd, xhat)``
+- ``linear_rmsnorm_fwd(x, w, bias, weight, eps, save_xhat) -> (y, rrms, xhat)``
+  xhat is the normalised pre-affine value kept for the backward, (0,) when not asked for (no affine
+  parameters: y is x̂ then, and is saved instead).
+- ``norm_bwd(dy, xhat, rstat, weight, rms, weight_grads, bias_grad) -> (dz, dweight, dnorm_bias, dbias)``
+  the row-wise norm backward; dweight/dnorm_bias/dbias are (0,) unless asked for.
+- ``rmsnorm_linear_fwd(x, norm_weight, w, bias, eps) -> (y, rrms)``
+- ``gemm_norm_input_grad(dy, w_next_t, aux, rstat, weight, rms, aux_raw, weight_grads)
+  -> (dz, dweight, dnorm_bias)``: ``dy @ w_next_t`` with the norm backward in its epilogue.
+Statistics outputs are fp32 and carry no gradient. Weight and bias gradients come from per-row-block
+partial sums added in a fixed order, so they are bitwise reproducible.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from .triton.launch import launch_rms_gemm, launch_rownorm, num_row_blocks
+
+_EMPTY = (0,)
+
+
+def _aligned(t: Tensor | None) -> Tensor | None:
+    """TMA descriptors need a 16-byte aligned base (strides are checked by the API)."""
+    if t is None:
+        return None
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _stat(x: Tensor) -> Tensor:
+    return torch.empty((x.shape[0],), dtype=torch.float32, device=x.device)
+
+
+# ---------------------------------------------------------------- forward: GEMM + norm over N
+@torch.library.custom_op("ads_norm_fusion::linear_layernorm_fwd", mutates_args=())
+def linear_layernorm_fwd(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None,
+    weight: Tensor | None,
+    norm_bias: Tensor | None,
+    eps: float,
+    save_xhat: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    x, w = _aligned(x), _aligned(w)
+    m, n = x.shape[0], w.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    xhat = torch.empty((m, n) if save_xhat else _EMPTY, dtype=x.dtype, device=x.device)
+    mean, rstd = _stat(x), _stat(x)
+    launch_rownorm(
+        "ln_fwd",
+        x,
+        y,
+        rstd,
+        b=w,
+        bias=bias,
+        gamma=weight,
+        beta=norm_bias,
+        stat1=mean,
+        xhat=xhat if save_xhat else None,
+        eps=eps,
+    )
+    return y, mean, rstd, xhat
+
+
+@linear_layernorm_fwd.register_fake
+def _(x, w, bias, weight, norm_bias, eps, save_xhat):
+    m, n = x.shape[0], w.shape[0]
+    stat = x.new_empty((m,), dtype=torch.float32)
+    return x.new_empty((m, n)), stat, stat.new_empty((m,)), x.new_empty((m, n) if save_xhat else _EMPTY)
+
+
+@torch.library.custom_op("ads_norm_fusion::linear_rmsnorm_fwd", mutates_args=())
+def linear_rmsnorm_fwd(
+    x: Tensor, w: Tensor, bias: Tensor | None, weight: Tensor | None, eps: float, save_xhat: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    x, w = _aligned(x), _aligned(w)
+    m, n = x.shape[0], w.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    xhat = torch.empty((m, n) if save_xhat else _EMPTY, dtype=x.dtype, device=x.device)
+    rrms = _stat(x)
+    launch_rownorm(
+        "rms_fwd", x, y, rrms, b=w, bias=bias, gamma=weight, xhat=xhat if save_xhat else None, eps=eps
+    )
+    return y, rrms, xhat
+
+
+@linear_rmsnorm_fwd.register_fake
+def _(x, w, bias, weight, eps, save_xhat):
+    m, n = x.shape[0], w.shape[0]
+    return (
+        x.new_empty((m, n)),
+        x.new_empty((m,), dtype=torch.float32),
+        x.new_empty((m, n) if save_xhat else _EMPTY),
+    )
+
+
+# ---------------------------------------------------------------- row-wise norm backward
+def _sums(part: Tensor, plane: int, dtype: torch.dtype) -> Tensor:
+    return part[plane].sum(dim=0).to(dtype)
+
+
+@torch.library.custom_op("ads_norm_fusion::norm_bwd", mutates_args=())
+def norm_bwd(
+    dy: Tensor,
+    xhat: Tensor,
+    rstat: Tensor,
+    weight: Tensor | None,
+    rms: bool,
+    weight_grads: bool,
+    bias_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dy = dy.contiguous()
+    m, n = dy.shape
+    dz = torch.empty_like(dy)
+    part = None
+    if weight_grads or bias_grad:
+        part = torch.zeros((3, num_row_blocks(m, n, n, dy.device), n), dtype=torch.float32, device=dy.device)
+    launch_rownorm(
+        "rms_bwd" if rms else "ln_bwd",
+        dy,
+        dz,
+        rstat,
+        gamma=weight,
+        aux=xhat,
+        part=part,
+        weight_grads=weight_grads,
+        bias_grad=bias_grad,
+    )
+    pdtype = weight.dtype if weight is not None else dy.dtype
+    dweight = _sums(part, 0, pdtype) if weight_grads else dy.new_empty(_EMPTY, dtype=pdtype)
+    dnorm_bias = _sums(part, 1, pdtype) if weight_grads and not rms else dy.new_empty(_EMPTY, dtype=pdtype)
+    dbias = _sums(part, 2, dy.dtype) if bias_grad else dy.new_empty(_EMPTY)
+    return dz, dweight, dnorm_bias, dbias
+
+
+@norm_bwd.register_fake
+def _(dy, xhat, rstat, weight, rms, weight_grads, bias_grad):
+    n = dy.shape[1]
+    pdtype = weight.dtype if weight is not None else dy.dtype
+    return (
+        dy.new_empty(dy.shape),
+        dy.new_empty((n,) if weight_grads else _EMPTY, dtype=pdtype),
+        dy.new_empty((n,) if weight_grads and not rms else _EMPTY, dtype=pdtype),
+        dy.new_empty((n,) if bias_grad else _EMPTY),
+    )
+
+
+def _linear_norm_backward(ctx, dy: Tensor, rms: bool):
+    x, w, weight, xhat, rstat = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    want_bias = ctx.has_bias and needs[2]
+    want_affine = (ctx.has_weight and needs[3]) or (ctx.has_norm_bias and not rms and needs[4])
+    dz, dweight, dnorm_bias, dbias = norm_bwd(dy, xhat, rstat, weight, rms, want_affine, want_bias)
+    dx = dz @ w if needs[0] else None
+    dw = dz.t() @ x if needs[1] else None
+    grads = [dx, dw, dbias if want_bias else None, dweight if ctx.has_weight and want_affine else None]
+    if not rms:
+        grads.append(dnorm_bias if ctx.has_norm_bias and want_affine else None)
+    return (*grads, None, None)
+
+
+def _save_linear_norm(ctx, x, w, bias, weight, norm_bias, y, rstat, xhat) -> None:
+    ctx.has_bias, ctx.has_weight = bias is not None, weight is not None
+    ctx.has_norm_bias = norm_bias is not None
+    affine = ctx.has_weight or ctx.has_norm_bias
+    if affine and xhat.numel() == 0 and y.numel() != 0:
+        ctx.missing_xhat = True
+    ctx.save_for_backward(x, w, weight, xhat if affine else y, rstat)
+
+
+def _ln_setup(ctx, inputs, output) -> None:
+    x, w, bias, weight, norm_bias, _eps, _save = inputs
+    y, mean, rstd, xhat = output
+    ctx.mark_non_differentiable(mean, rstd, xhat)
+    _save_linear_norm(ctx, x, w, bias, weight, norm_bias, y, rstd, xhat)
+
+
+def _rms_setup(ctx, inputs, output) -> None:
+    x, w, bias, weight, _eps, _save = inputs
+    y, rrms, xhat = output
+    ctx.mark_non_differentiable(rrms, xhat)
+    _save_linear_norm(ctx, x, w, bias, weight, None, y, rrms, xhat)
+
+
+def _check_saved(ctx) -> None:
+    if getattr(ctx, "missing_xhat", False):
+        raise RuntimeError(
+            "the forward ran with save_xhat=False; the public API sets it whenever grad is enabled"
+        )
+
+
+def _ln_backward(ctx, dy, _dmean, _drstd, _dxhat):
+    _check_saved(ctx)
+    return _linear_norm_backward(ctx, dy, rms=False)
+
+
+def _rms_backward(ctx, dy, _drrms, _dxhat):
+    _check_saved(ctx)
+    return _linear_norm_backward(ctx, dy, rms=True)
+
+
+linear_layernorm_fwd.register_autograd(_ln_backward, setup_context=_ln_setup)
+linear_rmsnorm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup)
+
+
+# ---------------------------------------------------------------- GEMM with the norm backward in its epilogue
+@torch.library.custom_op("ads_norm_fusion::gemm_norm_input_grad", mutates_args=())
+def gemm_norm_input_grad(
+    dy: Tensor,
+    w_next_t: Tensor,
+    aux: Tensor,
+    rstat: Tensor,
+    weight: Tensor | None,
+    rms: bool,
+    aux_raw: bool,
+    weight_grads: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    dy, w_next_t, aux = _aligned(dy), _aligned(w_next_t), aux.contiguous()
+    m, n = dy.shape[0], w_next_t.shape[1]
+    dz = torch.empty((m, n), dtype=dy.dtype, device=dy.device)
+    part = None
+    if weight_grads:
+        part = torch.zeros(
+            (3, num_row_blocks(m, n, dy.shape[1], dy.device), n), dtype=torch.float32, device=dy.device
+        )
+    launch_rownorm(
+        "rms_bwd" if rms else "ln_bwd",
+        dy,
+        dz,
+        rstat,
+        b=w_next_t,
+        b_trans=False,
+        gamma=weight,
+        aux=aux,
+        part=part,
+        aux_raw=aux_raw,
+        weight_grads=weight_grads,
+    )
+    pdtype = weight.dtype if weight is not None else dy.dtype
+    dweight = _sums(part, 0, pdtype) if weight_grads else dy.new_empty(_EMPTY, dtype=pdtype)
+    dnorm_bias = _sums(part, 1, pdtype) if weight_grads and not rms else dy.new_empty(_EMPTY, dtype=pdtype)
+    return dz, dweight, dnorm_bias
+
+
+@gemm_norm_input_grad.register_fake
+def _(dy, w_next_t, aux, rstat, weight, rms, aux_raw, weight_grads):
+    m, n = dy.shape[0], w_next_t.shape[1]
+    pdtype = weight.dtype if weight is not None else dy.dtype
+    return (
+        dy.new_empty((m, n)),
+        dy.new_empty((n,) if weight_grads else _EMPTY, dtype=pdtype),
+        dy.new_empty((n,) if weight_grads and not rms else _EMPTY, dtype=pdtype),
+    )
+
+
+# ---------------------------------------------------------------- forward: RMSNorm over K, then GEMM
+def _folded(w: Tensor, norm_weight: Tensor | None) -> Tensor:
+    # γ scales the K columns of W; folding it costs one N×K pass instead of an M×K one on x
+    return w if norm_weight is None else (w.float() * norm_weight.float()[None, :]).to(w.dtype)
+
+
+@torch.library.custom_op("ads_norm_fusion::rmsnorm_linear_fwd", mutates_args=())
+def rmsnorm_linear_fwd(
+    x: Tensor, norm_weight: Tensor | None, w: Tensor, bias: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor]:
+    x, wf = _aligned(x), _aligned(_folded(w, norm_weight))
+    y = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    rrms = _stat(x)
+    launch_rms_gemm(x, wf, y, rrms, bias=bias, eps=eps)
+    return y, rrms
+
+
+@rmsnorm_linear_fwd.register_fake
+def _(x, norm_weight, w, bias, eps):
+    return x.new_empty((x.shape[0], w.shape[0])), x.new_empty((x.shape[0],), dtype=torch.float32)
+
+
+def _rmsnorm_linear_setup(ctx, inputs, output) -> None:
+    x, norm_weight, w, bias, _eps = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.has_weight, ctx.has_bias = norm_weight is not None, bias is not None
+    ctx.save_for_backward(x, norm_weight, w, output[1])
+
+
+def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms):
+    x, norm_weight, w, rrms = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    want_gamma = ctx.has_weight and needs[1]
+    dx = dgamma = dw = dbias = None
+    if needs[0] or want_gamma:
+        # du = dy @ w, then the RMSNorm backward over K in the same kernel's epilogue (x̂ = x·rrms)
+        dx, dgamma, _ = gemm_norm_input_grad(dy, w, x, rrms, norm_weight, True, True, want_gamma)
+        dx = dx if needs[0] else None
+        dgamma = dgamma if want_gamma else None
+    if needs[2]:
+        u = x.float() * rrms[:, None]
+        if norm_weight is not None:
+            u = u * norm_weight.float()[None, :]
+        dw = dy.t() @ u.to(x.dtype)
+    if ctx.has_bias and needs[3]:
+        dbias = dy.sum(dim=0)
+    return dx, dgamma, dw, dbias, None
+
+
+rmsnorm_linear_fwd.register_autograd(_rmsnorm_linear_backward, setup_context=_rmsnorm_linear_setup)
+
+
+# ---------------------------------------------------------------- FLOP formulas (the GEMMs; norms are O(MN))
+@register_flop_formula(torch.ops.ads_norm_fusion.linear_layernorm_fwd)
+def _ln_fwd_flops(x_shape, w_shape, *args, **kwargs) -> int:
+    return 2 * x_shape[0] * x_shape[1] * w_shape[0]
+
+
+@register_flop_formula(torch.ops.ads_norm_fusion.linear_rmsnorm_fwd)
+def _rms_fwd_flops(x_shape, w_shape, *args, **kwargs) -> int:
+    return 2 * x_shape[0] * x_shape[1] * w_shape[0]
+
+
+@register_flop_formula(torch.ops.ads_norm_fusion.rmsnorm_linear_fwd)
+def _rmsnorm_linear_flops(x_shape, norm_weight_shape, w_shape, *args, **kwargs) -> int:
+    return 2 * x_shape[0] * x_shape[1] * w_shape[0]
+
+
+@register_flop_formula(torch.ops.ads_norm_fusion.gemm_norm_input_grad)
+def _input_grad_flops(dy_shape, w_shape, *args, **kwargs) -> int:
+    return 2 * dy_shape[0] * dy_shape[1] * w_shape[1]
+
+
+@register_flop_formula(torch.ops.ads_norm_fusion.norm_bwd)
+def _norm_bwd_flops(*args, **kwargs) -> int:
+    return 0  # elementwise and row reductions only

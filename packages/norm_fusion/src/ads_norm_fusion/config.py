@@ -1,0 +1,79 @@
+"""Tile choices for the norm-fused GEMMs, with environment overrides for tuning runs.
+
+One program owns ``BLOCK_M`` whole rows of the normalised dimension and walks its ``BLOCK_N``-wide
+column tiles, so tiles are picked for the GEMM (wgmma m64 per warpgroup, 64-wide K steps) and for
+how many row blocks the grid gets: below two row blocks per SM the rows are cut to 64.
+
+Env knobs (sweeps only; unset in normal use), all integers:
+``ADS_NORM_FUSION_BLOCK_M``, ``ADS_NORM_FUSION_BLOCK_N``, ``ADS_NORM_FUSION_BLOCK_K``,
+``ADS_NORM_FUSION_WARPS``, ``ADS_NORM_FUSION_STAGES`` (row-norm kernels) and
+``ADS_NORM_FUSION_RMS_BLOCK_N`` (the ``rmsnorm_linear`` GEMM's tile width).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ads_kernel_tools.capability import interpreter_active
+
+SUPPORTED_MULTIPLE = 16  # N and K: TMA needs 16-byte strides, wgmma k-steps of 16
+# Interpreter tiles: small, so CPU tests cross several column tiles (the two-phase path) on small N.
+_INTERP = (32, 32, 32, 4, 1)  # block_m, block_n, block_k, warps, stages
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+    def single_tile(self, n: int) -> bool:
+        return n <= self.block_n
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 1).bit_length()
+
+
+def rownorm_config(m: int, n: int, k: int, num_sms: int) -> TileConfig:
+    """Tiles for the kernels that normalise over the GEMM's output width n (row-norm epilogue).
+
+    n <= 256 fits one register tile (whole row in the accumulator); wider rows take 128- or 256-wide
+    column tiles, whichever divides n (masked tail otherwise), staged through the output buffer.
+    """
+    if interpreter_active():
+        bm, bn, bk, warps, stages = _INTERP
+        bn = max(16, min(bn, _pow2_at_least(n)))
+    else:
+        bm = 128 if (m + 127) // 128 >= 2 * num_sms else 64
+        bn = _pow2_at_least(n) if n <= 256 else (256 if n % 256 == 0 else 128)
+        bk = 64
+        # 8 warps = two warpgroups per 128-row tile; a 64-row tile is one warpgroup's wgmma
+        warps = 8 if bm * bn >= 128 * 128 else 4
+        stages = 3
+    return TileConfig(
+        block_m=_env_int("ADS_NORM_FUSION_BLOCK_M") or bm,
+        block_n=_env_int("ADS_NORM_FUSION_BLOCK_N") or bn,
+        block_k=_env_int("ADS_NORM_FUSION_BLOCK_K") or bk,
+        num_warps=_env_int("ADS_NORM_FUSION_WARPS") or warps,
+        num_stages=_env_int("ADS_NORM_FUSION_STAGES") or stages,
+    )
+
+
+def rms_gemm_config(m: int, n: int, k: int) -> TileConfig:
+    """Tiles for ``rmsnorm_linear``: a plain output-tiled GEMM (the norm is a per-row scale)."""
+    if interpreter_active():
+        return TileConfig(*_INTERP)
+    bn = _env_int("ADS_NORM_FUSION_RMS_BLOCK_N") or (256 if n >= 256 else _pow2_at_least(n))
+    return TileConfig(128, bn, 64, 8, 3)
+
+
+ROWNORM_MODES = {"ln_fwd": 0, "rms_fwd": 1, "ln_bwd": 2, "rms_bwd": 3}

@@ -1,0 +1,200 @@
+"""Public API: validate and flatten inputs, call the custom ops.
+
+Validation reads only shapes, dtypes and devices, so it never synchronises with the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ads_kernel_tools.capability import interpreter_active
+
+from . import _ops
+from .config import SUPPORTED_MULTIPLE
+
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _check_matrix(name: str, t: object) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in _DTYPES:
+        raise ValueError(f"{name} has dtype {t.dtype}; supported: bfloat16, float16 (statistics are fp32)")
+    return t
+
+
+def _check_device(x: Tensor) -> None:
+    if x.device.type == "cuda":
+        if torch.cuda.get_device_capability(x.device) < (9, 0):
+            raise ValueError("the fused kernels use TMA descriptors: they need an sm_90+ GPU")
+    elif not interpreter_active():
+        raise ValueError(f"{x.device} tensors need TRITON_INTERPRET=1 (Triton's interpreter runs them)")
+
+
+def _check_size(name: str, value: int) -> None:
+    if value <= 0 or value % SUPPORTED_MULTIPLE != 0:
+        raise ValueError(f"{name}={value} must be a positive multiple of {SUPPORTED_MULTIPLE}")
+
+
+def _check_vector(name: str, t: Tensor | None, size: int, like: Tensor) -> None:
+    if t is None:
+        return
+    if not isinstance(t, Tensor) or t.dim() != 1 or t.shape[0] != size:
+        raise ValueError(f"{name} must be a ({size},) tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if t.dtype != like.dtype or t.device != like.device:
+        raise ValueError(f"{name} is {t.dtype} on {t.device}; x is {like.dtype} on {like.device}")
+
+
+def _check_eps(eps: object) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+    return float(eps)
+
+
+def _linear_inputs(x: Tensor, w: Tensor) -> tuple[Tensor, Tensor, int, int]:
+    """x (..., K), w (N, K) in nn.Linear's layout -> (x2 (M, K) contiguous, w contiguous, N, K)."""
+    x, w = _check_matrix("x", x), _check_matrix("w", w)
+    if x.dim() < 1 or w.dim() != 2:
+        raise ValueError(f"x must be (..., K) and w (N, K); got {tuple(x.shape)} and {tuple(w.shape)}")
+    n, k = w.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} features, w expects K={k} (w is (N, K) like nn.Linear.weight)")
+    if w.dtype != x.dtype or w.device != x.device:
+        raise ValueError(f"w is {w.dtype} on {w.device}; x is {x.dtype} on {x.device}")
+    _check_size("K", k)
+    _check_size("N", n)
+    _check_device(x)
+    return x.reshape(-1, k).contiguous(), w.contiguous(), n, k
+
+
+def _needs_grad(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def linear_layernorm(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    norm_weight: Tensor | None = None,
+    norm_bias: Tensor | None = None,
+    eps: float = 1e-5,
+    return_stats: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """``LayerNorm(x @ wᵀ + bias)`` over the N output features, in one GEMM with the norm in its epilogue.
+
+    Args:
+        x: (..., K) bf16/fp16. w: (N, K), nn.Linear's layout. bias: (N,) or None.
+        norm_weight, norm_bias: (N,) LayerNorm affine parameters or None. N and K: multiples of 16.
+        eps: added to the (biased) variance. return_stats: also return the fp32 row statistics.
+    Returns:
+        y (..., N) in x's dtype; with ``return_stats`` ``(y, mean, rstd)``, each statistic (...,) fp32
+        and without gradient. Autograd reaches x, w, bias, norm_weight and norm_bias.
+    """
+    lead = x.shape[:-1] if isinstance(x, Tensor) else ()
+    x2, w, n, _k = _linear_inputs(x, w)
+    for name, t in (("bias", bias), ("norm_weight", norm_weight), ("norm_bias", norm_bias)):
+        _check_vector(name, t, n, x2)
+    affine = norm_weight is not None or norm_bias is not None
+    save = affine and _needs_grad(x, w, bias, norm_weight, norm_bias)
+    y, mean, rstd, _ = _ops.linear_layernorm_fwd(x2, w, bias, norm_weight, norm_bias, _check_eps(eps), save)
+    y = y.reshape(*lead, n)
+    return (y, mean.reshape(lead), rstd.reshape(lead)) if return_stats else y
+
+
+def linear_rmsnorm(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    norm_weight: Tensor | None = None,
+    eps: float = 1e-6,
+    return_stats: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``RMSNorm(x @ wᵀ + bias)`` over the N output features, statistics from the fp32 accumulator.
+
+    Args as :func:`linear_layernorm` (no norm bias). Returns y (..., N), or ``(y, rrms)`` with
+    ``rrms = rsqrt(mean(z²) + eps)`` per row, fp32, without gradient.
+    """
+    lead = x.shape[:-1] if isinstance(x, Tensor) else ()
+    x2, w, n, _k = _linear_inputs(x, w)
+    for name, t in (("bias", bias), ("norm_weight", norm_weight)):
+        _check_vector(name, t, n, x2)
+    save = norm_weight is not None and _needs_grad(x, w, bias, norm_weight)
+    y, rrms, _ = _ops.linear_rmsnorm_fwd(x2, w, bias, norm_weight, _check_eps(eps), save)
+    y = y.reshape(*lead, n)
+    return (y, rrms.reshape(lead)) if return_stats else y
+
+
+def rmsnorm_linear(
+    x: Tensor, norm_weight: Tensor | None, w: Tensor, bias: Tensor | None = None, eps: float = 1e-6
+) -> Tensor:
+    """``RMSNorm(x) @ wᵀ + bias`` with the norm over the K input features as a per-row scale.
+
+    ``rrms = rsqrt(mean(x²) + eps)`` is accumulated from the x tiles the GEMM loads; ``norm_weight``
+    (K,) is folded into w. Args: x (..., K), norm_weight (K,) or None, w (N, K), bias (N,) or None.
+    Returns y (..., N); autograd reaches x, norm_weight, w and bias.
+    """
+    lead = x.shape[:-1] if isinstance(x, Tensor) else ()
+    x2, w, n, k = _linear_inputs(x, w)
+    _check_vector("norm_weight", norm_weight, k, x2)
+    _check_vector("bias", bias, n, x2)
+    y, _ = _ops.rmsnorm_linear_fwd(x2, norm_weight, w, bias, _check_eps(eps))
+    return y.reshape(*lead, n)
+
+
+def _input_grad_inputs(dy, w_next_t, x_hat, rstat, stat_name):
+    dy, w_next_t = _check_matrix("dy", dy), _check_matrix("w_next_t", w_next_t)
+    x_hat = _check_matrix("x_hat", x_hat)
+    if dy.dim() != 2 or w_next_t.dim() != 2 or x_hat.dim() != 2:
+        raise ValueError("dy (M, K), w_next_t (K, N) and x_hat (M, N) must be 2-D")
+    m, k = dy.shape
+    if w_next_t.shape[0] != k:
+        raise ValueError(f"w_next_t has {w_next_t.shape[0]} rows, dy has K={k} columns")
+    n = w_next_t.shape[1]
+    if tuple(x_hat.shape) != (m, n):
+        raise ValueError(f"x_hat must be ({m}, {n}), got {tuple(x_hat.shape)}")
+    for name, t in (("w_next_t", w_next_t), ("x_hat", x_hat)):
+        if t.dtype != dy.dtype or t.device != dy.device:
+            raise ValueError(f"{name} is {t.dtype} on {t.device}; dy is {dy.dtype} on {dy.device}")
+    if not isinstance(rstat, Tensor) or tuple(rstat.shape) != (m,) or rstat.dtype != torch.float32:
+        raise ValueError(f"{stat_name} must be a ({m},) float32 tensor, got {getattr(rstat, 'shape', rstat)}")
+    _check_size("K", k)
+    _check_size("N", n)
+    _check_device(dy)
+    return dy.contiguous(), w_next_t.contiguous(), x_hat.contiguous(), rstat.contiguous().to(dy.device), n
+
+
+def linear_layernorm_input_grad(
+    dy: Tensor,
+    w_next_t: Tensor,
+    x_hat: Tensor,
+    rstd: Tensor,
+    weight: Tensor | None = None,
+    *,
+    weight_grads: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """LayerNorm backward fused with the next layer's input-grad GEMM (spec B2).
+
+    Forward chain ``z -> x̂ = LN(z) -> y = x̂·γ + β -> y @ W2ᵀ``. Computes ``g = dy @ w_next_t`` and in
+    the same kernel ``dz = rstd·(ĝ - mean_N(ĝ) - x̂·mean_N(ĝ·x̂))`` with ``ĝ = g·γ``.
+
+    Args: dy (M, K) gradient of the next layer's output; w_next_t (K, N) (the next nn.Linear's weight);
+    x_hat (M, N) saved normalised value; rstd (M,) fp32; weight γ (N,) or None.
+    Returns dz (M, N), or with ``weight_grads`` ``(dz, dweight = Σ_m g·x̂, dbias = Σ_m g)``, summed in a
+    fixed order (deterministic).
+    """
+    dy, w_next_t, x_hat, rstd, n = _input_grad_inputs(dy, w_next_t, x_hat, rstd, "rstd")
+    _check_vector("weight", weight, n, dy)
+    dz, dweight, dbias = _ops.gemm_norm_input_grad(
+        dy, w_next_t, x_hat, rstd, weight, False, False, weight_grads
+    )
+    return (dz, dweight, dbias) if weight_grads else dz
+
+
+def linear_rmsnorm_input_grad(dy: Tensor, w_next_t: Tensor, x_hat: Tensor, rrms: Tensor) -> Tensor:
+    """RMSNorm backward fused with the next layer's input-grad GEMM (spec B4):
+    ``g = dy @ w_next_t``, ``dz = (g - x̂·mean_N(g·x̂))·rrms``. Shapes as
+    :func:`linear_layernorm_input_grad`; returns dz (M, N)."""
+    dy, w_next_t, x_hat, rrms, _n = _input_grad_inputs(dy, w_next_t, x_hat, rrms, "rrms")
+    dz, _, _ = _ops.gemm_norm_input_grad(dy, w_next_t, x_hat, rrms, None, True, False, False)
+    return dz

@@ -1,0 +1,1 @@
+"""Triton kernels (``_rownorm``, ``_rms_gemm``) and their host-side launchers (``launch``)."""

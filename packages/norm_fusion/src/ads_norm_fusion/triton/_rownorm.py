@@ -1,0 +1,467 @@
+"""GEMM with a row norm (or its backward) over the GEMM's output width in the epilogue.
+
+One program owns ``BLOCK_M`` whole rows. It walks the ``BLOCK_N``-wide column tiles once (phase 1):
+GEMM tile, per-row partial statistics merged into running ones, tile staged in ``OUT``. Once the
+row statistics are final it walks them again (phase 2): reads its own staged tiles back (still in L2),
+normalises and overwrites them. When the row fits one tile (``SINGLE``) the accumulator is normalised
+in registers and nothing is staged. No program waits for another, so any grid is deadlock-free.
+
+Modes (``MODE``):
+  0 LayerNorm forward: z = A·B (+ bias); mean/rstd over N (Chan's merge of per-tile mean and M2);
+    y = (z - mean)·rstd·γ + β. Tiles are staged shifted by the first tile's mean, so the staged
+    rounding is relative to the row's spread, not its offset.
+  1 RMSNorm forward: y = z·rsqrt(mean(z²) + eps)·γ.
+  2 LayerNorm backward: g = A·B (or A itself without a GEMM); ĝ = g·γ;
+    dz = rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)).
+  3 RMSNorm backward: dz = rrms·(ĝ - x̂·mean(ĝ·x̂)); x̂ = AUX·rrms when ``AUX_RAW`` (AUX is the raw input).
+Backward modes can write deterministic per-row-block partial sums: ``PART[0] = Σ_rows g·x̂`` (dγ),
+``PART[1] = Σ_rows g`` (dβ), ``PART[2] = Σ_rows dz`` (the GEMM bias gradient), each (row blocks, N).
+Row and pointer offsets are int64: M·N passes 2^31 at the benchmark's largest shapes.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gemm_tile(
+    a_desc,
+    b_desc,
+    off_m,
+    off_n,
+    K,
+    B_TRANS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        a = a_desc.load([off_m, k])
+        if B_TRANS:
+            acc = tl.dot(a, b_desc.load([off_n, k]).T, acc)
+        else:
+            acc = tl.dot(a, b_desc.load([k, off_n]), acc)
+    return acc
+
+
+@triton.jit
+def _load_f32(ptr, rows64, cols, stride, mask):
+    return tl.load(ptr + rows64[:, None] * stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _vec_f32(ptr, cols, col_ok, HAS: tl.constexpr, default: tl.constexpr):
+    if HAS:
+        return tl.load(ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    else:
+        return tl.full(cols.shape, default, tl.float32)
+
+
+@triton.jit
+def _tile_value(
+    A,
+    a_desc,
+    b_desc,
+    BIAS,
+    off_m,
+    off_n,
+    rows64,
+    cols,
+    col_ok,
+    mask,
+    K,
+    stride_a,
+    MODE: tl.constexpr,
+    HAS_GEMM: tl.constexpr,
+    B_TRANS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """The fp32 tile the norm acts on: z = A·B + bias (forward), g = A·B or A (backward)."""
+    if HAS_GEMM:
+        v = _gemm_tile(a_desc, b_desc, off_m, off_n, K, B_TRANS, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES)
+    else:
+        v = _load_f32(A, rows64, cols, stride_a, mask)
+    if MODE < 2 and HAS_BIAS:
+        v += tl.load(BIAS + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    return v
+
+
+@triton.jit
+def _update(
+    v,
+    mask,
+    cols,
+    col_ok,
+    rows64,
+    off_n,
+    is_first,
+    count,
+    mean,
+    acc1,
+    acc2,
+    shift,
+    rstat,
+    N,
+    GAMMA,
+    AUX,
+    PART_ROW,
+    part_plane,
+    stride_aux,
+    MODE: tl.constexpr,
+    HAS_GAMMA: tl.constexpr,
+    AUX_RAW: tl.constexpr,
+    WEIGHT_GRADS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Merges one tile into the running row statistics; returns them and the tile to stage."""
+    if MODE == 0:
+        n_j = tl.minimum(N - off_n, BLOCK_N).to(tl.float32)
+        mean_j = tl.sum(tl.where(mask, v, 0.0), axis=1) / n_j
+        d = tl.where(mask, v - mean_j[:, None], 0.0)
+        m2_j = tl.sum(d * d, axis=1)
+        total = count + n_j
+        delta = mean_j - mean
+        mean += delta * (n_j / total)
+        acc1 += m2_j + delta * delta * (count * n_j / total)
+        count = total
+        shift = tl.where(is_first, mean_j, shift)
+        staged = v - shift[:, None]
+    elif MODE == 1:
+        acc1 += tl.sum(v * v, axis=1)
+        staged = v
+    else:
+        gamma = _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)
+        xh = _load_f32(AUX, rows64, cols, stride_aux, mask)
+        if AUX_RAW:
+            xh = xh * rstat[:, None]
+        staged = v * gamma[None, :]
+        if MODE == 2:
+            acc1 += tl.sum(staged, axis=1)
+        acc2 += tl.sum(staged * xh, axis=1)
+        if WEIGHT_GRADS:
+            tl.store(PART_ROW + cols, tl.sum(v * xh, axis=0), mask=col_ok)
+            if MODE == 2:
+                tl.store(PART_ROW + part_plane + cols, tl.sum(v, axis=0), mask=col_ok)
+    return count, mean, acc1, acc2, shift, staged
+
+
+@triton.jit
+def _emit(
+    w,
+    mask,
+    cols,
+    col_ok,
+    rows64,
+    mean,
+    shift,
+    rstat,
+    mean_g,
+    mean_gx,
+    GAMMA,
+    BETA,
+    AUX,
+    OUT,
+    XHAT,
+    PART_ROW,
+    part_plane,
+    stride_aux,
+    stride_out,
+    MODE: tl.constexpr,
+    HAS_GAMMA: tl.constexpr,
+    HAS_BETA: tl.constexpr,
+    SAVE_XHAT: tl.constexpr,
+    AUX_RAW: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+):
+    """Normalises one staged tile (forward: y and optionally x̂; backward: dz) and stores it."""
+    out_ptrs = OUT + rows64[:, None] * stride_out + cols[None, :]
+    if MODE < 2:
+        if MODE == 0:
+            xh = (w + (shift - mean)[:, None]) * rstat[:, None]
+        else:
+            xh = w * rstat[:, None]
+        if SAVE_XHAT:
+            tl.store(
+                XHAT + rows64[:, None] * stride_out + cols[None, :], xh.to(XHAT.dtype.element_ty), mask=mask
+            )
+        y = xh * _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)[None, :]
+        if HAS_BETA:
+            y += _vec_f32(BETA, cols, col_ok, True, 0.0)[None, :]
+        tl.store(out_ptrs, y.to(OUT.dtype.element_ty), mask=mask)
+    else:
+        xh = _load_f32(AUX, rows64, cols, stride_aux, mask)
+        if AUX_RAW:
+            xh = xh * rstat[:, None]
+        if MODE == 2:
+            dz = (w - mean_g[:, None] - xh * mean_gx[:, None]) * rstat[:, None]
+        else:
+            dz = (w - xh * mean_gx[:, None]) * rstat[:, None]
+        tl.store(out_ptrs, dz.to(OUT.dtype.element_ty), mask=mask)
+        if BIAS_GRAD:
+            tl.store(PART_ROW + 2 * part_plane + cols, tl.sum(dz, axis=0), mask=col_ok)
+
+
+@triton.jit
+def rownorm_kernel(
+    A,
+    B,
+    BIAS,
+    GAMMA,
+    BETA,
+    AUX,
+    OUT,
+    XHAT,
+    STAT1,
+    STAT2,
+    PART,
+    M,
+    N,
+    K,
+    eps,
+    part_plane,
+    stride_a,
+    stride_b,
+    stride_aux,
+    stride_out,
+    MODE: tl.constexpr,
+    HAS_GEMM: tl.constexpr,
+    B_TRANS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_GAMMA: tl.constexpr,
+    HAS_BETA: tl.constexpr,
+    SAVE_XHAT: tl.constexpr,
+    AUX_RAW: tl.constexpr,
+    WEIGHT_GRADS: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    SINGLE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    off_m = pid * BLOCK_M
+    rows = off_m + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rows64 = rows.to(tl.int64)
+    a_desc = A
+    b_desc = B
+    if HAS_GEMM:
+        a_desc = tl.make_tensor_descriptor(A, [M, K], [stride_a, 1], [BLOCK_M, BLOCK_K])
+        if B_TRANS:  # B is (N, K): nn.Linear's weight
+            b_desc = tl.make_tensor_descriptor(B, [N, K], [stride_b, 1], [BLOCK_N, BLOCK_K])
+        else:  # B is (K, N)
+            b_desc = tl.make_tensor_descriptor(B, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N])
+    part_row = PART + pid.to(tl.int64) * N
+    rstat = tl.zeros((BLOCK_M,), tl.float32)
+    if MODE >= 2:
+        rstat = tl.load(STAT2 + rows, mask=row_ok, other=0.0)
+    count = tl.sum(tl.zeros((1,), tl.float32), axis=0)
+    mean = tl.zeros((BLOCK_M,), tl.float32)  # mode 0: running mean
+    acc1 = tl.zeros((BLOCK_M,), tl.float32)  # mode 0: M2; mode 1: Σz²; mode 2: Σĝ
+    acc2 = tl.zeros((BLOCK_M,), tl.float32)  # modes 2/3: Σĝ·x̂
+    shift = tl.zeros((BLOCK_M,), tl.float32)
+    nf = N.to(tl.float32)
+    if SINGLE:
+        cols = tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        mask = row_ok[:, None] & col_ok[None, :]
+        v = _tile_value(
+            A,
+            a_desc,
+            b_desc,
+            BIAS,
+            off_m,
+            0,
+            rows64,
+            cols,
+            col_ok,
+            mask,
+            K,
+            stride_a,
+            MODE,
+            HAS_GEMM,
+            B_TRANS,
+            HAS_BIAS,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            NUM_STAGES,
+        )
+        count, mean, acc1, acc2, shift, w = _update(
+            v,
+            mask,
+            cols,
+            col_ok,
+            rows64,
+            0,
+            True,
+            count,
+            mean,
+            acc1,
+            acc2,
+            shift,
+            rstat,
+            N,
+            GAMMA,
+            AUX,
+            part_row,
+            part_plane,
+            stride_aux,
+            MODE,
+            HAS_GAMMA,
+            AUX_RAW,
+            WEIGHT_GRADS,
+            BLOCK_N,
+        )
+        rstat = _finish_stats(acc1, mean, rstat, rows, row_ok, nf, eps, STAT1, STAT2, MODE)
+        _emit(
+            w,
+            mask,
+            cols,
+            col_ok,
+            rows64,
+            mean,
+            shift,
+            rstat,
+            acc1 / nf,
+            acc2 / nf,
+            GAMMA,
+            BETA,
+            AUX,
+            OUT,
+            XHAT,
+            part_row,
+            part_plane,
+            stride_aux,
+            stride_out,
+            MODE,
+            HAS_GAMMA,
+            HAS_BETA,
+            SAVE_XHAT,
+            AUX_RAW,
+            BIAS_GRAD,
+        )
+    else:
+        # phase 1: statistics, tiles staged in OUT (except a backward without GEMM: dy is re-read)
+        for j in range(tl.cdiv(N, BLOCK_N)):
+            off_n = j * BLOCK_N
+            cols = off_n + tl.arange(0, BLOCK_N)
+            col_ok = cols < N
+            mask = row_ok[:, None] & col_ok[None, :]
+            v = _tile_value(
+                A,
+                a_desc,
+                b_desc,
+                BIAS,
+                off_m,
+                off_n,
+                rows64,
+                cols,
+                col_ok,
+                mask,
+                K,
+                stride_a,
+                MODE,
+                HAS_GEMM,
+                B_TRANS,
+                HAS_BIAS,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                NUM_STAGES,
+            )
+            count, mean, acc1, acc2, shift, staged = _update(
+                v,
+                mask,
+                cols,
+                col_ok,
+                rows64,
+                off_n,
+                j == 0,
+                count,
+                mean,
+                acc1,
+                acc2,
+                shift,
+                rstat,
+                N,
+                GAMMA,
+                AUX,
+                part_row,
+                part_plane,
+                stride_aux,
+                MODE,
+                HAS_GAMMA,
+                AUX_RAW,
+                WEIGHT_GRADS,
+                BLOCK_N,
+            )
+            if MODE < 2 or HAS_GEMM:
+                tl.store(
+                    OUT + rows64[:, None] * stride_out + cols[None, :],
+                    staged.to(OUT.dtype.element_ty),
+                    mask=mask,
+                )
+        rstat = _finish_stats(acc1, mean, rstat, rows, row_ok, nf, eps, STAT1, STAT2, MODE)
+        # phase 2 reads tiles that other threads of this program staged: make their stores visible
+        tl.debug_barrier()
+        for j in range(tl.cdiv(N, BLOCK_N)):
+            off_n = j * BLOCK_N
+            cols = off_n + tl.arange(0, BLOCK_N)
+            col_ok = cols < N
+            mask = row_ok[:, None] & col_ok[None, :]
+            if MODE < 2 or HAS_GEMM:
+                w = _load_f32(OUT, rows64, cols, stride_out, mask)
+            else:
+                w = (
+                    _load_f32(A, rows64, cols, stride_a, mask)
+                    * _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)[None, :]
+                )
+            _emit(
+                w,
+                mask,
+                cols,
+                col_ok,
+                rows64,
+                mean,
+                shift,
+                rstat,
+                acc1 / nf,
+                acc2 / nf,
+                GAMMA,
+                BETA,
+                AUX,
+                OUT,
+                XHAT,
+                part_row,
+                part_plane,
+                stride_aux,
+                stride_out,
+                MODE,
+                HAS_GAMMA,
+                HAS_BETA,
+                SAVE_XHAT,
+                AUX_RAW,
+                BIAS_GRAD,
+            )
+
+
+@triton.jit
+def _finish_stats(acc1, mean, rstat, rows, row_ok, nf, eps, STAT1, STAT2, MODE: tl.constexpr):
+    """Forward: rstd (LayerNorm, biased variance) or rrms from the merged sums, stored per row.
+    Backward: the saved statistic, unchanged."""
+    if MODE < 2:
+        rstat = tl.rsqrt(acc1 / nf + eps)
+        if MODE == 0:
+            tl.store(STAT1 + rows, mean, mask=row_ok)
+        tl.store(STAT2 + rows, rstat, mask=row_ok)
+    return rstat

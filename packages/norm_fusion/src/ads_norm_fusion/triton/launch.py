@@ -1,0 +1,151 @@
+"""Host-side launchers: tile choice, grids and the scratch allocator for device-side TMA descriptors.
+
+Launchers write into buffers the caller allocates (the custom ops, or tests with poisoned buffers)
+and never synchronise with the device.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ads_kernel_tools.capability import num_sms
+
+from ..config import ROWNORM_MODES, rms_gemm_config, rownorm_config
+from ._rms_gemm import rms_gemm_kernel
+from ._rownorm import rownorm_kernel
+
+_GROUP_M = 8
+
+
+def _scratch(size: int, align: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator(t: torch.Tensor) -> None:
+    """Device-side TMA descriptors need scratch memory from a Triton allocator. Triton keeps it in a
+    ContextVar, so it is set on every launch: autograd runs the backward on another thread."""
+    if t.device.type == "cuda":
+        triton.set_allocator(_scratch)
+
+
+def num_row_blocks(m: int, n: int, k: int, device: torch.device) -> int:
+    """Programs of the row-norm kernel for an (m, n) output: the row of the partial-sum buffers."""
+    cfg = rownorm_config(m, n, k, num_sms(device) if device.type == "cuda" else 1)
+    return triton.cdiv(m, cfg.block_m)
+
+
+def launch_rownorm(
+    mode: str,
+    a: torch.Tensor,
+    out: torch.Tensor,
+    stat2: torch.Tensor,
+    *,
+    b: torch.Tensor | None = None,
+    b_trans: bool = True,
+    bias: torch.Tensor | None = None,
+    gamma: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    aux: torch.Tensor | None = None,
+    xhat: torch.Tensor | None = None,
+    stat1: torch.Tensor | None = None,
+    part: torch.Tensor | None = None,
+    eps: float = 0.0,
+    aux_raw: bool = False,
+    weight_grads: bool = False,
+    bias_grad: bool = False,
+) -> None:
+    """One row-norm kernel launch (modes in ``config.ROWNORM_MODES``; math in ``_rownorm``).
+
+    a (M, K) with b (N, K) if ``b_trans`` else (K, N), or a (M, N) itself when b is None (backward
+    without a GEMM). out (M, N). stat1/stat2 (M,) fp32: written by forward modes, stat2 read by backward
+    modes. part (3, row blocks, N) fp32 for the partial sums (see ``num_row_blocks``).
+    """
+    m, n = out.shape
+    if m == 0:
+        return
+    k = a.shape[1] if b is not None else n
+    cfg = rownorm_config(m, n, k, num_sms(a.device) if a.device.type == "cuda" else 1)
+    blocks = triton.cdiv(m, cfg.block_m)
+    if part is not None and tuple(part.shape) != (3, blocks, n):
+        raise ValueError(f"partial-sum buffer is {tuple(part.shape)}, need {(3, blocks, n)}")
+    _ensure_allocator(a)
+    dummy = out
+    rownorm_kernel[(blocks,)](
+        a,
+        b if b is not None else dummy,
+        bias if bias is not None else dummy,
+        gamma if gamma is not None else dummy,
+        beta if beta is not None else dummy,
+        aux if aux is not None else dummy,
+        out,
+        xhat if xhat is not None else dummy,
+        stat1 if stat1 is not None else stat2,
+        stat2,
+        part if part is not None else stat2,
+        m,
+        n,
+        k,
+        float(eps),
+        blocks * n,
+        a.stride(0),
+        b.stride(0) if b is not None else 0,
+        aux.stride(0) if aux is not None else 0,
+        out.stride(0),
+        MODE=ROWNORM_MODES[mode],
+        HAS_GEMM=b is not None,
+        B_TRANS=b_trans,
+        HAS_BIAS=bias is not None,
+        HAS_GAMMA=gamma is not None,
+        HAS_BETA=beta is not None,
+        SAVE_XHAT=xhat is not None,
+        AUX_RAW=aux_raw,
+        WEIGHT_GRADS=weight_grads,
+        BIAS_GRAD=bias_grad,
+        SINGLE=cfg.single_tile(n),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps,
+    )
+
+
+def launch_rms_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    rrms: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    eps: float,
+) -> None:
+    """out (M, N) = diag(rrms(x)) · (x @ wᵀ) (+ bias); x (M, K), w (N, K) with the norm weight folded in."""
+    m, k = x.shape
+    n = w.shape[0]
+    if m == 0:
+        return
+    cfg = rms_gemm_config(m, n, k)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    _ensure_allocator(x)
+    rms_gemm_kernel[grid](
+        x,
+        w,
+        bias if bias is not None else out,
+        out,
+        rrms,
+        m,
+        n,
+        k,
+        float(eps),
+        x.stride(0),
+        w.stride(0),
+        out.stride(0),
+        HAS_BIAS=bias is not None,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=_GROUP_M,
+        NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps,
+    )
