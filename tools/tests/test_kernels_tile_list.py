@@ -1,4 +1,4 @@
-"""Device-built tile lists (``ads_gdpa.tile_list``): contents, order, count, and the balance they buy.
+"""Device-built tile lists (``kernels.tile_list``): contents, order, count, and the balance they buy.
 
 Runs the two small Triton kernels on the GPU, or through the interpreter on CPU.
 """
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ads_gdpa.tile_list import tile_list
+from ads_kernel_tools.kernels.tile_list import tile_list
 from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
 
 
@@ -85,7 +85,7 @@ def _schedule_expected(lq, lk, max_q, tile_q, block, slots, heads):
 # one program sorts and writes the list; one sorts, a grid writes; the torch.argsort fallback
 @pytest.mark.parametrize("sort_max, fill_max", [(4096, 2**18), (4096, 0), (2, 2**18)])
 def test_schedule_orders_by_work_and_lists_real_tiles(device, monkeypatch, tile_q, sort_max, fill_max):
-    from ads_gdpa import tile_list as tl_mod
+    from ads_kernel_tools.kernels import tile_list as tl_mod
 
     monkeypatch.setattr(tl_mod, "SORT_MAX", sort_max)
     monkeypatch.setattr(tl_mod, "FILL_MAX", fill_max)
@@ -102,7 +102,7 @@ def test_schedule_orders_by_work_and_lists_real_tiles(device, monkeypatch, tile_
 @pytest.mark.parametrize("fill_max", [2**18, 0])
 @pytest.mark.parametrize("lens", [[300], [0], [5, 0]])
 def test_schedule_of_one_or_two_sequences(device, monkeypatch, lens, fill_max):
-    from ads_gdpa import tile_list as tl_mod
+    from ads_kernel_tools.kernels import tile_list as tl_mod
 
     monkeypatch.setattr(tl_mod, "FILL_MAX", fill_max)
     cu = lengths_to_offsets(lens, device=device)

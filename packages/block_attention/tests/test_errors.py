@@ -26,7 +26,7 @@ def _inputs(total: int = 10, heads: int = 2, heads_kv: int = 2, dim: int = 32, d
         (lambda q, k, v, o: (q, k, v, o.float()), "int32 or int64"),
         (lambda q, k, v, o: (q, k, v, o[None]), "1-D"),
         (lambda q, k, v, o: (q, k, v, torch.tensor([0, 6, 4, 10], dtype=torch.int32)), "non-decreasing"),
-        (lambda q, k, v, o: (q, k, v, torch.tensor([0, 4, 9], dtype=torch.int32)), "end at T"),
+        (lambda q, k, v, o: (q, k, v, torch.tensor([0, 4, 9], dtype=torch.int32)), "end at 10"),
         (lambda q, k, v, o: (q, k, v, torch.tensor([1, 4, 10], dtype=torch.int32)), "start at 0"),
     ],
 )
@@ -67,3 +67,16 @@ def test_fused_rejects() -> None:
         qkv_proj_rotary_block_attention(x, w, s, offsets, num_heads=2, num_kv_heads=1, bias=torch.randn(7))
     with pytest.raises(ValueError, match="one dtype"):
         qkv_proj_rotary_block_attention(x, w.double(), s, offsets, num_heads=2, num_kv_heads=1)
+
+
+@pytest.mark.parametrize("bad", [[0, 6, 4, 10], [0, 4, 9], [-2, 4, 10]])
+def test_check_inputs_validates_device_offsets(monkeypatch, bad) -> None:
+    """The op reads device offsets only under ADS_CHECK_INPUTS=1 (one sync); then it raises what host
+    offsets raise. Called through the op with no host copy, as a GPU caller would."""
+    import ads_block_attention._ops  # noqa: F401  (registers the ops)
+
+    q, k, v, _ = _inputs()
+    offsets = torch.tensor(bad, dtype=torch.int32)
+    monkeypatch.setenv("ADS_CHECK_INPUTS", "1")
+    with pytest.raises(ValueError, match="ads_block_attention: offsets"):
+        torch.ops.ads_block_attention.fwd(q, k, v, offsets, 4, 64, 1.0, None)

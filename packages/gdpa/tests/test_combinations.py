@@ -168,12 +168,16 @@ def test_rows_owned_by_no_sequence_get_zero_grads(deterministic, host, device):
     for name, g, lo, hi in spans:
         assert torch.isfinite(g[lo:hi]).all(), name
         assert torch.all(g[:lo] == 0) and torch.all(g[hi:] == 0), f"{name}: rows outside every sequence"
-    # the rows inside the sequences still match the reference
-    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    ref = gdpa_ref(*leaves, cu_q, cu_k, 20, 30, activation="gelu")
-    ref.backward(do.float() * (torch.arange(out.shape[0], device=device) >= 3).view(-1, 1, 1))
-    for g, r in zip((dq, dk, dv), leaves):
-        torch.testing.assert_close(g.float(), r.grad, atol=5e-2, rtol=5e-2)
+    # the rows inside the sequences still meet the tolerance rule against the reference
+    live = (torch.arange(out.shape[0], device=device) >= 3).view(-1, 1, 1)
+    grads = {}
+    for dt in (torch.float32, torch.bfloat16):
+        leaves = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
+        ref = gdpa_ref(*leaves, cu_q, cu_k, 20, 30, activation="gelu", dtype=dt)
+        ref.backward((do * live).to(dt))
+        grads[dt] = [t.grad for t in leaves]
+    for name, g, r, b in zip("qkv", (dq, dk, dv), grads[torch.float32], grads[torch.bfloat16]):
+        assert_close_vs_baseline(g, r, b, name=f"d{name}")
 
 
 @pytest.mark.parametrize("big", [2**31 - 1, 2**31 - 40, 1 << 40], ids=["int32max", "near", "int64"])

@@ -8,6 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import ads_gdpa  # noqa: F401  (registers the ops)
 from ads_gdpa import gdpa_varlen
+from ads_gdpa.activations import Activation
+from ads_gdpa.problem import BIG, MaskMode, Problem
 from ads_gdpa.triton import launch
 from ads_kernel_tools.testing import assert_rows_written, lengths_to_offsets, randn
 
@@ -24,8 +26,9 @@ def _inputs(device, dtype=torch.bfloat16, requires_grad=False):
 def _fwd_args(q, k, v, cu_q, cu_k, host=False, mask_mode=0):
     hq = lengths_to_offsets(LQ, dtype=torch.int64) if host else None
     hk = lengths_to_offsets(LK, dtype=torch.int64) if host else None
-    return (q, k, v, cu_q, cu_k, max(LQ), max(LK), 3, None, 1.0, mask_mode, 1 << 30, 1 << 30, False,
-            None, None, None, hq, hk, False)  # fmt: skip
+    act = int(Activation.FAST_GELU)
+    return (q, k, v, cu_q, cu_k, max(LQ), max(LK), act, None, 1.0, int(mask_mode), BIG, BIG,
+            False, None, None, None, hq, hk, False)  # fmt: skip
 
 
 @pytest.mark.parametrize("host", [False, True], ids=["nohost", "host"])
@@ -37,7 +40,8 @@ def test_opcheck_fwd(host, device):
 def test_opcheck_bwd(device):
     q, k, v, cu_q, cu_k = _inputs(device)
     do = randn(q.shape, dtype=q.dtype, device=device, seed=5)
-    args = (do, q, k, v, cu_q, cu_k, max(LQ), max(LK), 7, None, 0.5, 2, 3, 0, False, True, None, None)
+    act, mask = int(Activation.SILU), int(MaskMode.BOTTOM_RIGHT)
+    args = (do, q, k, v, cu_q, cu_k, max(LQ), max(LK), act, None, 0.5, mask, 3, 0, False, True, None, None)
     torch.library.opcheck(torch.ops.ads_gdpa.bwd.default, args)
 
 
@@ -129,8 +133,8 @@ def test_poisoned_output_rows(max_q, device):
     q, k, v, cu_q, cu_k = _inputs(device)
     extra = 4  # trailing rows past cu_seqlens_q[-1]: no sequence owns them, they must stay NaN
     out = torch.full((q.shape[0] + extra, 2, 32), float("nan"), dtype=q.dtype, device=device)
-    pb = launch.Problem(max_q=max_q, max_k=max(LK), act=1, scale=1.0, has_window=False, bottom_right=False,
-                        win_left=1 << 30, win_right=1 << 30, broadcast_q=False)  # fmt: skip
+    pb = Problem(max_q=max_q, max_k=max(LK), act=Activation.GELU, scale=1.0, mask=MaskMode.NONE,
+                 win_left=BIG, win_right=BIG, broadcast_q=False)  # fmt: skip
     launch.fwd(q, k, v, cu_q, cu_k, pb, out)
     valid = torch.arange(out.shape[0], device=device) < q.shape[0]
     assert_rows_written(out, valid)
@@ -180,33 +184,28 @@ def test_compile_host_offsets_are_inputs_not_constants(device):
         compiled(q, k, v, cu_q, cu_k, bad, hk)
 
 
-def test_gluon_backward_dispatch_asks_before_allocating(monkeypatch):
-    """The backward op asks ``gluon.supports_backward`` before it allocates the Gluon path's buffers
-    (declining costs nothing), and hands over the buffers ``launch.grad_buffers`` made; checked on
-    the CPU with the kernel replaced by a stub."""
-    from ads_gdpa import _ops, gluon
+def test_fast_path_backward_gets_the_buffers_and_safe_offsets(monkeypatch):
+    """Where the dispatcher picks the fast path, the backward op hands it zeroed buffers shaped like
+    the inputs and int32 offsets; checked on the CPU with the kernel replaced by a stub."""
+    from ads_gdpa import dispatch
 
     q, k, v, cu_q, cu_k = _inputs("cpu")
     do = torch.ones_like(q)
-    args = (max(LQ), max(LK), 3, 1.0, None, None)  # max_q, max_k, act, scale, host offsets
-    allocations = []
-    real_buffers = launch.grad_buffers
-    monkeypatch.setattr(
-        launch, "grad_buffers", lambda *a, **kw: allocations.append(1) or real_buffers(*a, **kw)
-    )
-    monkeypatch.setattr(_ops, "_gluon", lambda backend, t: gluon)
-    # declined (CPU tensors are never supported): no buffers, the caller falls back to Triton
-    assert _ops._try_gluon_bwd(do, q, k, v, cu_q, cu_k, *args) is None and not allocations
+    seen = {}
 
     def fake_backward(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, dq_acc, dk, dv):
         assert dq_acc.dtype == torch.float32 and not dq_acc.any() and dk.shape == k.shape
+        seen["offsets"] = (cu_q.dtype, cu_k.dtype)
         dq_acc.fill_(2.0)
         dk.fill_(3.0)
         dv.fill_(4.0)
-        return True
 
-    monkeypatch.setattr(gluon, "supports_backward", lambda *a, **kw: True)
-    monkeypatch.setattr(gluon, "try_backward", fake_backward)
-    dq, dk, dv = _ops._try_gluon_bwd(do, q, k, v, cu_q, cu_k, *args)
-    assert allocations == [1] and dq.dtype == q.dtype and dq.shape == q.shape
+    monkeypatch.setattr(dispatch, "backend_for", lambda direction, device, call: "gluon")
+    monkeypatch.setattr(dispatch, "kernel", lambda backend, device, direction: fake_backward)
+    dq, dk, dv = torch.ops.ads_gdpa.bwd(
+        do, q, k, v, cu_q, cu_k, max(LQ), max(LK), int(Activation.FAST_GELU), None, 1.0, int(MaskMode.NONE),
+        BIG, BIG, False, False, None, None,
+    )  # fmt: skip
+    assert seen["offsets"] == (torch.int32, torch.int32)
+    assert dq.dtype == q.dtype and dq.shape == q.shape
     assert (dq == 2).all() and (dk == 3).all() and (dv == 4).all()

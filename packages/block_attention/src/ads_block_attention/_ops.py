@@ -22,19 +22,20 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from ads_kernel_tools.offsets import check_inputs_enabled, validate_offsets
+
 from .triton.launch import build_block_table, launch_bwd, launch_fwd
 
 _ROTARY_BLOCK = 64  # the fused projection path uses the upstream block size
 
 
-def check_offset_values(offsets_host: Tensor, total: int) -> None:
+def check_offset_values(offsets: Tensor, offsets_host: Tensor | None, total: int) -> None:
     """Offsets must run from 0 to T without decreasing: anything else would make the kernels read and
-    write rows of other sequences (or past the tensors). Host data, so this costs no device sync."""
-    first, last = int(offsets_host[0]), int(offsets_host[-1])
-    if first != 0 or last != total:
-        raise ValueError(f"offsets must start at 0 and end at T={total}, got {first}..{last}")
-    if bool((offsets_host[1:] < offsets_host[:-1]).any()):
-        raise ValueError("offsets must be non-decreasing")
+    write rows of other sequences. Checked on the host copy when there is one (no sync), on the
+    device offsets under ``ADS_CHECK_INPUTS=1`` (one sync), by the validator every package shares."""
+    values = offsets_host if offsets_host is not None else (offsets if check_inputs_enabled() else None)
+    if values is not None:
+        validate_offsets("offsets", values, total, cover=True, prefix="ads_block_attention: ")
 
 
 def _split_qkv(qkv: Tensor, num_heads: int, num_kv_heads: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -61,8 +62,7 @@ def fwd(
     scale: float,
     offsets_host: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    if offsets_host is not None:
-        check_offset_values(offsets_host, q.shape[0])
+    check_offset_values(offsets, offsets_host, q.shape[0])
     table = build_block_table(offsets, num_slots, block_size)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     launch_fwd(q, k, v, out, table, scale, block_size)
@@ -119,8 +119,7 @@ def rotary_fwd(
     scale: float,
     offsets_host: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    if offsets_host is not None:
-        check_offset_values(offsets_host, qkv.shape[0])
+    check_offset_values(offsets, offsets_host, qkv.shape[0])
     q, k, v = _split_qkv(qkv, num_heads, num_kv_heads)
     table = build_block_table(offsets, num_slots, _ROTARY_BLOCK)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -1,20 +1,26 @@
-"""Tile configurations, autotune spaces and environment knobs.
+"""Tile configurations, autotune spaces and every environment knob of ads-gdpa (read here only).
+
+Booleans are parsed one way (``_flag``: 1/true/yes/on, 0/false/no/off); choices raise ValueError on an
+unknown value. Whether the Triton interpreter runs and how many SMs a GPU has come from
+``ads_kernel_tools.capability``; ``ADS_CHECK_INPUTS`` (device offsets validated with one sync per call)
+is read by ``ads_kernel_tools.offsets`` for every package.
 
 Env:
-    ADS_GDPA_DISABLE_AUTOTUNE=1  pin one config per kernel (always on under TRITON_INTERPRET).
-    ADS_GDPA_BACKEND=auto|triton|gluon  forward backend. Default auto = gluon: the warp-specialised
-        Gluon forward on sm90 wherever it supports the call (``ads_gdpa.gluon.supports``), Triton
-        everywhere else. In one H200 run (BENCHMARKS.md) Gluon measured 561 / 458 / 631 TFLOP/s
-        (max len 2048 at sparsity 1.0 / 0.5, dense 4x16x4096) against 490 / 447 / 495 for Triton.
-        ``triton`` forces the portable Triton forward.
-    ADS_GDPA_BWD_BACKEND=auto|triton|gluon  backward backend; auto = gluon: the warp-specialised Gluon
-        backward (dK/dV + vector-atomic dQ) on sm90 where it supports the call (the forward's
-        conditions, non-deterministic mode), Triton elsewhere; see ``bwd_backend`` for measurements.
-    ADS_GDPA_PERSISTENT=1  persistent forward grid (num_SMs programs) when a tile map exists.
-    ADS_GDPA_BWD_TMA=1  backward with TMA Q/dO loads on sm90 (software-pipelined by Triton, unlike the
-        pointer loads); ADS_GDPA_BWD_DQ_TMA=1 adds dQ by bulk TMA reductions instead of scalar fp32
-        atomics. Both opt-in: together they measured 8-10 % slower on the H200; the loads alone are
-        not measured yet (``python -m ads_gdpa.bench --variants`` times each).
+    ADS_GDPA_BACKEND=auto|triton|gluon  forward backend. auto: the fastest kernel whose support table
+        covers the call (``ads_gdpa.dispatch``: the warp-specialised Gluon kernels on sm90), the
+        portable Triton kernels everywhere else; ``triton`` forces Triton (forward and backward).
+    ADS_GDPA_BWD_BACKEND=auto|triton|gluon  the same for the backward alone.
+    ADS_GDPA_DISABLE_AUTOTUNE=1  pin one config per Triton kernel (always on under the interpreter).
+    ADS_GDPA_PERSISTENT=1  persistent Triton forward grid (2 programs per SM) when a tile map exists.
+    ADS_GDPA_TMA=0|1  force the Triton kernels' TMA descriptor loads off or on (default: where the
+        tensors' alignment allows, sm90+).
+    ADS_GDPA_BWD_TMA=1  Triton backward with TMA Q/dO loads; ADS_GDPA_BWD_DQ_TMA=1 adds dQ by bulk
+        TMA reductions. Opt-in: slower than the default on the H200 (BENCHMARKS.md).
+    ADS_GDPA_SKIP_DEAD=0|1  the Gluon forward's build that skips a consumer warpgroup's GEMMs when its
+        half of a tile is past the sequence (default: on for max_seqlen_q <= SKIP_DEAD_MAX_Q).
+    ADS_GDPA_DEFER_SCALE=0  keep the scale on every score in the Gluon forward (tuning).
+    ADS_GDPA_GLUON_CFG="stages,qbuf,epilogue"  override the Gluon forward's ring depth, Q buffers and
+        epilogue (tuning); ADS_GDPA_GLUON_VARIANT=ws|ws_simple its consumer schedule.
 """
 
 from __future__ import annotations
@@ -24,67 +30,102 @@ from dataclasses import dataclass
 
 import triton
 
+from ads_kernel_tools.capability import interpreter_active
+
 SHORT_KV_MAX = 256  # max_seqlen_k at or below which dense KV takes the one-step short-KV path
-# The Gluon forward's dead-half skip on an H200 (B=1152, H=4, D=128, sparsity 0.5, A/B in one
-# process): +4 % at max 256, +13 % at 512, -1 % at 1024, -4 % at 2048, where dead halves are
-# 15/8/4/2 % of the half-steps; so only short maxima take it.
+# The dead-half skip pays where dead halves are a large share of the half-steps (short maxima at
+# sparsity 0.5) and costs a little at long maxima (BENCHMARKS.md).
 SKIP_DEAD_MAX_Q = 512
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
-def interpreter_active() -> bool:
-    """True under the Triton CPU interpreter (inline PTX and autotuning are unavailable there)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+def _flag(name: str, default: bool | None) -> bool | None:
+    """A boolean knob: unset gives ``default``; any other value than the accepted ones raises."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r}: expected one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default).strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def autotune_disabled() -> bool:
-    return interpreter_active() or os.environ.get("ADS_GDPA_DISABLE_AUTOTUNE", "0") == "1"
+    return interpreter_active() or bool(_flag("ADS_GDPA_DISABLE_AUTOTUNE", False))
 
 
 def backend() -> str:
-    b = os.environ.get("ADS_GDPA_BACKEND", "auto").lower()
-    if b not in ("auto", "triton", "gluon"):
-        raise ValueError(f"ADS_GDPA_BACKEND must be auto, triton or gluon, got {b!r}")
+    """Forward backend wanted (ADS_GDPA_BACKEND): "gluon" (the fast path where it covers the call;
+    also what auto means) or "triton"."""
+    b = _choice("ADS_GDPA_BACKEND", "auto", ("auto", "triton", "gluon"))
     return "gluon" if b == "auto" else b
 
 
 def bwd_backend() -> str:
-    """Backward backend from ADS_GDPA_BWD_BACKEND (auto|triton|gluon); auto = gluon: the
-    warp-specialised Gluon backward where it supports the call (sm90), Triton elsewhere. On the H200
-    (BENCHMARKS.md) it measured 434 / 400 / 469 / 323 / 333 TFLOP/s (max len 2048 s=1.0, 1024, dense
-    4x16x4096, short KV, max len 2048 s=0.5) against Triton's 357 / 315 / 363 / 277 / 322.
-    ADS_GDPA_BACKEND=triton forces Triton here too."""
-    b = os.environ.get("ADS_GDPA_BWD_BACKEND", "auto").lower()
-    if b not in ("auto", "triton", "gluon"):
-        raise ValueError(f"ADS_GDPA_BWD_BACKEND must be auto, triton or gluon, got {b!r}")
+    """Backward backend wanted (ADS_GDPA_BWD_BACKEND, auto = gluon); ADS_GDPA_BACKEND=triton forces
+    Triton here too."""
+    b = _choice("ADS_GDPA_BWD_BACKEND", "auto", ("auto", "triton", "gluon"))
     return "triton" if b == "triton" or backend() == "triton" else "gluon"
 
 
 def bwd_tma() -> bool:
-    return os.environ.get("ADS_GDPA_BWD_TMA", "0") == "1"
+    return bool(_flag("ADS_GDPA_BWD_TMA", False))
 
 
 def dq_tma() -> bool:
-    return os.environ.get("ADS_GDPA_BWD_DQ_TMA", "0") == "1"
+    return bool(_flag("ADS_GDPA_BWD_DQ_TMA", False))
 
 
 def persistent() -> bool:
-    return os.environ.get("ADS_GDPA_PERSISTENT", "0") == "1"
+    return bool(_flag("ADS_GDPA_PERSISTENT", False))
+
+
+def tma_override() -> bool | None:
+    """ADS_GDPA_TMA: True/False forces the Triton kernels' TMA loads; None lets alignment decide."""
+    return _flag("ADS_GDPA_TMA", None)
 
 
 def skip_dead_halves(max_seqlen_q: int) -> bool:
     """Whether the Gluon forward takes its build that skips a consumer warpgroup's GEMMs when its
-    half of a tile is past the sequence: for max_seqlen_q <= SKIP_DEAD_MAX_Q, where it measured
-    faster (BENCHMARKS.md, eighth session); ADS_GDPA_SKIP_DEAD=0|1 overrides."""
-    env = os.environ.get("ADS_GDPA_SKIP_DEAD")
-    if env is not None:
-        return env != "0"
-    return max_seqlen_q <= SKIP_DEAD_MAX_Q
+    half of a tile is past the sequence: for max_seqlen_q <= SKIP_DEAD_MAX_Q by default;
+    ADS_GDPA_SKIP_DEAD overrides."""
+    forced = _flag("ADS_GDPA_SKIP_DEAD", None)
+    return max_seqlen_q <= SKIP_DEAD_MAX_Q if forced is None else forced
 
 
 def defer_scale() -> bool:
     """Whether a forward may leave the scale to the output tile (where the kernel has such a form);
     ADS_GDPA_DEFER_SCALE=0 keeps it on every score (tuning)."""
-    return os.environ.get("ADS_GDPA_DEFER_SCALE", "1") != "0"
+    return bool(_flag("ADS_GDPA_DEFER_SCALE", True))
+
+
+def gluon_cfg() -> tuple[int, int, int] | None:
+    """ADS_GDPA_GLUON_CFG="stages,qbuf,epilogue" for the Gluon forward (tuning), or None."""
+    raw = os.environ.get("ADS_GDPA_GLUON_CFG", "").strip()
+    if not raw:
+        return None
+    parts = raw.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"ADS_GDPA_GLUON_CFG={raw!r}: expected three integers 'stages,qbuf,epilogue'")
+    st, qb, epi = (int(p) for p in parts)
+    return st, qb, epi
+
+
+def gluon_variant() -> str:
+    """ADS_GDPA_GLUON_VARIANT: the Gluon forward's consumer schedule ("ws" ping-pong, default, or
+    "ws_simple" free-running)."""
+    return _choice("ADS_GDPA_GLUON_VARIANT", "ws", ("ws", "ws_simple"))
 
 
 @dataclass(frozen=True)

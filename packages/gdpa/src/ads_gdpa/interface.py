@@ -14,10 +14,10 @@ import torch
 
 from . import _ops  # registers torch.ops.ads_gdpa.*
 from .activations import Activation, activation_id
+from .problem import BIG, MaskMode
 
 __all__ = ["gdpa_varlen", "gdpa", "generalized_dot_product_attention"]
 
-_BIG = 1 << 30
 _HALF = (torch.bfloat16, torch.float16)
 _FP8 = (torch.float8_e4m3fn,)
 _HEAD_DIMS = {(16, 16), (32, 32), (64, 64), (96, 96), (128, 128), (192, 128)}
@@ -58,7 +58,7 @@ def _check_tensors(q, k, v, rank: int) -> None:
 def _host_offsets(name: str, t: torch.Tensor, cpu_copy) -> torch.Tensor | None:
     """Check an offsets tensor's metadata; return its host copy (CPU int64) when one exists.
 
-    Host values are only read inside the op (``_ops.check_host_offsets``), where they are real
+    Host values are only read inside the op (``problem.check_offsets``), where they are real
     tensors even under torch.compile: a CPU tensor argument then stays a graph input, so new offsets
     neither break the graph nor recompile it.
     """
@@ -79,25 +79,25 @@ def _host_offsets(name: str, t: torch.Tensor, cpu_copy) -> torch.Tensor | None:
     return host
 
 
-def _mask(window_size, causal, local_window) -> tuple[int, int, int]:
-    """(mode, left, right): 0 none; 1 top-left symmetric |i-j|<=w; 2 bottom-right band."""
+def _mask(window_size, causal, local_window) -> tuple[MaskMode, int, int]:
+    """(mode, left, right) of the band; an unbounded side is ``BIG``."""
     if window_size is not None:
         if causal or local_window is not None:
             raise _err("window_size (top-left, upstream) cannot be combined with causal/local_window")
         if int(window_size) < 0:
             raise _err(f"window_size must be >= 0, got {window_size}")
-        # clamp to _BIG (longer than any sequence, so the same mask): the kernels add a side to a row
+        # clamp to BIG (longer than any sequence, so the same mask): the kernels add a side to a row
         # index in int32, and a side near INT_MAX (a common "unbounded") wrapped to an empty band
-        w = min(int(window_size), _BIG)
-        return 1, w, w
+        w = min(int(window_size), BIG)
+        return MaskMode.TOP_LEFT, w, w
     if local_window is None and not causal:
-        return 0, _BIG, _BIG
+        return MaskMode.NONE, BIG, BIG
     left, right = (None, None) if local_window is None else local_window
-    left = _BIG if left is None or left < 0 else min(int(left), _BIG)
-    right = _BIG if right is None or right < 0 else min(int(right), _BIG)
+    left = BIG if left is None or left < 0 else min(int(left), BIG)
+    right = BIG if right is None or right < 0 else min(int(right), BIG)
     if causal:
         right = min(right, 0)
-    return 2, left, right
+    return MaskMode.BOTTOM_RIGHT, left, right
 
 
 def _descale(name: str, t, heads: int, device) -> torch.Tensor:
@@ -194,7 +194,7 @@ def gdpa_varlen(
     # with host offsets the exact maxima are known: tighter tiles for callers that pass loose bounds
     return _ops.gdpa_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, act, per_head, float(scale),
-        mode, left, right, bool(broadcast_q), *descales, host_q, host_k, bool(deterministic),
+        int(mode), left, right, bool(broadcast_q), *descales, host_q, host_k, bool(deterministic),
     )  # fmt: skip
 
 

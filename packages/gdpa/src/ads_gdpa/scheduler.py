@@ -3,7 +3,8 @@
 Tiles are sorted by descending work (keys a query tile visits, or queries a kv tile visits) so the
 longest tiles start first (LPT). For a persistent grid of P programs that strides by P, the sorted
 list is dealt zigzag: round r gives tile r*P+j to program j on even rounds and P-1-j on odd ones,
-which balances the per-program totals. Needs the real SM count (``torch.cuda`` properties).
+which balances the per-program totals (the program count comes from
+``ads_kernel_tools.capability.num_sms``).
 """
 
 from __future__ import annotations
@@ -68,10 +69,3 @@ def _zigzag(n: int, programs: int) -> torch.Tensor:
     width = torch.where(r == n // programs, torch.full_like(r, last_round_len), torch.full_like(r, programs))
     src_j = torch.where(r % 2 == 1, width - 1 - j, j)
     return r * programs + src_j
-
-
-def num_sms(device: torch.device) -> int:
-    """Real multiprocessor count (1 on CPU)."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count

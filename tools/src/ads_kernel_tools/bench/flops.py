@@ -30,17 +30,21 @@ def valid_pairs(
     causal: bool = False,
     window: tuple[int | None, int | None] | None = None,
     symmetric_window: int | None = None,
+    q_rows: int | None = None,
 ) -> int:
     """Number of (i, j) pairs a mask allows for one sequence.
 
     ``causal`` and ``window=(left, right)`` follow FlashAttention's bottom-right alignment
     (query i sits at key i + lk − lq); ``symmetric_window=w`` is the upstream GDPA band |i−j| ≤ w.
+    ``q_rows``: count only queries i < q_rows (rows past a max_seqlen_q), the alignment still set by
+    the full ``lq``.
     """
-    if lq <= 0 or lk <= 0:
+    rows = lq if q_rows is None else min(q_rows, lq)
+    if rows <= 0 or lk <= 0:
         return 0
-    i = torch.arange(lq, dtype=torch.int64)
-    lo = torch.zeros(lq, dtype=torch.int64)
-    hi = torch.full((lq,), lk - 1, dtype=torch.int64)
+    i = torch.arange(rows, dtype=torch.int64)
+    lo = torch.zeros(rows, dtype=torch.int64)
+    hi = torch.full((rows,), lk - 1, dtype=torch.int64)
     if symmetric_window is not None:
         lo = torch.maximum(lo, i - symmetric_window)
         hi = torch.minimum(hi, i + symmetric_window)

@@ -1,22 +1,26 @@
-"""Device-built tile lists for the persistent Gluon kernels: only real tiles, no host sync.
+"""Device-built, workload-sorted tile lists for persistent kernels over jagged batches: only real
+tiles, heaviest first, no host sync.
 
-The kernels used to walk a virtual grid of (sequence, head, tile slot) with a fixed number of slots
-per sequence (ceil(max_len / block)), skipping the slots past a short sequence's end. A persistent
-program strides that grid by the program count P, so the slot index it sees advances by P mod slots
-each round: with P = 132 and 16 slots a program only ever meets 4 of the 16 slot indices. Slot 0
-exists in every sequence, slot 15 only in the longest, so at sparsity 0.5 (lengths uniform on
-[1, 2048]) the programs owning the low slots carry 13 % more than the average (23 % at max length
-1024, 37 % at 512): the whole grid waits for them. Listing only the real tiles and striding over the
-list balances the programs to within 1 % (simulated per-program step counts).
+A persistent program that strides a virtual grid of (sequence, head, tile slot), with
+ceil(max_len / block) slots per sequence, meets only the slot indices that its stride visits: slot 0
+exists in every sequence, the last slot only in the longest, so the programs owning low slots carry
+more work than the average and the grid waits for them. Listing only the real tiles, sorted by
+descending work (longest-processing-time first), and striding over the list balances the programs
+(the imbalance is worst at sparsity 0.5 and short maxima, see the package benchmarks).
 
 Entry ``(b * heads + h) * slots + t``: sequence b (heaviest first), head h, tile t. The tiles of one
-sequence and head stay adjacent, so their shared K/V stays in L2.
+sequence and head stay adjacent, so their shared K/V stays in L2. The Gluon decoder of an entry is
+``ads_kernel_tools.kernels.gluon_hopper.decode_tile``.
 
 ``schedule`` orders the sequences and lists their tiles in two launches: one program sorts up to
 ``SORT_MAX`` sequences by work (``tl.sort``) and counts their tiles, then one program per sequence
 writes its entries; small lists (``FILL_MAX``) take one launch, the sorting program writing them
-itself. Larger batches sort with ``torch.argsort``. On an H200 the host side of the
-argsort path (about ten small launches) cost more than the GPU work of a max-length-256 batch.
+itself, because small batches wait on host launch time. Larger batches sort with ``torch.argsort``.
+Work per sequence is Lq_eff·Lk for query tiles and Lq_eff for key tiles; a caller with a mask that
+removes work (causal, windows) may pass its own per-sequence weights (``work``) instead.
+
+Offsets must already be clamped to their tensors (``kernels.offsets.clamp_offsets``): lengths are
+read from them and a negative length counts as empty.
 """
 
 from __future__ import annotations
@@ -54,20 +58,24 @@ def _tile_ends(order_ptr, cu_ptr, ends_ptr, n_seq, heads, slots, BLOCK: tl.const
 
 @triton.jit
 def _by_work(
-    cu_q_ptr, cu_k_ptr, n_seq, max_q, slots, BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr
-):
+    cu_q_ptr, cu_k_ptr, work_ptr, n_seq, max_q, slots,
+    BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr, HAS_WORK: tl.constexpr,
+):  # fmt: skip
     """Lanes r < n_seq: (b = the r-th sequence by descending work, stable; its tile count; lane ok).
-    TILE_Q (forward): work Lq_eff·Lk, tiles over queries. Else (backward): a kv tile's work is Lq_eff
-    (0 without keys), tiles over keys."""
+    HAS_WORK: the caller's int64 weights. Else TILE_Q (forward): work Lq_eff·Lk, tiles over queries;
+    backward: a kv tile's work is Lq_eff (0 without keys), tiles over keys."""
     r = tl.arange(0, N)
     ok = r < n_seq
-    lq = tl.load(cu_q_ptr + r + 1, mask=ok, other=0) - tl.load(cu_q_ptr + r, mask=ok, other=0)
-    lk = tl.load(cu_k_ptr + r + 1, mask=ok, other=0) - tl.load(cu_k_ptr + r, mask=ok, other=0)
-    lq_eff = tl.maximum(tl.minimum(lq, max_q), 0).to(tl.int64)
-    if TILE_Q:
-        work = lq_eff * tl.maximum(lk, 0)
+    if HAS_WORK:
+        work = tl.maximum(tl.load(work_ptr + r, mask=ok, other=0).to(tl.int64), 0)
     else:
-        work = tl.where(lk > 0, lq_eff, 0)
+        lq = tl.load(cu_q_ptr + r + 1, mask=ok, other=0) - tl.load(cu_q_ptr + r, mask=ok, other=0)
+        lk = tl.load(cu_k_ptr + r + 1, mask=ok, other=0) - tl.load(cu_k_ptr + r, mask=ok, other=0)
+        lq_eff = tl.maximum(tl.minimum(lq, max_q), 0).to(tl.int64)
+        if TILE_Q:
+            work = lq_eff * tl.maximum(lk, 0)
+        else:
+            work = tl.where(lk > 0, lq_eff, 0)
     # descending by work, then ascending by index: the index rides in the low bits, reversed
     packed = (tl.minimum(work, _KEY_MAX) << 32) | (N - 1 - r).to(tl.int64)
     packed = tl.sort(tl.where(ok, packed, -1), descending=True)
@@ -79,11 +87,11 @@ def _by_work(
 
 @triton.jit
 def _sort_and_count(
-    cu_q_ptr, cu_k_ptr, order_ptr, ends_ptr, n_seq, max_q, heads, slots,
-    BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr,
+    cu_q_ptr, cu_k_ptr, work_ptr, order_ptr, ends_ptr, n_seq, max_q, heads, slots,
+    BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr, HAS_WORK: tl.constexpr,
 ):  # fmt: skip
     """One program: order = sequences by descending work (``_by_work``), ends = running entry counts."""
-    b, tiles, ok = _by_work(cu_q_ptr, cu_k_ptr, n_seq, max_q, slots, BLOCK, N, TILE_Q)
+    b, tiles, ok = _by_work(cu_q_ptr, cu_k_ptr, work_ptr, n_seq, max_q, slots, BLOCK, N, TILE_Q, HAS_WORK)
     n = tl.where(ok, tiles * heads, 0)
     r = tl.arange(0, N)
     tl.store(order_ptr + r, b, mask=ok)
@@ -92,13 +100,13 @@ def _sort_and_count(
 
 @triton.jit
 def _sort_and_fill(
-    cu_q_ptr, cu_k_ptr, list_ptr, count_ptr, n_seq, max_q, heads, slots,
-    BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr,
+    cu_q_ptr, cu_k_ptr, work_ptr, list_ptr, count_ptr, n_seq, max_q, heads, slots,
+    BLOCK: tl.constexpr, N: tl.constexpr, TILE_Q: tl.constexpr, HAS_WORK: tl.constexpr,
 ):  # fmt: skip
     """``_sort_and_count`` and ``_tile_fill`` in one program, for small lists: each sorted sequence
     writes its e-th entry in step e (heads · slots steps over N lanes). One launch fewer on the
     host, which is what small batches wait for."""
-    b, tiles, ok = _by_work(cu_q_ptr, cu_k_ptr, n_seq, max_q, slots, BLOCK, N, TILE_Q)
+    b, tiles, ok = _by_work(cu_q_ptr, cu_k_ptr, work_ptr, n_seq, max_q, slots, BLOCK, N, TILE_Q, HAS_WORK)
     n = tl.where(ok, tiles * heads, 0)
     start = tl.cumsum(n, 0) - n
     per_tile = tl.maximum(tiles, 1)  # a sequence without tiles writes nothing (n = 0)
@@ -131,6 +139,7 @@ def schedule(
     block: int,
     slots: int,
     heads: int,
+    work: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Heaviest-first tile list of a jagged batch (see the module docstring), no host sync.
 
@@ -140,6 +149,8 @@ def schedule(
         tile_q: True for the forward (work Lq_eff·Lk, tiles over queries), False for the backward
             (work Lq_eff for sequences with keys, tiles over keys).
         block, slots, heads: as in ``tile_list``.
+        work: optional (B,) integer device tensor of per-sequence weights to sort by instead (e.g.
+            the valid query-key pairs of a causal or windowed mask); negative weights count as 0.
 
     Returns:
         ``(entries, count)`` as ``tile_list``.
@@ -147,13 +158,14 @@ def schedule(
     n_seq = cu_q.numel() - 1
     if n_seq * heads * slots >= 2**31:
         raise ValueError(
-            f"ads_gdpa: {n_seq} sequences x {heads} heads x {slots} tiles exceed the int32 tile ids of "
-            "the Hopper kernels"
+            f"{n_seq} sequences x {heads} heads x {slots} tiles exceed the int32 tile ids of "
+            "the persistent kernels"
         )
     if n_seq > SORT_MAX:
         lens_q, lens_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
         lq_eff = torch.clamp(lens_q, max=max_q).to(torch.int64)
-        work = lq_eff * lens_k.to(torch.int64) if tile_q else lq_eff * (lens_k > 0)
+        if work is None:
+            work = lq_eff * lens_k.to(torch.int64) if tile_q else lq_eff * (lens_k > 0)
         order = torch.argsort(work, descending=True, stable=True).to(torch.int32)
         return tile_list(order, cu_q if tile_q else cu_k, block, slots, heads)
     device = cu_q.device
@@ -163,16 +175,17 @@ def schedule(
     if n_seq == 0:
         return entries, ends
     n = max(triton.next_power_of_2(n_seq), 16)  # small batches (B = 1) still sort a full vector
+    work_arg = work if work is not None else cu_q  # an unused pointer slot still needs a tensor
     if n * heads * slots <= FILL_MAX:
         count = torch.empty(1, dtype=torch.int32, device=device)
         _sort_and_fill[(1,)](
-            cu_q, cu_k, entries, count, n_seq, max_q, heads, slots,
-            BLOCK=block, N=n, TILE_Q=tile_q, num_warps=4 if n <= 1024 else 8,
+            cu_q, cu_k, work_arg, entries, count, n_seq, max_q, heads, slots,
+            BLOCK=block, N=n, TILE_Q=tile_q, HAS_WORK=work is not None, num_warps=4 if n <= 1024 else 8,
         )  # fmt: skip
         return entries, count
     _sort_and_count[(1,)](
-        cu_q, cu_k, order, ends, n_seq, max_q, heads, slots,
-        BLOCK=block, N=n, TILE_Q=tile_q, num_warps=4 if n <= 1024 else 8,
+        cu_q, cu_k, work_arg, order, ends, n_seq, max_q, heads, slots,
+        BLOCK=block, N=n, TILE_Q=tile_q, HAS_WORK=work is not None, num_warps=4 if n <= 1024 else 8,
     )  # fmt: skip
     cu_rows = cu_q if tile_q else cu_k
     _tile_fill[(n_seq,)](order, cu_rows, ends, entries, heads, slots, BLOCK=block, WIDTH=_WIDTH)

@@ -37,7 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..tile_list import schedule
+from ads_kernel_tools.kernels.tile_list import schedule
+
 from ._common import (
     act_and_grad_scaled,
     red_add_v4,

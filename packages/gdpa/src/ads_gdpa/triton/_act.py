@@ -8,6 +8,10 @@ runtime id (per-head activation lists) by unrolling over the ids. ``FAST`` turns
 import triton
 import triton.language as tl
 
+from ads_kernel_tools.kernels.hw_math import tanh_approx
+
+from ..activations import Activation
+
 BETA = tl.constexpr(0.7978845608)  # sqrt(2/pi)
 BETA_BF16 = tl.constexpr(0.796875)  # BETA rounded to bf16, as the upstream fast_gelu_bf16 kernel uses
 GELU_C = tl.constexpr(0.044715)
@@ -27,16 +31,21 @@ NEG_HALF_LOG2E = tl.constexpr(-0.5 * LOG2E)
 TAYLOR_C2 = tl.constexpr(0.3989422804)
 TAYLOR_C4 = tl.constexpr(-0.0664903801)
 TAYLOR_C6 = tl.constexpr(0.0099735570)
-N_ACT = tl.constexpr(12)
-
-
-@triton.jit
-def tanh_approx(u):
-    """Hardware tanh (``tanh.approx.f32``, MUFU, ~2^-11 relative error), sm75+; the Gluon kernels
-    call it too."""
-    return tl.inline_asm_elementwise(
-        "tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32, is_pure=True, pack=1
-    )
+# The activation ids as constexprs, from the one enum (``ads_gdpa.activations.Activation``): kernels
+# compare ``ACT == A_FAST_GELU``, never a literal id.
+A_RAW = tl.constexpr(int(Activation.RAW))
+A_GELU = tl.constexpr(int(Activation.GELU))
+A_GELU_APPROX = tl.constexpr(int(Activation.GELU_APPROX))
+A_FAST_GELU = tl.constexpr(int(Activation.FAST_GELU))
+A_LEAKY_RELU = tl.constexpr(int(Activation.LEAKY_RELU))
+A_RELU = tl.constexpr(int(Activation.RELU))
+A_FAST_GELU_BF16 = tl.constexpr(int(Activation.FAST_GELU_BF16))
+A_SILU = tl.constexpr(int(Activation.SILU))
+A_FAST_SILU = tl.constexpr(int(Activation.FAST_SILU))
+A_HARDSWISH = tl.constexpr(int(Activation.HARDSWISH))
+A_RELU_SQUARE = tl.constexpr(int(Activation.RELU_SQUARE))
+A_FAST_GELU_TAYLOR_APPROX = tl.constexpr(int(Activation.FAST_GELU_TAYLOR_APPROX))
+N_ACT = tl.constexpr(len(Activation))
 
 
 @triton.jit
@@ -64,31 +73,31 @@ def gelu_cdf(x, t):
 @triton.jit
 def act_fwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
     """f(x) in fp32 for a constexpr activation id."""
-    if ACT == 0:
+    if ACT == A_RAW:
         y = x
-    elif ACT == 1:
+    elif ACT == A_GELU:
         y = x * gelu_cdf(x, 1.0 / (1.0 + ERFC_T * tl.abs(x)))
-    elif ACT == 2:
+    elif ACT == A_GELU_APPROX:
         y = 0.5 * x * (1.0 + _tanh(BETA * x * (1.0 + GELU_C * x * x), False))
-    elif ACT == 3:
+    elif ACT == A_FAST_GELU:
         y = 0.5 * x * (1.0 + _tanh(BETA * x * (1.0 + GELU_C * x * x), FAST))
-    elif ACT == 4:
+    elif ACT == A_LEAKY_RELU:
         y = tl.where(x >= 0, x, 0.01 * x)
-    elif ACT == 5:
+    elif ACT == A_RELU:
         y = tl.maximum(x, 0.0)
-    elif ACT == 6:
+    elif ACT == A_FAST_GELU_BF16:
         # bf16 inputs and bf16 tanh as upstream: round x, the tanh argument and tanh itself to bf16
         xb = x.to(tl.bfloat16).to(tl.float32)
         u = (xb * BETA_BF16 * (1.0 + xb * xb * GELU_C)).to(tl.bfloat16).to(tl.float32)
         t = _tanh(u, FAST).to(tl.bfloat16).to(tl.float32)
         y = 0.5 * xb * (1.0 + t)
-    elif ACT == 7:
+    elif ACT == A_SILU:
         y = x / (1.0 + tl.exp(-x))
-    elif ACT == 8:
+    elif ACT == A_FAST_SILU:
         y = tl.fdiv(x, 1.0 + tl.exp(-x), ieee_rounding=False)
-    elif ACT == 9:
+    elif ACT == A_HARDSWISH:
         y = x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
-    elif ACT == 10:
+    elif ACT == A_RELU_SQUARE:
         r = tl.maximum(x, 0.0)
         y = r * r
     else:
@@ -101,34 +110,34 @@ def act_fwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
 @triton.jit
 def act_fwd_bwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
     """(f(x), f'(x)) in fp32; shares the transcendental between the two."""
-    if ACT == 0:
+    if ACT == A_RAW:
         y = x
         g = tl.full(x.shape, 1.0, tl.float32)
-    elif ACT == 1:
+    elif ACT == A_GELU:
         cdf = gelu_cdf(x, 1.0 / (1.0 + ERFC_T * tl.abs(x)))
         y = x * cdf
         g = cdf + x * tl.exp(-0.5 * x * x) * INV_SQRT_2PI
-    elif ACT == 2 or ACT == 3 or ACT == 6:
+    elif ACT == A_GELU_APPROX or ACT == A_FAST_GELU or ACT == A_FAST_GELU_BF16:
         # fast_gelu_bf16's gradient is the fp32 tanh-GELU gradient (spec §1.4)
         t = _tanh(BETA * x * (1.0 + GELU_C * x * x), FAST and ACT != 2)
         y = 0.5 * x * (1.0 + t)
         g = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (BETA + GELU_DC * x * x)
-        if ACT == 6:
+        if ACT == A_FAST_GELU_BF16:
             y = act_fwd(x, 6, FAST)
-    elif ACT == 4:
+    elif ACT == A_LEAKY_RELU:
         y = tl.where(x >= 0, x, 0.01 * x)
         g = tl.where(x >= 0, 1.0, 0.01)
-    elif ACT == 5:
+    elif ACT == A_RELU:
         y = tl.maximum(x, 0.0)
         g = tl.where(x >= 0, 1.0, 0.0)
-    elif ACT == 7 or ACT == 8:
+    elif ACT == A_SILU or ACT == A_FAST_SILU:
         s = 1.0 / (1.0 + tl.exp(-x))
         y = x * s
         g = s * (1.0 + x * (1.0 - s))
-    elif ACT == 9:
+    elif ACT == A_HARDSWISH:
         y = x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
         g = tl.where(x <= -3.0, 0.0, tl.where(x >= 3.0, 1.0, x * (1.0 / 3.0) + 0.5))
-    elif ACT == 10:
+    elif ACT == A_RELU_SQUARE:
         r = tl.maximum(x, 0.0)
         y = r * r
         g = 2.0 * r

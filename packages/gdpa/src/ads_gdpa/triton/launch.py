@@ -3,34 +3,18 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import triton
 
+from ads_kernel_tools.capability import num_sms
+
 from .. import config as cfg
-from ..scheduler import num_sms, tile_map
+from ..problem import Problem, grad_buffers, spans
+from ..scheduler import tile_map
 from ._bwd import gdpa_bwd_dkdv_kernel, gdpa_bwd_dq_kernel
 from ._fwd import gdpa_fwd_kernel
-
-_BIG = 1 << 30  # "unbounded" band side; window arithmetic stays well inside int32
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Everything a launch needs besides tensors. win_left/right = _BIG means unbounded."""
-
-    max_q: int
-    max_k: int
-    act: int
-    scale: float
-    has_window: bool
-    bottom_right: bool
-    win_left: int
-    win_right: int
-    broadcast_q: bool
-    host_q: tuple[int, ...] | None = None  # CPU copy of cu_seqlens_q (enables tile maps)
-    host_k: tuple[int, ...] | None = None
 
 
 @functools.cache
@@ -69,11 +53,9 @@ def _scratch(size: int, align: int, stream) -> torch.Tensor:
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
     """TMA on sm90+ when every base/stride is 16-byte aligned (descriptor requirement)."""
-    import os
-
-    forced = os.environ.get("ADS_GDPA_TMA")
+    forced = cfg.tma_override()
     if forced is not None:
-        return forced == "1"
+        return forced
     q = tensors[0]
     if q.device.type != "cuda" or cfg.interpreter_active() or q.dtype not in (torch.bfloat16, torch.float16):
         return False
@@ -95,12 +77,6 @@ def _block_d(d: int) -> int:
 
 def _lengths(host: tuple[int, ...]) -> list[int]:
     return [host[i + 1] - host[i] for i in range(len(host) - 1)]
-
-
-def spans(host, rows: int) -> bool:
-    """True when host offsets (a tuple or a CPU tensor) are known and their sequences cover rows
-    [0, rows) exactly."""
-    return host is not None and int(host[0]) == 0 and int(host[-1]) == rows
 
 
 def fwd(
@@ -184,25 +160,6 @@ def fwd(
     )  # fmt: skip
     _launch("fwd", pinned, space, grid, args, kwargs)
     return out
-
-
-def grad_buffers(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, covered: tuple[bool, bool], deterministic: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq_acc, dk, dv) for a backward kernel to fill: dq_acc is a zeroed fp32 accumulator for
-    atomic dQ, or a buffer like q for the deterministic pass, which writes every row of every
-    sequence (zeros past max_q). Kernels write only rows inside some sequence; offsets need not span
-    the tensors (leading or trailing rows are allowed) and those rows' gradients are zero, so buffers
-    start zeroed unless host offsets prove that the sequences cover every row (``covered``: for the
-    query and the key offsets, see ``spans``)."""
-    q_spans, k_spans = covered
-    dk = torch.empty_like(k) if k_spans else torch.zeros_like(k)
-    dv = torch.empty_like(v) if k_spans else torch.zeros_like(v)
-    if not deterministic:
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    else:
-        dq_acc = torch.empty_like(q) if q_spans else torch.zeros_like(q)
-    return dq_acc, dk, dv
 
 
 def bwd(

@@ -1,0 +1,117 @@
+"""One dispatch: which backend runs a call, from the GPU's architecture and each backend's support
+table, and where that backend's kernel lives for the architecture.
+
+The tables are data (``SUPPORT``): to add a kernel, add its row and its module in ``KERNELS``; the
+dispatcher imports kernels by architecture and never catches an exception to fall back, so a bug in
+a fast path is an error, not a silent slow run. The portable Triton kernels take every call the
+fast paths do not (sm80+, and the CPU interpreter).
+
+Extension checklist for a new architecture (e.g. an sm100 forward): write
+``ads_gdpa/<backend>/fwd_sm100.py`` with the entry point named in ``KERNELS``, add
+``("<backend>", 10)`` rows to ``SUPPORT`` and ``KERNELS``, and GPU tests over the rows it claims.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+from ads_kernel_tools.capability import interpreter_active, sm_version
+
+from . import config as cfg
+from .activations import Activation
+from .problem import MaskMode
+
+A = Activation
+
+
+@dataclass(frozen=True)
+class Support:
+    """What one backend's kernel handles on one architecture."""
+
+    activations: frozenset[int]
+    head_dims: frozenset[tuple[int, int]]  # (d_qk, d_v)
+    dtypes: frozenset[torch.dtype]
+    masks: frozenset[MaskMode] = frozenset({MaskMode.NONE})
+    broadcast_q: bool = False
+    per_head: bool = False  # per-head activation lists
+    deterministic: bool = False  # backward only: a bitwise-repeatable mode
+
+    def covers(self, call: Call) -> bool:
+        return (
+            call.act in self.activations
+            and (call.d_qk, call.d_v) in self.head_dims
+            and call.dtype in self.dtypes
+            and call.mask in self.masks
+            and (self.broadcast_q or not call.broadcast_q)
+            and (self.per_head or not call.per_head)
+            and (self.deterministic or not call.deterministic)
+        )
+
+
+@dataclass(frozen=True)
+class Call:
+    """The features of one forward or backward call that decide its backend."""
+
+    act: int
+    d_qk: int
+    d_v: int
+    dtype: torch.dtype
+    mask: MaskMode
+    broadcast_q: bool
+    per_head: bool
+    deterministic: bool
+
+
+_GLUON_ACTS = frozenset(
+    int(a)
+    for a in (A.RAW, A.GELU, A.GELU_APPROX, A.FAST_GELU, A.LEAKY_RELU, A.RELU, A.SILU, A.FAST_SILU,
+              A.HARDSWISH, A.RELU_SQUARE)
+)  # fmt: skip
+_HALF = frozenset({torch.bfloat16, torch.float16})
+
+# (backend, arch major, direction) -> what its kernel handles
+SUPPORT: dict[tuple[str, int, str], Support] = {
+    ("gluon", 9, "fwd"): Support(_GLUON_ACTS, frozenset({(64, 64), (128, 128)}), _HALF),
+    ("gluon", 9, "bwd"): Support(_GLUON_ACTS, frozenset({(64, 64), (128, 128)}), _HALF),
+}
+
+# (backend, arch major, direction) -> (module, entry point)
+KERNELS: dict[tuple[str, int, str], tuple[str, str]] = {
+    ("gluon", 9, "fwd"): ("ads_gdpa.gluon.fwd_sm90", "gdpa_fwd_gluon"),
+    ("gluon", 9, "bwd"): ("ads_gdpa.gluon.bwd_sm90", "gdpa_bwd_gluon"),
+}
+
+
+def _gluon_importable() -> bool:
+    """Triton's Gluon exists in this install (triton >= 3.5). Asked without importing it."""
+    return importlib.util.find_spec("triton.experimental.gluon") is not None
+
+
+def _arch(device: torch.device) -> int | None:
+    if device.type != "cuda" or interpreter_active():
+        return None
+    cc = sm_version(device)
+    return None if cc is None else cc[0]
+
+
+def backend_for(direction: str, device: torch.device, call: Call) -> str:
+    """ "gluon" or "triton" for a call: the fast path where the backend switch allows it, the GPU's
+    architecture has a kernel and its support table covers the call; Triton otherwise."""
+    wanted = cfg.backend() if direction == "fwd" else cfg.bwd_backend()
+    if wanted == "triton":
+        return "triton"
+    arch = _arch(device)
+    key = ("gluon", arch, direction)
+    if arch is None or key not in SUPPORT or not _gluon_importable():
+        return "triton"
+    return "gluon" if SUPPORT[key].covers(call) else "triton"
+
+
+def kernel(backend: str, device: torch.device, direction: str):
+    """The entry point of ``backend``'s kernel for ``device``'s architecture (imported on first use)."""
+    module, name = KERNELS[(backend, _arch(device), direction)]
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,60 @@
+"""Run every GDPA path on bad device offsets; meant to run under ``compute-sanitizer --tool memcheck``
+(``test_gpu.py::test_bad_offsets_are_memcheck_clean``), which must report 0 errors.
+
+The offsets are the ones of the bug report ([0, 600, 300, 5000] for 1,000 rows: decreasing and past
+the end) and a negative start; no host copies, so nothing is validated and only the kernels' own
+clamping keeps them inside the tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import ads_gdpa  # noqa: F401  (registers the ops)
+from ads_gdpa.activations import Activation
+from ads_gdpa.problem import BIG, MaskMode
+
+ROWS = 1000
+CASES = [[0, 600, 300, 5000], [-300, 200, 700, 1000]]
+
+
+def run(backend: str, d: int, mask: MaskMode, deterministic: bool, fp8: bool, cu: list[int]) -> None:
+    os.environ["ADS_GDPA_BACKEND"] = backend
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dt = torch.bfloat16
+    q = (torch.randn(ROWS, 4, d, device="cuda", generator=g) * 0.3).to(dt)
+    k = (torch.randn(ROWS, 2, d, device="cuda", generator=g) * 0.3).to(dt)
+    v = torch.randn(ROWS, 2, d, device="cuda", generator=g).to(dt)
+    offs = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    left, right = (64, 64) if mask != MaskMode.NONE else (BIG, BIG)
+    descales = (None, None, None)
+    if fp8:
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+        descales = (torch.ones(4, device="cuda"), torch.ones(2, device="cuda"), torch.ones(2, device="cuda"))
+    else:
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = torch.ops.ads_gdpa.fwd(
+        q, k, v, offs, offs, 1024, 1024, int(Activation.FAST_GELU), None, 1.0, int(mask), left, right, False,
+        *descales, None, None, deterministic,
+    )  # fmt: skip
+    if not fp8:
+        torch.autograd.grad(out.float().sum(), (q, k, v))
+    torch.cuda.synchronize()
+
+
+def main() -> None:
+    for cu in CASES:
+        for backend in ("auto", "triton"):
+            run(backend, 128, MaskMode.NONE, False, False, cu)
+        run("auto", 64, MaskMode.NONE, False, False, cu)
+        run("triton", 128, MaskMode.NONE, True, False, cu)
+        run("triton", 128, MaskMode.TOP_LEFT, False, False, cu)
+        run("triton", 128, MaskMode.BOTTOM_RIGHT, False, False, cu)
+        run("auto", 128, MaskMode.NONE, False, True, cu)
+    print("memcheck_bad_offsets: all paths ran")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Offsets the kernels can trust: every span clamped into its tensor, on the device, in one launch.
+
+A jagged kernel reads sequence b's rows ``[cu[b], cu[b+1])``. Offsets that are negative, decreasing
+or past the tensor's rows would send its loads and stores outside the tensor. ``clamp_offsets``
+rewrites them as int32 ``min(max(running max of cu, 0), rows)``: for valid offsets (non-decreasing,
+inside [0, rows]) that is the identity, for any other values every span lies inside the tensor and
+has a non-negative length. The wrong numbers bad offsets then give are the caller's to prevent
+(``ads_kernel_tools.offsets.validate_offsets`` on host data, ``ADS_CHECK_INPUTS=1`` for device data);
+the guarantee here is memory safety. int64 offsets are clamped before the narrowing to int32, so a
+value past 2^31 cannot wrap into range.
+
+One program walks the offsets in chunks with a carried running maximum; both offset tensors of an
+attention call (queries and keys) go through the same launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["clamp_offsets"]
+
+_CHUNK = 1024
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _clamp_one(src, dst, n, rows, CHUNK: tl.constexpr):
+    carry = tl.zeros([], dtype=tl.int64)
+    for c in range(0, n, CHUNK):
+        r = c + tl.arange(0, CHUNK)
+        ok = r < n
+        x = tl.load(src + r, mask=ok, other=0).to(tl.int64)
+        x = tl.minimum(tl.maximum(x, 0), rows)
+        x = tl.maximum(tl.associative_scan(x, 0, _max_combine), carry)
+        tl.store(dst + r, x.to(tl.int32), mask=ok)
+        carry = tl.max(tl.where(ok, x, 0), 0)
+
+
+@triton.jit
+def _clamp_offsets(
+    src_a, dst_a, n_a, rows_a, src_b, dst_b, n_b, rows_b, CHUNK: tl.constexpr, TWO: tl.constexpr
+):
+    _clamp_one(src_a, dst_a, n_a, rows_a, CHUNK)
+    if TWO:
+        _clamp_one(src_b, dst_b, n_b, rows_b, CHUNK)
+
+
+def clamp_offsets(
+    cu_a: torch.Tensor, rows_a: int, cu_b: torch.Tensor | None = None, rows_b: int = 0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Clamped int32 copies of one or two offset tensors (see the module docstring), no host sync.
+
+    Args:
+        cu_a: (B+1,) int32/int64 offsets into a tensor of ``rows_a`` rows.
+        cu_b: optional second offsets (e.g. the keys'), into ``rows_b`` rows; the same tensor object
+            as ``cu_a`` with the same rows gives the same result object twice.
+
+    Returns:
+        ``(a, b)``: new contiguous int32 tensors on the offsets' device (``b`` None without ``cu_b``).
+    """
+    same = cu_b is cu_a and rows_b == rows_a
+    two = cu_b is not None and not same
+    if rows_a >= 2**31 or (two and rows_b >= 2**31):
+        raise ValueError(f"tensors of {max(rows_a, rows_b)} rows exceed the int32 offsets of the kernels")
+    dst_a = torch.empty(cu_a.shape, dtype=torch.int32, device=cu_a.device)
+    dst_b = torch.empty(cu_b.shape, dtype=torch.int32, device=cu_b.device) if two else dst_a
+    src_b = cu_b if two else cu_a
+    _clamp_offsets[(1,)](
+        cu_a.contiguous(), dst_a, cu_a.numel(), rows_a, src_b.contiguous(), dst_b, src_b.numel(),
+        rows_b if two else rows_a, CHUNK=_CHUNK, TWO=two,
+    )  # fmt: skip
+    if cu_b is None:
+        return dst_a, None
+    return dst_a, dst_b
