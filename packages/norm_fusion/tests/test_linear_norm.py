@@ -1,0 +1,114 @@
+"""linear_layernorm / linear_rmsnorm / rmsnorm_linear: outputs, statistics and every gradient against
+the fp32 reference, under the baseline-relative rule (tools/README.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _cases import DEVICE, Case, check, inputs, linear_norm_torch, ref_and_baseline, rmsnorm_linear_torch
+from ads_norm_fusion import linear_layernorm, linear_rmsnorm, rmsnorm_linear
+
+BF16, FP16 = torch.bfloat16, torch.float16
+# interpreter tiles are 32 wide: 80 and 1040 cross several column tiles with a masked tail, 16/32 fit one
+CPU_CASES = [
+    Case(37, 48, 80),
+    Case(1, 32, 32, FP16),
+    Case(33, 384, 16, BF16, bias=False),
+    Case(65, 64, 384, FP16, norm_bias=False),
+    Case(17, 768, 48, BF16, affine=False, norm_bias=False),
+    Case(9, 1040, 1040, BF16),
+]
+GPU_CASES = [
+    Case(8192, 512, 512),
+    Case(1, 512, 512),
+    Case(4097, 384, 384, FP16),
+    Case(1000, 768, 768),
+    Case(777, 1040, 1040),
+    Case(300, 256, 8192, BF16),
+    Case(129, 4096, 2048, FP16, bias=False),
+    Case(513, 1024, 256, BF16, affine=False, norm_bias=False),
+]
+CASES = [pytest.param(c, id=str(c)) for c in CPU_CASES] + [
+    pytest.param(c, id=str(c), marks=pytest.mark.gpu) for c in GPU_CASES
+]
+GRAD_NAMES = ("x", "w", "bias", "gamma", "beta")
+
+
+def _run_ours(kind, d, eps):
+    t = {k: (None if v is None else v.detach().clone().requires_grad_()) for k, v in d.items() if k != "dy"}
+    if kind == "ln":
+        y, s1, s2 = linear_layernorm(t["x"], t["w"], t["bias"], t["gamma"], t["beta"], eps, return_stats=True)
+        stats = (s1, s2)
+    else:
+        y, s2 = linear_rmsnorm(t["x"], t["w"], t["bias"], t["gamma"], eps, return_stats=True)
+        stats = (s2,)
+    leaves = [n for n in GRAD_NAMES if t.get(n) is not None]
+    grads = dict(zip(leaves, torch.autograd.grad(y, [t[n] for n in leaves], d["dy"])))
+    return y, stats, grads
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_linear_norm(case: Case, kind: str) -> None:
+    if kind == "rms":
+        case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
+    eps = 1e-5 if kind == "ln" else 1e-6
+    d = inputs(case)
+    y, stats, grads = _run_ours(kind, d, eps)
+    (ref, gref), (base, gbase) = ref_and_baseline(
+        lambda t, dt: linear_norm_torch(kind, t, dt, eps), d, GRAD_NAMES, case.dtype, grads=True
+    )
+    check(y, ref, base, "y")
+    assert set(grads) == set(gref)
+    for name, g in grads.items():
+        check(g, gref[name], gbase[name], f"d{name}")
+    # statistics: fp32, per row, against the fp32 reference of z
+    z = torch.nn.functional.linear(d["x"].float(), d["w"].float(), None if d["bias"] is None else d["bias"].float())
+    if kind == "ln":
+        mean, rstd = stats
+        var = (z - z.mean(-1, keepdim=True)).square().mean(-1)
+        torch.testing.assert_close(mean, z.mean(-1), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(rstd, torch.rsqrt(var + eps), atol=1e-4, rtol=1e-3)
+    else:
+        torch.testing.assert_close(stats[0], torch.rsqrt(z.square().mean(-1) + eps), atol=1e-4, rtol=1e-3)
+    assert all(s.dtype == torch.float32 and s.shape == (case.m,) for s in stats)
+
+
+RMS_LINEAR_CPU = [Case(37, 48, 80), Case(1, 32, 16, FP16, bias=False), Case(33, 1040, 48, BF16, affine=False)]
+RMS_LINEAR_GPU = [Case(65536, k, n) for k in (256, 1024) for n in (256, 1024)] + [
+    Case(1000, 1040, 768, FP16),
+    Case(1, 384, 384),
+]
+RMS_LINEAR_CASES = [pytest.param(c, id=str(c)) for c in RMS_LINEAR_CPU] + [
+    pytest.param(c, id=str(c), marks=pytest.mark.gpu) for c in RMS_LINEAR_GPU
+]
+
+
+@pytest.mark.parametrize("case", RMS_LINEAR_CASES)
+def test_rmsnorm_linear(case: Case) -> None:
+    eps = 1e-6
+    d = inputs(case, norm_over="k")
+    t = {k: (None if v is None else v.detach().clone().requires_grad_()) for k, v in d.items() if k != "dy"}
+    y = rmsnorm_linear(t["x"], t["gamma"], t["w"], t["bias"], eps)
+    names = [n for n in ("x", "gamma", "w", "bias") if t[n] is not None]
+    grads = dict(zip(names, torch.autograd.grad(y, [t[n] for n in names], d["dy"])))
+    (ref, gref), (base, gbase) = ref_and_baseline(
+        lambda tt, dt: rmsnorm_linear_torch(tt, dt, eps), d, names, case.dtype, grads=True
+    )
+    check(y, ref, base, "y")
+    for name, g in grads.items():
+        check(g, gref[name], gbase[name], f"d{name}")
+
+
+def test_leading_dims_and_empty() -> None:
+    d = inputs(Case(6, 32, 48))
+    x3 = d["x"].reshape(2, 3, 32)
+    y, mean, rstd = linear_layernorm(x3, d["w"], d["bias"], d["gamma"], d["beta"], return_stats=True)
+    y2 = linear_layernorm(d["x"], d["w"], d["bias"], d["gamma"], d["beta"])
+    assert y.shape == (2, 3, 48) and mean.shape == (2, 3) and rstd.shape == (2, 3)
+    assert torch.equal(y.reshape(6, 48), y2)
+    assert torch.equal(rmsnorm_linear(x3, None, d["w"]).reshape(6, 48), rmsnorm_linear(d["x"], None, d["w"]))
+    empty = torch.empty((0, 32), dtype=torch.bfloat16, device=DEVICE)
+    assert linear_rmsnorm(empty, d["w"]).shape == (0, 48)
+    assert rmsnorm_linear(empty, None, d["w"]).shape == (0, 48)
