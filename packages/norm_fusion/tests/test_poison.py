@@ -1,0 +1,68 @@
+"""Launchers write every element of their outputs and nothing outside (NaN-poisoned buffers with
+guard rows), for the single-tile and the two-phase paths, forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _cases import DEVICE
+from ads_kernel_tools.testing import poisoned_empty, randn
+from ads_norm_fusion.triton.launch import launch_rms_gemm, launch_rownorm
+
+
+def _guarded(m, n, dtype):
+    """A NaN buffer with 3 guard rows on each side; returns (full, the (m, n) view in the middle)."""
+    full = poisoned_empty((m + 6, n), dtype=dtype, device=DEVICE)
+    return full, full[3 : 3 + m]
+
+
+def _assert_written(full, m, name):
+    inner, guard = full[3 : 3 + m], torch.cat([full[:3], full[3 + m :]])
+    assert not inner.isnan().any(), f"{name}: {int(inner.isnan().sum())} elements not written"
+    assert guard.isnan().all(), f"{name}: wrote outside its rows"
+
+
+@pytest.mark.parametrize("m,k,n", [(33, 32, 32), (37, 48, 80), (1, 16, 112)])
+@pytest.mark.parametrize("mode", ["ln_fwd", "rms_fwd"])
+def test_forward_writes_all(m, k, n, mode) -> None:
+    dt = torch.bfloat16
+    x, w = randn((m, k), dtype=dt, device=DEVICE), randn((n, k), dtype=dt, device=DEVICE, seed=1)
+    gamma, beta = randn((n,), dtype=dt, device=DEVICE, seed=2), randn((n,), dtype=dt, device=DEVICE, seed=3)
+    yf, y = _guarded(m, n, dt)
+    xf, xh = _guarded(m, n, dt)
+    s1f = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
+    s2f = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
+    launch_rownorm(
+        mode, x, y, s2f[3 : 3 + m], b=w, gamma=gamma, beta=beta if mode == "ln_fwd" else None,
+        xhat=xh, stat1=s1f[3 : 3 + m], eps=1e-5,
+    )  # fmt: skip
+    _assert_written(yf, m, "y")
+    _assert_written(xf, m, "xhat")
+    _assert_written(s2f[:, None], m, "rstat")
+    if mode == "ln_fwd":
+        _assert_written(s1f[:, None], m, "mean")
+
+
+@pytest.mark.parametrize("m,k,n", [(33, 32, 32), (37, 48, 80)])
+@pytest.mark.parametrize("gemm", [False, True])
+def test_backward_writes_all(m, k, n, gemm) -> None:
+    dt = torch.float16
+    xhat = randn((m, n), dtype=dt, device=DEVICE)
+    rstat = torch.rand(m, device=DEVICE) + 0.5
+    a = randn((m, k if gemm else n), dtype=dt, device=DEVICE, seed=1)
+    b = randn((k, n), dtype=dt, device=DEVICE, seed=2) if gemm else None
+    df, dz = _guarded(m, n, dt)
+    launch_rownorm("ln_bwd", a, dz, rstat, b=b, b_trans=False, aux=xhat)
+    _assert_written(df, m, "dz")
+
+
+def test_rms_gemm_writes_all() -> None:
+    m, k, n = 37, 48, 80
+    dt = torch.bfloat16
+    x, w = randn((m, k), dtype=dt, device=DEVICE), randn((n, k), dtype=dt, device=DEVICE, seed=1)
+    yf, y = _guarded(m, n, dt)
+    rf = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
+    launch_rms_gemm(x, w, y, rf[3 : 3 + m], eps=1e-6)
+    _assert_written(yf, m, "y")
+    _assert_written(rf[:, None], m, "rrms")
