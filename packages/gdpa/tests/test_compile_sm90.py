@@ -127,19 +127,6 @@ def _jobs() -> dict[str, dict]:
     ]
     jobs["bwd_dq_per_head"] = dict(jobs["bwd_dq"], constexprs=dict(DQ, PER_HEAD=True, HAS_WINDOW=True),
                                    num_stages=1, divisible=aligned)  # fmt: skip
-    # The Gluon kernels' tile list: the one-program sort at its largest size, and the fill
-    i32 = "*i32"
-    sort_types = dict(cu_q_ptr=i32, cu_k_ptr=i32, order_ptr=i32, ends_ptr=i32, n_seq="i32", max_q="i32",
-                      heads="i32", slots="i32")  # fmt: skip
-    fill_types = dict(order_ptr=i32, cu_ptr=i32, ends_ptr=i32, list_ptr=i32, heads="i32", slots="i32")
-    jobs["tile_sort_count"] = dict(module="ads_gdpa.tile_list", kernel="_sort_and_count", types=sort_types,
-                                   constexprs=dict(BLOCK=128, N=4096, TILE_Q=True), num_warps=8)  # fmt: skip
-    fused_types = {a: t for a, t in sort_types.items() if a not in ("order_ptr", "ends_ptr")}
-    jobs["tile_sort_fill"] = dict(module="ads_gdpa.tile_list", kernel="_sort_and_fill",
-                                  types=dict(fused_types, list_ptr=i32, count_ptr=i32),
-                                  constexprs=dict(BLOCK=128, N=2048, TILE_Q=True), num_warps=8)  # fmt: skip
-    jobs["tile_fill"] = dict(module="ads_gdpa.tile_list", kernel="_tile_fill", types=fill_types,
-                             constexprs=dict(BLOCK=128, WIDTH=64))  # fmt: skip
     try:
         jobs |= {f"gluon_d{d}": _gluon_job(d) for d in (64, 128)}
         jobs["gluon_d128_skip_dead"] = _gluon_job(128, skip_dead=True)
@@ -198,11 +185,6 @@ def test_backward_kernels_compile_with_wgmma(ptx):
     dq = _ok(ptx, "bwd_dq")
     assert dq["wgmma"] > 0 and dq["atomic_add"] == 0  # the deterministic pass adds nothing atomically
     assert _ok(ptx, "bwd_dq_per_head")["wgmma"] > 0
-
-
-def test_tile_list_kernels_compile_without_spills(ptx):
-    for name in ("tile_sort_count", "tile_sort_fill", "tile_fill"):
-        assert _ok(ptx, name)["local_memory"] == 0, name
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -32,8 +32,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ads_kernel_tools.kernels.tile_list import schedule
+
 from .. import config as cfg
-from ..tile_list import schedule
 from ._common import (
     DEFERRED_GAIN,
     act_deferred,
