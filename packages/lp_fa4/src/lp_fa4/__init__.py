@@ -1,7 +1,7 @@
 """lp_fa4: FlashAttention-4's interface on kernels of our own (BF16/FP16 forward and backward).
 
 >>> from lp_fa4 import flash_attn_varlen_func
->>> out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, return_lse=True)  # doctest: +SKIP
+>>> out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # doctest: +SKIP
 """
 
 from .__about__ import __version__

@@ -35,18 +35,43 @@ def _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense):
 
 
 def _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap):
-    return launch.Problem(max_q=max_q, max_k=max_k, scale=scale, softcap=softcap, win_left=win_left,
-                          win_right=win_right, top_left=top_left, broadcast_q=broadcast_q,
-                          rows_cap=rows_cap)  # fmt: skip
+    return launch.Problem(
+        max_q=max_q,
+        max_k=max_k,
+        scale=scale,
+        softcap=softcap,
+        win_left=win_left,
+        win_right=win_right,
+        top_left=top_left,
+        broadcast_q=broadcast_q,
+        rows_cap=rows_cap,
+    )
 
 
 @torch.library.custom_op("lp_fa4::fwd", mutates_args=())
 def fwd_op(
-    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor | None, used_q: Tensor | None,
-    used_k: Tensor | None, page_table: Tensor | None, sink: Tensor | None, max_q: int, max_k: int,
-    scale: float, softcap: float, win_left: int, win_right: int, top_left: bool, broadcast_q: bool,
-    rows_cap: int, lse_dense: bool, zero_fill: bool, deterministic: bool,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_q: Tensor,
+    cu_k: Tensor | None,
+    used_q: Tensor | None,
+    used_k: Tensor | None,
+    page_table: Tensor | None,
+    sink: Tensor | None,
+    max_q: int,
+    max_k: int,
+    scale: float,
+    softcap: float,
+    win_left: int,
+    win_right: int,
+    top_left: bool,
+    broadcast_q: bool,
+    rows_cap: int,
+    lse_dense: bool,
+    zero_fill: bool,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor]:
     """(out, lse): out like the query rows (broadcast_q: B·Lq rows), lse fp32 natural log, (B, H, S)
     when ``lse_dense`` else (H, rows). ``zero_fill`` pre-fills out 0 / lse -inf for rows no kernel
     program reaches (jagged rows past max_seqlen_q; the sink gradient reads every LSE row).
@@ -64,8 +89,29 @@ def fwd_op(
 
 
 @fwd_op.register_fake
-def _(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, max_q, max_k, scale, softcap, win_left,
-      win_right, top_left, broadcast_q, rows_cap, lse_dense, zero_fill, deterministic):  # fmt: skip
+def _(
+    q,
+    k,
+    v,
+    cu_q,
+    cu_k,
+    used_q,
+    used_k,
+    page_table,
+    sink,
+    max_q,
+    max_k,
+    scale,
+    softcap,
+    win_left,
+    win_right,
+    top_left,
+    broadcast_q,
+    rows_cap,
+    lse_dense,
+    zero_fill,
+    deterministic,
+):
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -77,18 +123,38 @@ def _flat(lse: Tensor, lse_dense: bool) -> Tensor:
 
 @torch.library.custom_op("lp_fa4::bwd", mutates_args=())
 def bwd_op(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None,
-    cu_q: Tensor, cu_k: Tensor, used_q: Tensor | None, used_k: Tensor | None, sink: Tensor | None,
-    max_q: int, max_k: int, scale: float, softcap: float, win_left: int, win_right: int, top_left: bool,
-    broadcast_q: bool, rows_cap: int, lse_dense: bool, deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    cu_q: Tensor,
+    cu_k: Tensor,
+    used_q: Tensor | None,
+    used_k: Tensor | None,
+    sink: Tensor | None,
+    max_q: int,
+    max_k: int,
+    scale: float,
+    softcap: float,
+    win_left: int,
+    win_right: int,
+    top_left: bool,
+    broadcast_q: bool,
+    rows_cap: int,
+    lse_dense: bool,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dsink); dsink is empty when there is no sink."""
     pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
     lse_f = _flat(lse, lse_dense).contiguous()
     dlse_f = _flat(dlse, lse_dense).float().contiguous() if dlse is not None else None
     do = do if do.stride(-1) == 1 else do.contiguous()
-    dq, dk, dv, delta = launch.bwd(do, q, k, v, out, lse_f, dlse_f, cu_q, cu_k, used_q, used_k, pb,
-                                   deterministic)  # fmt: skip
+    dq, dk, dv, delta = launch.bwd(
+        do, q, k, v, out, lse_f, dlse_f, cu_q, cu_k, used_q, used_k, pb, deterministic
+    )
     if sink is None:
         return dq, dk, dv, q.new_empty(_EMPTY)
     # d sink_h = Σ_i p_i (dLSE_i - delta_i), p_i = exp(sink_h - LSE_i); rows with LSE -inf (not
@@ -100,8 +166,31 @@ def bwd_op(
 
 
 @bwd_op.register_fake
-def _(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, sink, max_q, max_k, scale, softcap,
-      win_left, win_right, top_left, broadcast_q, rows_cap, lse_dense, deterministic):  # fmt: skip
+def _(
+    do,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dlse,
+    cu_q,
+    cu_k,
+    used_q,
+    used_k,
+    sink,
+    max_q,
+    max_k,
+    scale,
+    softcap,
+    win_left,
+    win_right,
+    top_left,
+    broadcast_q,
+    rows_cap,
+    lse_dense,
+    deterministic,
+):
     dsink = torch.empty_like(sink) if sink is not None else q.new_empty(_EMPTY)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsink
 
@@ -123,9 +212,30 @@ def _backward(ctx, dout, dlse):
         dout = torch.zeros_like(out)
     max_q, max_k, scale, softcap, wl, wr, top_left, bq, rows_cap, lse_dense = ctx.opts
     dq, dk, dv, dsink = torch.ops.lp_fa4.bwd(
-        dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, sink, max_q, max_k, scale, softcap,
-        wl, wr, top_left, bq, rows_cap, lse_dense, ctx.deterministic,
-    )  # fmt: skip
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dlse,
+        cu_q,
+        cu_k,
+        used_q,
+        used_k,
+        sink,
+        max_q,
+        max_k,
+        scale,
+        softcap,
+        wl,
+        wr,
+        top_left,
+        bq,
+        rows_cap,
+        lse_dense,
+        ctx.deterministic,
+    )
     return (dq, dk, dv) + (None,) * 5 + (dsink if sink is not None else None,) + (None,) * 12
 
 
@@ -151,17 +261,64 @@ def _pairs(max_q, max_k, n_b, win_left, win_right, top_left) -> int:
 
 def fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q) -> int:
     n_b = _batches(cu_q, cu_k, broadcast_q)
-    return 2 * q.shape[1] * (q.shape[-1] + v.shape[-1]) * _pairs(max_q, max_k, n_b, win_left, win_right,
-                                                                 top_left)  # fmt: skip
+    return (
+        2
+        * q.shape[1]
+        * (q.shape[-1] + v.shape[-1])
+        * _pairs(max_q, max_k, n_b, win_left, win_right, top_left)
+    )
 
 
 @register_flop_formula(torch.ops.lp_fa4.fwd, get_raw=True)
-def _flops_fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, max_q, max_k, scale, softcap,
-               win_left, win_right, top_left, broadcast_q, *rest, out_val=None, **kw) -> int:  # fmt: skip
+def _flops_fwd(
+    q,
+    k,
+    v,
+    cu_q,
+    cu_k,
+    used_q,
+    used_k,
+    page_table,
+    sink,
+    max_q,
+    max_k,
+    scale,
+    softcap,
+    win_left,
+    win_right,
+    top_left,
+    broadcast_q,
+    *rest,
+    out_val=None,
+    **kw,
+) -> int:
     return fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q)
 
 
 @register_flop_formula(torch.ops.lp_fa4.bwd, get_raw=True)
-def _flops_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, sink, max_q, max_k, scale,
-               softcap, win_left, win_right, top_left, broadcast_q, *rest, out_val=None, **kw) -> int:  # fmt: skip
+def _flops_bwd(
+    do,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dlse,
+    cu_q,
+    cu_k,
+    used_q,
+    used_k,
+    sink,
+    max_q,
+    max_k,
+    scale,
+    softcap,
+    win_left,
+    win_right,
+    top_left,
+    broadcast_q,
+    *rest,
+    out_val=None,
+    **kw,
+) -> int:
     return int(2.5 * fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+
 import torch
 
 from . import _ops
@@ -117,8 +118,10 @@ def _resolve_window(causal: bool, window_size) -> tuple[int, int]:
 def _scale(softmax_scale, d: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(d)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(
-        softmax_scale
+    if (
+        isinstance(softmax_scale, bool)
+        or not isinstance(softmax_scale, (int, float))
+        or not math.isfinite(softmax_scale)
     ):
         raise ValueError(f"lp_fa4: softmax_scale must be a finite float, got {softmax_scale!r}")
     return float(softmax_scale)
@@ -157,8 +160,9 @@ def _longest(cu: Tensor) -> int:
     return int((cu[1:] - cu[:-1]).max().item()) if cu.shape[0] > 1 else 0
 
 
-def _host_checks(q_rows, k_rows, cu_q, cu_k, used_q, used_k, page_table, n_pages, max_q, max_k,
-                 broadcast_q) -> None:  # fmt: skip
+def _host_checks(
+    q_rows, k_rows, cu_q, cu_k, used_q, used_k, page_table, n_pages, max_q, max_k, broadcast_q
+) -> None:
     """ADS_CHECK_INPUTS=1: the value checks that need device data (one sync)."""
     for name, cu, rows, mx in (("cu_seqlens_q", cu_q, q_rows, max_q), ("cu_seqlens_k", cu_k, k_rows, max_k)):
         if cu is None:
@@ -166,13 +170,20 @@ def _host_checks(q_rows, k_rows, cu_q, cu_k, used_q, used_k, page_table, n_pages
         h = cu.detach().to("cpu", torch.int64)
         lens = h[1:] - h[:-1]
         if h.numel() and (int(h[0]) < 0 or int(h[-1]) > rows):
-            raise ValueError(f"lp_fa4: {name} spans [{int(h[0])}, {int(h[-1])}] but the tensor has {rows} rows")
+            raise ValueError(
+                f"lp_fa4: {name} spans [{int(h[0])}, {int(h[-1])}] but the tensor has {rows} rows"
+            )
         if lens.numel() and int(lens.min()) < 0:
             raise ValueError(f"lp_fa4: {name} must be non-decreasing, got {h[:8].tolist()}")
-        if lens.numel() and mx is not None and int(lens.max()) > mx and not (broadcast_q and name.endswith("q")):
+        if (
+            lens.numel()
+            and mx is not None
+            and int(lens.max()) > mx
+            and not (broadcast_q and name.endswith("q"))
+        ):
             raise ValueError(f"lp_fa4: a sequence in {name} has {int(lens.max())} rows > max_seqlen {mx}")
     for name, used in (("seqused_q", used_q), ("seqused_k", used_k)):
-        if used is not None and int(used.min()) < 0 if used.numel() else False:
+        if used is not None and used.numel() and int(used.min()) < 0:
             raise ValueError(f"lp_fa4: {name} has negative entries")
     if page_table is not None and page_table.numel():
         lo, hi = int(page_table.min()), int(page_table.max())
@@ -180,20 +191,63 @@ def _host_checks(q_rows, k_rows, cu_q, cu_k, used_q, used_k, page_table, n_pages
             raise ValueError(f"lp_fa4: page_table holds pages [{lo}, {hi}] but k has {n_pages} pages")
 
 
-def _run(q3, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, max_q, max_k, scale, softcap, wl, wr, *,
-         top_left=False, broadcast_q=False, rows_cap=BIG, lse_dense=False, zero_fill=False,
-         deterministic=False):  # fmt: skip
+def _run(
+    q3,
+    k,
+    v,
+    cu_q,
+    cu_k,
+    used_q,
+    used_k,
+    page_table,
+    sink,
+    max_q,
+    max_k,
+    scale,
+    softcap,
+    wl,
+    wr,
+    *,
+    top_left=False,
+    broadcast_q=False,
+    rows_cap=BIG,
+    lse_dense=False,
+    zero_fill=False,
+    deterministic=False,
+):
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
     zero_fill = zero_fill or sink is not None
-    return _ops.fwd_op(q3, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, max_q, max_k, scale, softcap,
-                       wl, wr, top_left, broadcast_q, rows_cap, lse_dense, zero_fill,
-                       bool(deterministic))  # fmt: skip
+    return _ops.fwd_op(
+        q3,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        used_q,
+        used_k,
+        page_table,
+        sink,
+        max_q,
+        max_k,
+        scale,
+        softcap,
+        wl,
+        wr,
+        top_left,
+        broadcast_q,
+        rows_cap,
+        lse_dense,
+        zero_fill,
+        bool(deterministic),
+    )
 
 
 def _check_paged(q: Tensor, k: Tensor, v: Tensor, page_table: Tensor, n_b: int, device) -> None:
     if page_table.dim() != 2 or page_table.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"lp_fa4: page_table must be 2-D int32 (batch, max_pages), got "
-                         f"{page_table.dtype} {tuple(page_table.shape)}")  # fmt: skip
+        raise ValueError(
+            f"lp_fa4: page_table must be 2-D int32 (batch, max_pages), got "
+            f"{page_table.dtype} {tuple(page_table.shape)}"
+        )
     if page_table.shape[0] != n_b:
         raise ValueError(f"lp_fa4: page_table has {page_table.shape[0]} rows for {n_b} sequences")
     if page_table.device != device:
@@ -240,10 +294,17 @@ def flash_attn_func(
     softmax denominator only. Rows with no valid key give out 0, lse -inf. ``pack_gqa`` is accepted
     (GQA needs no packing here); ``deterministic`` gives a bitwise repeatable backward.
     """
-    _unsupported(qv=qv, score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
-                 aux_tensors=aux_tensors, aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
-                 block_sparse_tensors_bwd=block_sparse_tensors_bwd,
-                 gather_kv_indices=gather_kv_indices)  # fmt: skip
+    _unsupported(
+        qv=qv,
+        score_mod=score_mod,
+        score_mod_bwd=score_mod_bwd,
+        mask_mod=mask_mod,
+        aux_tensors=aux_tensors,
+        aux_scalars=aux_scalars,
+        block_sparse_tensors=block_sparse_tensors,
+        block_sparse_tensors_bwd=block_sparse_tensors_bwd,
+        gather_kv_indices=gather_kv_indices,
+    )
     _check_splits(num_splits)
     _check_pack_gqa(pack_gqa)
     _check_qkv(q, k, v, 4, 4)
@@ -257,8 +318,25 @@ def flash_attn_func(
     cu_q, cu_k = _dense_offsets(n_b, sq, q.device), _dense_offsets(n_b, sk, q.device)
     q3 = q.reshape(n_b * sq, h, d)
     k3, v3 = k.reshape(n_b * sk, *k.shape[2:]), v.reshape(n_b * sk, *v.shape[2:])
-    out, lse = _run(q3, k3, v3, cu_q, cu_k, None, None, None, learnable_sink, sq, sk, scale, cap, wl, wr,
-                    lse_dense=True, deterministic=deterministic)  # fmt: skip
+    out, lse = _run(
+        q3,
+        k3,
+        v3,
+        cu_q,
+        cu_k,
+        None,
+        None,
+        None,
+        learnable_sink,
+        sq,
+        sk,
+        scale,
+        cap,
+        wl,
+        wr,
+        lse_dense=True,
+        deterministic=deterministic,
+    )
     return out.view(n_b, sq, h, v.shape[-1]), (lse if return_lse else None)
 
 
@@ -310,13 +388,24 @@ def flash_attn_varlen_func(
     4-D q: (B, Sq, H, Dv) and (B, H, Sq)) when ``return_lse``, else None. Rows before cu_seqlens_q[0]
     or after cu_seqlens_q[B] are left unwritten. Other options as :func:`flash_attn_func`.
     """
-    _unsupported(qv=qv, score_mod=score_mod, score_mod_bwd=score_mod_bwd, mask_mod=mask_mod,
-                 aux_tensors=aux_tensors, aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
-                 gather_kv_indices=gather_kv_indices, scheduler_metadata=scheduler_metadata)  # fmt: skip
+    _unsupported(
+        qv=qv,
+        score_mod=score_mod,
+        score_mod_bwd=score_mod_bwd,
+        mask_mod=mask_mod,
+        aux_tensors=aux_tensors,
+        aux_scalars=aux_scalars,
+        block_sparse_tensors=block_sparse_tensors,
+        gather_kv_indices=gather_kv_indices,
+        scheduler_metadata=scheduler_metadata,
+    )
     _check_splits(num_splits)
     _check_pack_gqa(pack_gqa)
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k), ("min_seqlen_k",
-                        min_seqlen_k)):  # fmt: skip
+    for name, value in (
+        ("max_seqlen_q", max_seqlen_q),
+        ("max_seqlen_k", max_seqlen_k),
+        ("min_seqlen_k", min_seqlen_k),
+    ):
         _check_max(name, value)
     if not isinstance(broadcast_q, bool):
         raise ValueError(f"lp_fa4: broadcast_q must be a bool, got {broadcast_q!r}")
@@ -384,11 +473,39 @@ def flash_attn_varlen_func(
     if cfg.check_inputs():
         n_pages = k.shape[0] if paged else 0
         k_rows = k3.shape[0] if not paged else 0
-        _host_checks(q3.shape[0], k_rows, cu_q if not dense_q else None, cu_k if not (dense_k or paged) else None,
-                     seqused_q, seqused_k, page_table, n_pages, max_q, max_k, broadcast_q)  # fmt: skip
-    out, lse = _run(q3, k3, v3, cu_q, cu_k, seqused_q, seqused_k, page_table, learnable_sink, max_q, max_k,
-                    scale, cap, wl, wr, broadcast_q=broadcast_q, lse_dense=dense_q,
-                    deterministic=deterministic)  # fmt: skip
+        _host_checks(
+            q3.shape[0],
+            k_rows,
+            cu_q if not dense_q else None,
+            cu_k if not (dense_k or paged) else None,
+            seqused_q,
+            seqused_k,
+            page_table,
+            n_pages,
+            max_q,
+            max_k,
+            broadcast_q,
+        )
+    out, lse = _run(
+        q3,
+        k3,
+        v3,
+        cu_q,
+        cu_k,
+        seqused_q,
+        seqused_k,
+        page_table,
+        learnable_sink,
+        max_q,
+        max_k,
+        scale,
+        cap,
+        wl,
+        wr,
+        broadcast_q=broadcast_q,
+        lse_dense=dense_q,
+        deterministic=deterministic,
+    )
     if dense_q:
         out = out.view(n_b, q.shape[1], h, v.shape[-1])
     return out, (lse if return_lse else None)
@@ -427,15 +544,36 @@ def jagged_attention(
     _check_max("max_seqlen_k", max_seqlen_k)
     if max_seqlen_q is None:
         raise ValueError("lp_fa4: jagged_attention needs max_seqlen_q")
-    if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int)
-                                    or window_size < 0):  # fmt: skip
+    if window_size is not None and (
+        isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0
+    ):
         raise ValueError(f"lp_fa4: window_size must be None or an int >= 0, got {window_size!r}")
     max_k = max_seqlen_k if max_seqlen_k is not None else _longest(cu_seqlens_k)
     w = BIG if window_size is None else min(window_size, BIG)
     scale = _scale(softmax_scale, q.shape[-1])
     if cfg.check_inputs():
-        _host_checks(q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, None, None, None, 0, None, max_k,
-                     broadcast_q)  # fmt: skip
-    return _run(q, k, v, cu_seqlens_q, cu_seqlens_k, None, None, None, None, max_seqlen_q, max_k, scale, 0.0,
-                w, w, top_left=True, broadcast_q=broadcast_q, rows_cap=max_seqlen_q, zero_fill=True,
-                deterministic=deterministic)  # fmt: skip
+        _host_checks(
+            q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, None, None, None, 0, None, max_k, broadcast_q
+        )
+    return _run(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        None,
+        None,
+        None,
+        None,
+        max_seqlen_q,
+        max_k,
+        scale,
+        0.0,
+        w,
+        w,
+        top_left=True,
+        broadcast_q=broadcast_q,
+        rows_cap=max_seqlen_q,
+        zero_fill=True,
+        deterministic=deterministic,
+    )

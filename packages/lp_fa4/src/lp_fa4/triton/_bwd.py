@@ -8,11 +8,11 @@ LSE +inf here so that their P is exactly 0 whatever the scores are.
 import triton
 import triton.language as tl
 
-from ._common import band_mask, diag_offset, key_rows, scores, seq_extent
+from ._common import band_mask, diag_offset, scores, seq_extent
 
 
 @triton.jit
-def preprocess_kernel(O, DO, DLSE, DELTA, stride_ot, stride_oh, stride_dot, stride_doh, TO, H,
+def preprocess_kernel(OUT, DO, DLSE, DELTA, stride_ot, stride_oh, stride_dot, stride_doh, TO, H,
                       D_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                       HAS_DLSE: tl.constexpr):  # fmt: skip
     """DELTA (H, TO) fp32 = rowsum(dO∘O) - dLSE (dLSE (H, TO), when the LSE had a gradient)."""
@@ -21,7 +21,7 @@ def preprocess_kernel(O, DO, DLSE, DELTA, stride_ot, stride_oh, stride_dot, stri
     offs_d = tl.arange(0, BLOCK_DV)
     ok = rows < TO
     m2 = ok[:, None] & (offs_d[None, :] < D_V)
-    o = tl.load(O + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], mask=m2, other=0.0)
+    o = tl.load(OUT + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], mask=m2, other=0.0)
     do = tl.load(DO + rows[:, None] * stride_dot + h * stride_doh + offs_d[None, :], mask=m2, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if HAS_DLSE:
@@ -82,7 +82,7 @@ def dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     k_ok = offs_n < k_len
-    k_rows = (k0 + offs_n.to(tl.int64))
+    k_rows = k0 + offs_n.to(tl.int64)
     kt = tl.load(K + k_rows[None, :] * stride_kt + hk * stride_kh + offs_d[:, None],
                  mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
     vt = tl.load(V + k_rows[None, :] * stride_vt + hk * stride_vh + offs_dv[:, None],

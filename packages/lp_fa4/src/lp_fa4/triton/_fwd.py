@@ -8,7 +8,7 @@ from ._common import band_mask, diag_offset, key_rows, scores, seq_extent
 
 @triton.jit
 def fwd_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K, USED_Q, USED_K, PT, SINK,
+    Q, K, V, OUT, LSE, CU_Q, CU_K, USED_Q, USED_K, PT, SINK,
     stride_qt, stride_qh, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_lb, stride_lh, spt_b,
     TQ, TK, TO, NUM_PAGES, MAX_PAGES, K_CAP, ROWS_CAP, H, G,
@@ -85,8 +85,8 @@ def fwd_kernel(
     in_slot = offs_m < slot_q
     o_rows = o0 + offs_m.to(tl.int64)
     o_ok = in_slot & (o_rows < TO)
-    o_ptrs = O + o_rows[:, None] * stride_ot + h * stride_oh + offs_dv[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_ok[:, None] & (offs_dv[None, :] < D_V))
+    o_ptrs = OUT + o_rows[:, None] * stride_ot + h * stride_oh + offs_dv[None, :]
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=o_ok[:, None] & (offs_dv[None, :] < D_V))
     if LSE_PER_SEQ:
         l_ptrs = LSE + b.to(tl.int64) * stride_lb + h * stride_lh + offs_m.to(tl.int64)
     else:

@@ -1,0 +1,181 @@
+"""Shared test helpers: one Case per problem, one runner that checks forward, LSE and gradients
+against the fp32 tools reference under the baseline-relative rule (tools/README.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ads_kernel_tools.reference.attention import (
+    jagged_attention_ref,
+    softmax_attention_ref,
+    softmax_attention_varlen_ref,
+)
+from ads_kernel_tools.testing import lengths_to_offsets, randn
+from ads_kernel_tools.tolerance import assert_close_vs_baseline
+from lp_fa4 import flash_attn_func, flash_attn_varlen_func, jagged_attention
+
+# LSE is fp32 from fp32 scores: the bf16 baseline's LSE equals the truth to fp32 rounding, so its floor
+# is an absolute fp32-accumulation allowance instead of a bf16 unit
+LSE_FLOOR = 2e-4
+
+
+@dataclass(frozen=True)
+class Case:
+    """A varlen (or, with ``dense``, a (B, S) batch of equal) problem. lk=None: Lk = Lq."""
+
+    lq: tuple[int, ...]
+    lk: tuple[int, ...] | None = None
+    heads: int = 2
+    kv_heads: int = 1
+    d: int = 32
+    dv: int | None = None
+    dtype: torch.dtype = torch.bfloat16
+    causal: bool = False
+    window: tuple[int | None, int | None] = (None, None)
+    softcap: float = 0.0
+    sink: bool = False
+    scale: float | None = None
+    dense: bool = False
+    grad: bool = True
+    dlse: bool = True
+    deterministic: bool = False
+    seed: int = 0
+
+    @property
+    def id(self) -> str:
+        lk = list(self.lk or self.lq)
+        opts = [n for n, on in (("causal", self.causal), ("sink", self.sink), ("dense", self.dense)) if on]
+        if self.window != (None, None):
+            opts.append(f"w{self.window}")
+        if self.softcap:
+            opts.append(f"cap{self.softcap}")
+        return f"lq{list(self.lq)}-lk{lk}-h{self.heads}/{self.kv_heads}-d{self.d}-{'-'.join(opts)}"
+
+
+def qkv(tq: int, tk: int, case: Case, device: str, lead: tuple[int, ...] = ()):
+    dv = case.dv or case.d
+    q = randn((*lead, tq, case.heads, case.d), dtype=case.dtype, device=device, seed=case.seed)
+    k = randn((*lead, tk, case.kv_heads, case.d), dtype=case.dtype, device=device, seed=case.seed + 1)
+    v = randn((*lead, tk, case.kv_heads, dv), dtype=case.dtype, device=device, seed=case.seed + 2)
+    return q, k, v
+
+
+def compare_lse(lse: torch.Tensor, ref: torch.Tensor, name: str) -> None:
+    """-inf exactly where the reference has -inf; finite rows within the fp32 allowance."""
+    assert lse.dtype == torch.float32, f"{name}: lse dtype {lse.dtype}"
+    inf_ref, inf_out = torch.isneginf(ref), torch.isneginf(lse)
+    assert torch.equal(inf_ref, inf_out), f"{name}: -inf rows differ ({int((inf_ref ^ inf_out).sum())})"
+    live = ~inf_ref
+    if live.any():
+        err = (lse[live] - ref[live]).abs().max().item()
+        assert err <= LSE_FLOOR * max(1.0, ref[live].abs().max().item()), f"{name}: lse error {err:.3g}"
+
+
+def run_case(case: Case, device: str) -> None:
+    """Ours vs the fp32 reference (truth) and the same-precision reference (baseline), fwd + bwd."""
+    lk = case.lk if case.lk is not None else case.lq
+    if case.dense:
+        assert len(set(case.lq)) == 1 and len(set(lk)) == 1
+        lead, tq, tk = (len(case.lq),), case.lq[0], lk[0]
+    else:
+        lead, tq, tk = (), sum(case.lq), sum(lk)
+    q, k, v = qkv(tq, tk, case, device, lead)
+    sink = randn((case.heads,), dtype=case.dtype, device=device, seed=case.seed + 5) if case.sink else None
+    cu_q, cu_k = lengths_to_offsets(list(case.lq), device=device), lengths_to_offsets(list(lk), device=device)
+    opts = dict(causal=case.causal, softcap=case.softcap)
+    ins = [t for t in (q, k, v, sink) if t is not None]
+
+    def ours(*leaves):
+        s = leaves[3] if case.sink else None
+        kw = dict(
+            softmax_scale=case.scale,
+            window_size=case.window,
+            learnable_sink=s,
+            return_lse=True,
+            deterministic=case.deterministic,
+            **opts,
+        )
+        if case.dense:
+            return flash_attn_func(*leaves[:3], **kw)
+        return flash_attn_varlen_func(
+            *leaves[:3], cu_q, cu_k, max(case.lq, default=0), max(lk, default=0), **kw
+        )
+
+    def ref(*leaves, dtype):
+        s = leaves[3] if case.sink else None
+        kw = dict(scale=case.scale, window=case.window, sink=s, dtype=dtype, **opts)
+        if case.dense:
+            return softmax_attention_ref(*leaves[:3], **kw)
+        return softmax_attention_varlen_ref(*leaves[:3], cu_q, cu_k, **kw)
+
+    leaves = [t.detach().clone().requires_grad_(case.grad) for t in ins]
+    truth_leaves = [t.detach().float().requires_grad_(case.grad) for t in ins]
+    base_leaves = [t.detach().clone().requires_grad_(case.grad) for t in ins]
+    out, lse = ours(*leaves)
+    r_out, r_lse = ref(*truth_leaves, dtype=torch.float32)
+    b_out, b_lse = ref(*base_leaves, dtype=case.dtype)
+    assert out.shape == r_out.shape and out.dtype == q.dtype, (out.shape, r_out.shape)
+    assert lse.shape == r_lse.shape, (lse.shape, r_lse.shape)
+    assert_close_vs_baseline(out, r_out, b_out, name=f"out[{case.id}]")
+    compare_lse(lse, r_lse, f"lse[{case.id}]")
+    if not case.grad:
+        return
+    do = randn(out.shape, dtype=case.dtype, device=device, seed=case.seed + 3)
+    dl = randn(lse.shape, dtype=torch.float32, device=device, seed=case.seed + 4) if case.dlse else None
+
+    def loss(o, l_):
+        total = (o.float() * do.float()).sum()
+        return total + (torch.where(torch.isfinite(l_), l_, 0.0) * dl).sum() if dl is not None else total
+
+    grads = torch.autograd.grad(loss(out, lse), leaves)
+    r_grads = torch.autograd.grad(loss(r_out, r_lse), truth_leaves)
+    b_grads = torch.autograd.grad(loss(b_out, b_lse), base_leaves)
+    for name, a, x, r, b in zip(("dq", "dk", "dv", "dsink"), grads, leaves, r_grads, b_grads):
+        assert a.dtype == x.dtype and a.shape == x.shape, name
+        assert_close_vs_baseline(a, r, b.to(a.dtype), name=f"{name}[{case.id}]")
+
+
+def jagged_case(
+    lq,
+    lk,
+    *,
+    max_q,
+    window=None,
+    broadcast_q=False,
+    heads=2,
+    kv_heads=1,
+    d=32,
+    dtype=torch.bfloat16,
+    seed=0,
+    device="cpu",
+    grad=True,
+) -> None:
+    """jagged_attention vs jagged_attention_ref, forward and gradients."""
+    case = Case(tuple(lq), tuple(lk), heads=heads, kv_heads=kv_heads, d=d, dtype=dtype, seed=seed)
+    q, k, v = qkv(sum(lq), sum(lk), case, device)
+    cu_q = lengths_to_offsets(list(lq), device=device)
+    cu_k = lengths_to_offsets(list(lk), device=device)
+    ins = (q, k, v)
+    leaves = [t.detach().clone().requires_grad_(grad) for t in ins]
+    truth = [t.detach().float().requires_grad_(grad) for t in ins]
+    base = [t.detach().clone().requires_grad_(grad) for t in ins]
+    out, lse = jagged_attention(
+        *leaves, cu_q, cu_k, max_q, max(lk, default=0), window_size=window, broadcast_q=broadcast_q
+    )
+    kw = dict(window_size=window, broadcast_q=broadcast_q)
+    r_out, r_lse = jagged_attention_ref(*truth, cu_q, cu_k, max_q, **kw)
+    b_out, b_lse = jagged_attention_ref(*base, cu_q, cu_k, max_q, dtype=dtype, **kw)
+    name = f"jagged lq{lq} lk{lk} max_q{max_q} w{window} bq{broadcast_q}"
+    assert out.shape == r_out.shape and lse.shape == r_lse.shape
+    assert_close_vs_baseline(out, r_out, b_out, name=f"out[{name}]")
+    compare_lse(lse, r_lse, f"lse[{name}]")
+    if not grad:
+        return
+    do = randn(out.shape, dtype=dtype, device=device, seed=seed + 3)
+    g = torch.autograd.grad(out, leaves, do)
+    rg = torch.autograd.grad(r_out, truth, do.float())
+    bg = torch.autograd.grad(b_out, base, do)
+    for n, a, r, b in zip(("dq", "dk", "dv"), g, rg, bg):
+        assert_close_vs_baseline(a, r, b, name=f"{n}[{name}]")

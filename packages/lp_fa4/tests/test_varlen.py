@@ -1,0 +1,245 @@
+"""flash_attn_varlen_func: ragged lengths (0, 1, tile±1, long), independent q/k lengths, seqused_q/k,
+paged KV against the same attention on gathered K/V, broadcast_q, 4-D q, empty q."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fa4_testlib import Case, compare_lse, run_case
+
+from ads_kernel_tools.reference.attention import softmax_attention_varlen_ref
+from ads_kernel_tools.testing import lengths_to_offsets, randn
+from ads_kernel_tools.tolerance import assert_close_vs_baseline
+from lp_fa4 import flash_attn_varlen_func
+
+LQ = (0, 1, 15, 16, 17, 40)
+LK = (3, 0, 16, 17, 1, 40)  # an empty kv sequence with queries; Lq > Lk and Lq < Lk
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [{}, dict(causal=True), dict(window=(6, 2)), dict(softcap=2.5, sink=True), dict(causal=True, sink=True)],
+    ids=["plain", "causal", "local", "softcap-sink", "causal-sink"],
+)
+def test_varlen_edges(opts, device):
+    run_case(Case(LQ, LK, heads=2, kv_heads=1, **opts), device)
+
+
+def test_varlen_self_attention_gqa_fp16(device):
+    run_case(Case((33, 1, 16), heads=4, kv_heads=2, dtype=torch.float16, causal=True), device)
+
+
+def _inputs(lq, lk, device, heads=2, kv_heads=1, d=32, seed=0):
+    q = randn((sum(lq), heads, d), dtype=torch.bfloat16, device=device, seed=seed)
+    k = randn((sum(lk), kv_heads, d), dtype=torch.bfloat16, device=device, seed=seed + 1)
+    v = randn((sum(lk), kv_heads, d), dtype=torch.bfloat16, device=device, seed=seed + 2)
+    return q, k, v, lengths_to_offsets(list(lq), device=device), lengths_to_offsets(list(lk), device=device)
+
+
+def _truncate(x, cu, used):
+    """Rows of each sequence up to its seqused entry, packed, and their offsets."""
+    parts = [x[cu[b] : cu[b] + used[b]] for b in range(len(used))]
+    return torch.cat(parts), [0, *torch.tensor(used).cumsum(0).tolist()]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqused(causal, device):
+    """seqused_q/k shorten each slot: rows past seqused_q give 0 / -inf and zero dQ, keys past
+    seqused_k get zero dK/dV; the rest equals attention on the truncated sequences."""
+    lq, lk, uq, uk = (5, 20, 17), (9, 18, 4), [3, 17, 0], [9, 1, 2]
+    q, k, v, cu_q, cu_k = _inputs(lq, lk, device)
+    used_q = torch.tensor(uq, dtype=torch.int32, device=device)
+    used_k = torch.tensor(uk, dtype=torch.int32, device=device)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attn_varlen_func(
+        *leaves,
+        cu_q,
+        cu_k,
+        max(lq),
+        max(lk),
+        seqused_q=used_q,
+        seqused_k=used_k,
+        causal=causal,
+        return_lse=True,
+    )
+    hq, hk = cu_q.tolist(), cu_k.tolist()
+    qt, cq = _truncate(q, hq, uq)
+    kt, ck = _truncate(k, hk, uk)
+    vt, _ = _truncate(v, hk, uk)
+    ref, rlse = softmax_attention_varlen_ref(qt.float(), kt.float(), vt.float(), cq, ck, causal=causal)
+    base, _ = softmax_attention_varlen_ref(qt, kt, vt, cq, ck, causal=causal, dtype=torch.bfloat16)
+    rows = torch.cat([torch.arange(hq[b], hq[b] + uq[b]) for b in range(3)])
+    dead = torch.ones(q.shape[0], dtype=torch.bool)
+    dead[rows] = False
+    assert_close_vs_baseline(out[rows], ref, base, name="out")
+    compare_lse(lse[:, rows], rlse, "lse")
+    assert (out[dead] == 0).all() and torch.isneginf(lse[:, dead]).all()
+    dq, dk, dv = torch.autograd.grad(out, leaves, torch.ones_like(out))
+    assert (dq[dead] == 0).all()
+    krows = torch.cat([torch.arange(hk[b], hk[b] + uk[b]) for b in range(3)])
+    kdead = torch.ones(k.shape[0], dtype=torch.bool)
+    kdead[krows] = False
+    assert (dk[kdead] == 0).all() and (dv[kdead] == 0).all()
+
+
+def test_seqused_with_4d_q_and_k(device):
+    """seqused with 4-D q/k and no cu_seqlens: LSE (B, H, Sq)."""
+    q = randn((2, 19, 2, 32), dtype=torch.bfloat16, device=device, seed=7)
+    k = randn((2, 23, 1, 32), dtype=torch.bfloat16, device=device, seed=8)
+    v = randn((2, 23, 1, 32), dtype=torch.bfloat16, device=device, seed=9)
+    used_q = torch.tensor([19, 4], dtype=torch.int32, device=device)
+    used_k = torch.tensor([23, 17], dtype=torch.int32, device=device)
+    out, lse = flash_attn_varlen_func(q, k, v, seqused_q=used_q, seqused_k=used_k, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 2, 19)
+    for b, (a, c) in enumerate(((19, 23), (4, 17))):
+        ref, rlse = softmax_attention_varlen_ref(
+            q[b, :a].float(), k[b, :c].float(), v[b, :c].float(), [0, a], [0, c]
+        )
+        base, _ = softmax_attention_varlen_ref(
+            q[b, :a], k[b, :c], v[b, :c], [0, a], [0, c], dtype=torch.bfloat16
+        )
+        assert_close_vs_baseline(out[b, :a], ref, base, name=f"out[{b}]")
+        compare_lse(lse[b, :, :a], rlse, f"lse[{b}]")
+    assert (out[1, 4:] == 0).all() and torch.isneginf(lse[1, :, 4:]).all()
+
+
+def _paged(k, v, cu_k, page_size, extra_pages=3, seed=0):
+    """K/V scattered into shuffled pages of a cache, and the page table that finds them again."""
+    lens = (cu_k[1:] - cu_k[:-1]).tolist()
+    per_seq = [-(-n // page_size) for n in lens]
+    width = max(max(per_seq), 1)
+    n_pages = sum(per_seq) + extra_pages
+    perm = torch.randperm(n_pages, generator=torch.Generator().manual_seed(seed))
+    kc = randn((n_pages, page_size, *k.shape[1:]), dtype=k.dtype, device=k.device, seed=seed + 11)
+    vc = randn((n_pages, page_size, *v.shape[1:]), dtype=v.dtype, device=v.device, seed=seed + 12)
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    nxt = 0
+    starts = cu_k.tolist()
+    for b, n in enumerate(lens):
+        for p in range(per_seq[b]):
+            page = int(perm[nxt])
+            nxt += 1
+            table[b, p] = page
+            rows = slice(starts[b] + p * page_size, starts[b] + min((p + 1) * page_size, n))
+            m = rows.stop - rows.start
+            kc[page, :m], vc[page, :m] = k[rows], v[rows]
+    return kc, vc, table.to(k.device)
+
+
+@pytest.mark.parametrize("page_size", [16, 5])
+@pytest.mark.parametrize(
+    "opts", [dict(causal=True), dict(window=(4, 4), softcap=2.0)], ids=["causal", "local"]
+)
+def test_paged_kv_matches_gathered(page_size, opts, device):
+    """Paged KV (3-D q) equals the same call on contiguous K/V, and the reference."""
+    lq, lk = (3, 17, 1), (20, 33, 0)
+    q, k, v, cu_q, cu_k = _inputs(lq, lk, device, seed=3)
+    kc, vc, table = _paged(k, v, cu_k, page_size)
+    used_k = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
+    kw = dict(
+        causal=opts.get("causal", False),
+        window_size=opts.get("window", (None, None)),
+        softcap=opts.get("softcap", 0.0),
+        return_lse=True,
+    )
+    out, lse = flash_attn_varlen_func(
+        q, kc, vc, cu_q, None, max(lq), max(lk), seqused_k=used_k, page_table=table, **kw
+    )
+    flat, flat_lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), **kw)
+    torch.testing.assert_close(out, flat, atol=0, rtol=0)
+    torch.testing.assert_close(lse, flat_lse, atol=0, rtol=0)
+    ref, rlse = softmax_attention_varlen_ref(
+        q.float(),
+        k.float(),
+        v.float(),
+        cu_q,
+        cu_k,
+        causal=kw["causal"],
+        window=kw["window_size"],
+        softcap=kw["softcap"],
+    )
+    base, _ = softmax_attention_varlen_ref(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        causal=kw["causal"],
+        window=kw["window_size"],
+        softcap=kw["softcap"],
+        dtype=torch.bfloat16,
+    )
+    assert_close_vs_baseline(out, ref, base, name="paged out")
+    compare_lse(lse, rlse, "paged lse")
+
+
+def test_paged_kv_4d_q_without_seqused(device):
+    """4-D q with page_table: every sequence has max_pages·page_size keys."""
+    page, width, n_b = 8, 3, 2
+    q = randn((n_b, 9, 2, 32), dtype=torch.bfloat16, device=device, seed=21)
+    kc = randn((7, page, 1, 32), dtype=torch.bfloat16, device=device, seed=22)
+    vc = randn((7, page, 1, 32), dtype=torch.bfloat16, device=device, seed=23)
+    table = torch.tensor([[6, 0, 3], [2, 5, 1]], dtype=torch.int32, device=device)
+    out, lse = flash_attn_varlen_func(q, kc, vc, page_table=table, causal=True, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (n_b, 2, 9)
+    for b in range(n_b):
+        kb, vb = kc[table[b].long()].reshape(-1, 1, 32), vc[table[b].long()].reshape(-1, 1, 32)
+        ref, _ = softmax_attention_varlen_ref(
+            q[b].float(), kb.float(), vb.float(), [0, 9], [0, width * page], causal=True
+        )
+        base, _ = softmax_attention_varlen_ref(
+            q[b], kb, vb, [0, 9], [0, width * page], causal=True, dtype=torch.bfloat16
+        )
+        assert_close_vs_baseline(out[b], ref, base, name=f"paged4d[{b}]")
+
+
+def test_paged_kv_refuses_backward(device):
+    q, k, v, cu_q, cu_k = _inputs((3,), (8,), device)
+    kc, vc, table = _paged(k, v, cu_k, 4)
+    with pytest.raises(NotImplementedError, match="page_table"):
+        flash_attn_varlen_func(q.requires_grad_(), kc, vc, cu_q, None, 3, 8, page_table=table)
+
+
+def test_broadcast_q(device):
+    """One query sequence attends to each kv sequence: out (B·Lq, H, D), dQ summed over the batch."""
+    from ads_kernel_tools.reference.attention import jagged_attention_ref
+
+    lq, lk = 17, (5, 0, 20)
+    q, k, v, _, cu_k = _inputs((lq,), lk, device, seed=5)
+    cu_q = torch.tensor([0, lq], dtype=torch.int32, device=device)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attn_varlen_func(*leaves, cu_q, cu_k, lq, max(lk), broadcast_q=True, return_lse=True)
+    truth = [t.float().requires_grad_() for t in (q, k, v)]
+    base = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref, rlse = jagged_attention_ref(*truth, cu_q, cu_k, lq, broadcast_q=True)
+    b_out, _ = jagged_attention_ref(*base, cu_q, cu_k, lq, broadcast_q=True, dtype=torch.bfloat16)
+    assert out.shape == (3 * lq, 2, 32) and lse.shape == (2, 3 * lq)
+    assert_close_vs_baseline(out, ref, b_out, name="bq out")
+    compare_lse(lse, rlse, "bq lse")
+    do = randn(out.shape, dtype=torch.bfloat16, device=device, seed=9)
+    for n, a, r, b in zip(
+        "qkv",
+        torch.autograd.grad(out, leaves, do),
+        torch.autograd.grad(ref, truth, do.float()),
+        torch.autograd.grad(b_out, base, do),
+    ):
+        assert_close_vs_baseline(a, r, b, name=f"bq d{n}")
+
+
+def test_empty_q_and_empty_batch(device):
+    q, k, v, cu_q, cu_k = _inputs((0, 0), (4, 3), device)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attn_varlen_func(*leaves, cu_q, cu_k, 0, 4, return_lse=True)
+    assert out.shape == (0, 2, 32) and lse.shape == (2, 0)
+    dq, dk, dv = torch.autograd.grad(out.sum() + lse.sum(), leaves, allow_unused=True)
+    assert dk.shape == k.shape and (dk == 0).all() and (dv == 0).all()
+    cu0 = torch.zeros(1, dtype=torch.int32, device=device)
+    out, lse = flash_attn_varlen_func(q, k[:0], v[:0], cu0, cu0, 0, 0, return_lse=True)
+    assert out.shape == (0, 2, 32)
+
+
+def test_omitted_max_seqlen(device):
+    q, k, v, cu_q, cu_k = _inputs((5, 18), (7, 2), device)
+    a, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, causal=True)
+    b, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 18, 7, causal=True)
+    assert torch.equal(a, b)
