@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ads_kernel_tools.reference.norm import layer_norm_ref, rms_norm_ref, rms_norm_gemm_ref
+from ads_kernel_tools.reference.norm import layer_norm_ref, rms_norm_gemm_ref, rms_norm_ref
 from ads_kernel_tools.testing import device_for_tests, randn
 from ads_kernel_tools.tolerance import assert_close_vs_baseline
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _cases import DEVICE
+
 from ads_norm_fusion import (
     linear_layernorm,
     linear_layernorm_input_grad,
@@ -20,7 +20,10 @@ def _t(*shape, dtype=torch.bfloat16):
 
 
 BAD = {
-    "fp32": (lambda: linear_layernorm(_t(4, 32, dtype=torch.float32), _t(16, 32, dtype=torch.float32)), "dtype"),
+    "fp32": (
+        lambda: linear_layernorm(_t(4, 32, dtype=torch.float32), _t(16, 32, dtype=torch.float32)),
+        "dtype",
+    ),
     "mixed dtypes": (lambda: linear_rmsnorm(_t(4, 32), _t(16, 32, dtype=torch.float16)), "w is"),
     "K not /16": (lambda: linear_layernorm(_t(4, 24), _t(16, 24)), "K=24"),
     "N not /16": (lambda: linear_rmsnorm(_t(4, 32), _t(40, 32)), "N=40"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _cases import DEVICE, check
+
 from ads_kernel_tools.reference.norm import gemm_layer_norm_input_grad_ref, gemm_rms_norm_input_grad_ref
 from ads_kernel_tools.testing import randn
 from ads_norm_fusion import linear_layernorm_input_grad, linear_rmsnorm_input_grad

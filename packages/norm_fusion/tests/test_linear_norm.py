@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _cases import DEVICE, Case, check, inputs, linear_norm_torch, ref_and_baseline, rmsnorm_linear_torch
+
 from ads_norm_fusion import linear_layernorm, linear_rmsnorm, rmsnorm_linear
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -64,7 +64,9 @@ def test_linear_norm(case: Case, kind: str) -> None:
     for name, g in grads.items():
         check(g, gref[name], gbase[name], f"d{name}")
     # statistics: fp32, per row, against the fp32 reference of z
-    z = torch.nn.functional.linear(d["x"].float(), d["w"].float(), None if d["bias"] is None else d["bias"].float())
+    z = torch.nn.functional.linear(
+        d["x"].float(), d["w"].float(), None if d["bias"] is None else d["bias"].float()
+    )
     if kind == "ln":
         mean, rstd = stats
         var = (z - z.mean(-1, keepdim=True)).square().mean(-1)

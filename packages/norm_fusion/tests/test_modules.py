@@ -7,9 +7,9 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from _cases import DEVICE
 from torch import nn
 
-from _cases import DEVICE
 from ads_kernel_tools.tolerance import assert_close_vs_baseline
 from ads_norm_fusion import FusedLinearLayerNorm, FusedLinearRMSNorm, RMSNormLinear
 
@@ -68,7 +68,9 @@ def test_constructors() -> None:
     b = FusedLinearRMSNorm(32, 48, bias=False, device=DEVICE, dtype=torch.float16)
     c = RMSNormLinear(32, 48, device=DEVICE, dtype=torch.bfloat16)
     x = torch.randn(5, 32, device=DEVICE)
-    assert a(x.bfloat16()).shape == (5, 48) and b(x.half()).shape == (5, 48) and c(x.bfloat16()).shape == (5, 48)
+    assert (
+        a(x.bfloat16()).shape == (5, 48) and b(x.half()).shape == (5, 48) and c(x.bfloat16()).shape == (5, 48)
+    )
     assert set(a.state_dict()) == {"linear.weight", "linear.bias", "norm.weight", "norm.bias"}
     with pytest.raises(ValueError):
         FusedLinearLayerNorm.from_modules(nn.Linear(4, 16), nn.LayerNorm(32))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _cases import DEVICE, Case, inputs
+
 from ads_norm_fusion import _ops, linear_layernorm, linear_rmsnorm, rmsnorm_linear
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _cases import DEVICE
+
 from ads_kernel_tools.testing import poisoned_empty, randn
 from ads_norm_fusion.triton.launch import launch_rms_gemm, launch_rownorm
 

@@ -1,0 +1,49 @@
+"""Odd shapes through every kernel path, for ``compute-sanitizer --tool memcheck python3 memcheck_case.py``.
+
+Partial row tiles (M = 77, 1), column tails (N = 80, 1040 with 128-wide tiles) and K = 48 that is no
+multiple of the 64-wide K step; forward, backward and the input-grad ops. Prints one line at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ads_norm_fusion import (
+    linear_layernorm,
+    linear_layernorm_input_grad,
+    linear_rmsnorm,
+    linear_rmsnorm_input_grad,
+    rmsnorm_linear,
+)
+
+
+def main() -> None:
+    dev, dt = "cuda", torch.bfloat16
+    for m, k, n in ((77, 48, 80), (1, 48, 1040), (300, 1040, 1040), (129, 80, 272)):
+        leaves = [
+            torch.randn(m, k, device=dev, dtype=dt),
+            torch.randn(n, k, device=dev, dtype=dt) * k**-0.5,
+            torch.randn(n, device=dev, dtype=dt),
+            torch.randn(n, device=dev, dtype=dt),
+            torch.randn(n, device=dev, dtype=dt),
+        ]
+        x, w, b, g, be = (t.requires_grad_() for t in leaves)
+        dy = torch.randn(m, n, device=dev, dtype=dt)
+        y, mean, rstd = linear_layernorm(x, w, b, g, be, return_stats=True)
+        torch.autograd.grad(y, (x, w, b, g, be), dy)
+        y2, rrms = linear_rmsnorm(x, w, b, g, return_stats=True)
+        torch.autograd.grad(y2, (x, w, b, g), dy)
+        gk = torch.randn(k, device=dev, dtype=dt, requires_grad=True)
+        y3 = rmsnorm_linear(x, gk, w, b)
+        torch.autograd.grad(y3, (x, gk, w, b), dy)
+        xhat = linear_layernorm(x.detach(), w.detach())
+        dyn = torch.randn(m, 48, device=dev, dtype=dt)
+        w_next_t = torch.randn(48, n, device=dev, dtype=dt)
+        linear_layernorm_input_grad(dyn, w_next_t, xhat, rstd, g.detach(), weight_grads=True)
+        linear_rmsnorm_input_grad(dyn, w_next_t, xhat, rrms)
+    torch.cuda.synchronize()
+    print("memcheck cases done")
+
+
+if __name__ == "__main__":
+    main()

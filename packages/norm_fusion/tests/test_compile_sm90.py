@@ -1,0 +1,95 @@
+"""The kernels compile for Hopper with wgmma and TMA loads and without register spills, checked
+without a GPU (Triton's offline compiler in one child process; see ads_kernel_tools.compile_check)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ads_kernel_tools.compile_check import ptx_counts_batch
+
+_ROWNORM_PTRS = ("A", "B", "BIAS", "GAMMA", "BETA", "AUX", "OUT", "XHAT")
+ROWNORM_TYPES = {p: "*bf16" for p in _ROWNORM_PTRS} | {
+    "STAT1": "*fp32", "STAT2": "*fp32", "PART": "*fp32", "eps": "fp32", "part_plane": "i32",
+}  # fmt: skip
+_FLAGS = dict(HAS_GEMM=True, B_TRANS=True, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=True, SAVE_XHAT=False,
+              AUX_RAW=False, WEIGHT_GRADS=False, BIAS_GRAD=False, NUM_STAGES=3, BLOCK_K=64)  # fmt: skip
+# the tiles config.rownorm_config picks on the H200
+ROWNORM_CASES = {
+    "ln_fwd_n1024": dict(MODE=0, SINGLE=False, BLOCK_M=128, BLOCK_N=256, _warps=8),
+    "ln_fwd_n256_single": dict(MODE=0, SINGLE=True, BLOCK_M=128, BLOCK_N=256, _warps=8),
+    "ln_fwd_m64_xhat": dict(MODE=0, SINGLE=False, BLOCK_M=64, BLOCK_N=256, SAVE_XHAT=True, _warps=4),
+    "rms_fwd_n1040": dict(MODE=1, SINGLE=False, BLOCK_M=128, BLOCK_N=128, _warps=8),
+    "ln_input_grad": dict(
+        MODE=2,
+        SINGLE=False,
+        BLOCK_M=128,
+        BLOCK_N=256,
+        B_TRANS=False,
+        HAS_BIAS=False,
+        WEIGHT_GRADS=True,
+        _warps=8,
+    ),  # fmt: skip
+    "rms_input_grad_raw": dict(
+        MODE=3,
+        SINGLE=False,
+        BLOCK_M=128,
+        BLOCK_N=256,
+        B_TRANS=False,
+        AUX_RAW=True,
+        WEIGHT_GRADS=True,
+        _warps=8,
+    ),  # fmt: skip
+    "ln_norm_bwd": dict(
+        MODE=2,
+        SINGLE=False,
+        BLOCK_M=128,
+        BLOCK_N=256,
+        HAS_GEMM=False,
+        WEIGHT_GRADS=True,
+        BIAS_GRAD=True,
+        _warps=8,
+    ),  # fmt: skip
+}
+
+
+def _jobs() -> dict[str, dict]:
+    jobs = {}
+    for name, kw in ROWNORM_CASES.items():
+        kw = dict(kw)
+        warps = kw.pop("_warps")
+        jobs[name] = dict(
+            module="ads_norm_fusion.triton._rownorm", kernel="rownorm_kernel", types=ROWNORM_TYPES,
+            constexprs=_FLAGS | kw, num_warps=warps,
+        )  # fmt: skip
+    jobs["rms_gemm"] = dict(
+        module="ads_norm_fusion.triton._rms_gemm", kernel="rms_gemm_kernel",
+        types={"A": "*bf16", "B": "*bf16", "BIAS": "*bf16", "OUT": "*bf16", "RRMS": "*fp32", "eps": "fp32"},
+        constexprs=dict(HAS_BIAS=True, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_STAGES=3),
+        num_warps=8,
+    )  # fmt: skip
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def ptx(request) -> dict[str, dict]:
+    jobs = _jobs()
+    if not request.config.getoption("--run-slow"):
+        jobs = {k: v for k, v in jobs.items() if k in _DEFAULT}
+    return dict(zip(jobs, ptx_counts_batch(list(jobs.values()))))
+
+
+# each compile costs 10-20 s of CPU: three representative kernels by default, the rest with --run-slow
+_DEFAULT = ("ln_fwd_n1024", "rms_input_grad_raw", "rms_gemm")
+CASES = [
+    c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow) for c in [*ROWNORM_CASES, "rms_gemm"]
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_compiles_for_sm90(ptx, case) -> None:
+    counts = ptx[case]
+    assert "error" not in counts, f"{case} did not compile for sm_90: {counts.get('error')}"
+    if case != "ln_norm_bwd":  # no GEMM in the plain norm backward
+        assert counts["wgmma"] > 0, f"{case}: no wgmma"
+        assert counts["tma"] > 0, f"{case}: no TMA loads"
+    assert counts["local_memory"] == 0, f"{case} spills registers"
