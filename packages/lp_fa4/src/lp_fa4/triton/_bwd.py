@@ -8,7 +8,7 @@ LSE +inf here so that their P is exactly 0 whatever the scores are.
 import triton
 import triton.language as tl
 
-from ._common import band_mask, diag_offset, scores, seq_extent
+from ._common import band_mask, diag_offset, scores, seq_extent, tile_is_full
 
 
 @triton.jit
@@ -30,12 +30,15 @@ def preprocess_kernel(OUT, DO, DLSE, DELTA, stride_ot, stride_oh, stride_dot, st
 
 
 @triton.jit
-def _p_ds(q, kt, vt, do, lse2, delta, offs_m, offs_n, k_len, off, win_left, win_right,
-          qk_scale2, cap_in, cap_out2, SOFTCAP: tl.constexpr):  # fmt: skip
+def _p_ds(q, kt, vt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right, qk_scale2,
+          cap_in, cap_out2, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """(P, dS) of one (BLOCK_M, BLOCK_N) tile; dS is the gradient w.r.t. the raw q·k without the
     softmax scale (applied once to dK and dQ): P∘(dP - delta), times 1 - tanh² under softcap."""
     s2, t = scores(tl.dot(q, kt), qk_scale2, cap_in, cap_out2, SOFTCAP)
-    s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
+    if not tile_is_full(start_m, start_n, k_len, off, win_left, win_right, BLOCK_M, BLOCK_N):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
     p = tl.exp2(s2 - lse2[:, None])
     dp = tl.dot(do, vt)
     ds = p * (dp - delta[:, None])
@@ -105,8 +108,8 @@ def dkdv_kernel(
             o_rows = o0 + offs_m.to(tl.int64)
             do = tl.load(DO + o_rows[:, None] * stride_dot + h * stride_doh + offs_dv[None, :],
                          mask=ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
-            p, ds = _p_ds(q, kt, vt, do, lse2, delta, offs_m, offs_n, k_len, off, win_left, win_right,
-                          qk_scale2, cap_in, cap_out2, SOFTCAP)  # fmt: skip
+            p, ds = _p_ds(q, kt, vt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right,
+                          qk_scale2, cap_in, cap_out2, SOFTCAP, BLOCK_M, BLOCK_N)  # fmt: skip
             dv += tl.dot(tl.trans(p.to(do.dtype)), do)
             dsl = ds.to(q.dtype)
             dk += tl.dot(tl.trans(dsl), q)
@@ -178,8 +181,8 @@ def dq_kernel(
                          mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
             vt = tl.load(V + k_rows[None, :] * stride_vt + hk * stride_vh + offs_dv[:, None],
                          mask=k_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0)  # fmt: skip
-            p, ds = _p_ds(q, kt, vt, do, lse2, delta, offs_m, offs_n, k_len, off, win_left, win_right,
-                          qk_scale2, cap_in, cap_out2, SOFTCAP)  # fmt: skip
+            p, ds = _p_ds(q, kt, vt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right,
+                          qk_scale2, cap_in, cap_out2, SOFTCAP, BLOCK_M, BLOCK_N)  # fmt: skip
             dq += tl.dot(ds.to(q.dtype), tl.trans(kt))
     q_in = offs_m < slot_q  # rows of the slot that were not computed get zeros
     dq_ptrs = DQ + q_rows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :]

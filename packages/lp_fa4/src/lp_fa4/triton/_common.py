@@ -102,3 +102,14 @@ def band_mask(offs_m, offs_n, k_len, off, win_left, win_right):
     """(BLOCK_M, BLOCK_N) bool: key exists and lies in the query row's band."""
     rel = offs_n[None, :] - offs_m[:, None] - off
     return (offs_n[None, :] < k_len) & (rel >= -win_left) & (rel <= win_right)
+
+
+@triton.jit
+def tile_is_full(start_m, start_n, k_len, off, win_left, win_right, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):  # fmt: skip
+    """True when every (row, key) pair of the tile is inside the sequence and the band, so the
+    elementwise mask can be skipped (most tiles of long sequences)."""
+    inside = start_n + BLOCK_N <= k_len
+    lo_ok = start_n >= start_m + BLOCK_M - 1 + off - win_left
+    hi_ok = start_n + BLOCK_N - 1 <= start_m + off + win_right
+    return inside & lo_ok & hi_ok

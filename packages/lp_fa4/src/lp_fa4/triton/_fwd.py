@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from ._common import band_mask, diag_offset, key_rows, scores, seq_extent
+from ._common import band_mask, diag_offset, key_rows, scores, seq_extent, tile_is_full
 
 
 @triton.jit
@@ -58,7 +58,8 @@ def fwd_kernel(
         kt = tl.load(K + koff[None, :] + hk * stride_kh + offs_d[:, None],
                      mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
         s2, _t = scores(tl.dot(q, kt), qk_scale2, cap_in, cap_out2, SOFTCAP)
-        s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
+        if not tile_is_full(start_m, start_n, k_len, off, win_left, win_right, BLOCK_M, BLOCK_N):
+            s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s2, 1))
         # a row that has seen no key yet keeps max -inf: shift by 0 so exp2 gives 0, not NaN
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
