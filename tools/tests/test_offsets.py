@@ -15,10 +15,10 @@ def test_validator_rules_and_messages():
         validate_offsets("cu", [0, 600, 600, 5000], 1000)
     with pytest.raises(ValueError, match="spans"):
         validate_offsets("cu", [-1, 3], 4)
-    with pytest.raises(ValueError, match="must start at 0 and end at 4"):
+    with pytest.raises(ValueError, match="must start at 0 and end at T=4"):
         validate_offsets("cu", [0, 3], 4, cover=True)
-    with pytest.raises(ValueError, match="sequence 1 has 7 rows > the maximum 5"):
-        validate_offsets("cu", [0, 2, 9], 9, max_len=5)
+    with pytest.raises(ValueError, match="sequence 1 has 7 rows > max_len=5"):
+        validate_offsets("cu", [0, 2, 9], 9, max_len=5, max_name="max_len")
     with pytest.raises(ValueError, match="1-D"):
         validate_offsets("cu", [], 0)
 

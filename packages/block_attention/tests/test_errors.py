@@ -26,7 +26,7 @@ def _inputs(total: int = 10, heads: int = 2, heads_kv: int = 2, dim: int = 32, d
         (lambda q, k, v, o: (q, k, v, o.float()), "int32 or int64"),
         (lambda q, k, v, o: (q, k, v, o[None]), "1-D"),
         (lambda q, k, v, o: (q, k, v, torch.tensor([0, 6, 4, 10], dtype=torch.int32)), "non-decreasing"),
-        (lambda q, k, v, o: (q, k, v, torch.tensor([0, 4, 9], dtype=torch.int32)), "end at 10"),
+        (lambda q, k, v, o: (q, k, v, torch.tensor([0, 4, 9], dtype=torch.int32)), "end at T"),
         (lambda q, k, v, o: (q, k, v, torch.tensor([1, 4, 10], dtype=torch.int32)), "start at 0"),
     ],
 )

@@ -66,7 +66,7 @@ def test_check_inputs_bounds_key_lengths(monkeypatch, device):
     monkeypatch.setenv("ADS_CHECK_INPUTS", "1")
     q, k, v = _qkv(device)
     cu = torch.tensor([0, 70, 100], dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="cu_seqlens_k: sequence 0 has 70 rows > the maximum 64"):
+    with pytest.raises(ValueError, match="cu_seqlens_k: sequence 0 has 70 rows > max_seqlen_k=64"):
         torch.ops.ads_gdpa.fwd(*_op_args(q, k, v, cu, 64))
 
 
@@ -87,19 +87,21 @@ def test_host_offsets_are_checked_whatever_the_switch(monkeypatch):
     ],
     ids=["causal", "symmetric_window", "local"],
 )
-def test_flops_count_the_allowed_pairs_exactly(mask, expected):
-    q, k, v = _qkv("cpu", rows=128)
-    cu = torch.tensor([0, 64, 128], dtype=torch.int32)
+def test_flops_count_the_allowed_pairs_exactly(device, mask, expected):
+    q, k, v = _qkv(device, rows=128)
+    cu = torch.tensor([0, 64, 128], dtype=torch.int32, device=device)
+    host = dict(cu_seqlens_q_cpu=cu.cpu(), cu_seqlens_k_cpu=cu.cpu())
     with FlopCounterMode(display=False) as fc:
-        gdpa_varlen(q, k, v, cu, cu, 64, 64, **mask)
+        gdpa_varlen(q, k, v, cu, cu, 64, 64, **host, **mask)
     assert fc.get_total_flops() == 2 * 2 * (32 + 32) * expected
 
 
-def test_flops_of_a_causal_64_64_batch_match_the_issue():
+def test_flops_of_a_causal_64_64_batch_match_the_issue(device):
     """The example of the FLOP-count report (H·D = 16, two causal 64-token sequences): 266,240 exact,
     where the old formula counted 524,288."""
-    q = torch.zeros(128, 1, 16, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 64, 128], dtype=torch.int32)
+    q = torch.zeros(128, 1, 16, dtype=torch.bfloat16, device=device)
+    cu = torch.tensor([0, 64, 128], dtype=torch.int32, device=device)
+    host = dict(cu_seqlens_q_cpu=cu.cpu(), cu_seqlens_k_cpu=cu.cpu())
     with FlopCounterMode(display=False) as fc:
-        gdpa_varlen(q, q, q, cu, cu, 64, 64, causal=True)
+        gdpa_varlen(q, q, q, cu, cu, 64, 64, causal=True, **host)
     assert fc.get_total_flops() == 266_240

@@ -47,6 +47,7 @@ def validate_offsets(
     rows: int,
     *,
     max_len: int | None = None,
+    max_name: str = "the maximum",
     cover: bool = False,
     prefix: str = "",
 ) -> np.ndarray:
@@ -54,7 +55,8 @@ def validate_offsets(
 
     Rules: at least one entry; non-decreasing; every span inside [0, rows]; with ``cover`` the spans
     cover the tensor exactly (first 0, last ``rows``), for ops whose every row is one sequence's
-    token; with ``max_len`` no sequence is longer (a kernel sized its tiles by it).
+    token; with ``max_len`` no sequence is longer (a kernel sized its tiles by it; ``max_name`` names
+    that bound in the message, e.g. ``"max_seqlen_k"``).
 
     Raises:
         ValueError: naming ``name``, the rule broken and the values involved (``prefix`` first, e.g.
@@ -72,12 +74,10 @@ def validate_offsets(
         )
     first, last = int(h[0]), int(h[-1])
     if cover and (first != 0 or last != rows):
-        raise ValueError(f"{prefix}{name} must start at 0 and end at {rows}, got {first}..{last}")
+        raise ValueError(f"{prefix}{name} must start at 0 and end at T={rows}, got {first}..{last}")
     if first < 0 or last > rows:
         raise ValueError(f"{prefix}{name} spans [{first}, {last}] but the tensor has {rows} rows")
     if max_len is not None and diffs.size and int(diffs.max()) > max_len:
         b = int(np.argmax(diffs))
-        raise ValueError(
-            f"{prefix}{name}: sequence {b} has {int(diffs[b])} rows > the maximum {max_len} given"
-        )
+        raise ValueError(f"{prefix}{name}: sequence {b} has {int(diffs[b])} rows > {max_name}={max_len}")
     return diffs

@@ -81,7 +81,9 @@ def check_offsets(
         if values is None:
             longest.append(None)
             continue
-        lengths = validate_offsets(name, values, rows, max_len=max_len, prefix="ads_gdpa: ")
+        lengths = validate_offsets(
+            name, values, rows, max_len=max_len, max_name="max_seqlen_k", prefix="ads_gdpa: "
+        )
         if broadcast_q and name == "cu_seqlens_q" and (int(values[0]) != 0 or int(values[-1]) != rows):
             raise ValueError(
                 f"ads_gdpa: broadcast_q needs cu_seqlens_q == [0, {rows}], got {values.tolist()}"
