@@ -48,7 +48,7 @@ def bench_attention(report, bench, batch, heads, heads_kv, dim, max_len, sparsit
     v = torch.randn(total, heads_kv, dim, device=dev, dtype=dt, requires_grad=True)
     dout = torch.randn(total, heads, dim, device=dev, dtype=dt)
     scale = 1.0 / math.sqrt(dim)
-    extra = {"D": dim, "max_len": max_len}
+    extra = {"D": dim, "H_kv": heads_kv, "max_len": max_len}
 
     def add(provider, mode, ms, note=""):
         nbytes = _attn_bytes(total, heads, heads_kv, dim, mode)
