@@ -1,0 +1,54 @@
+"""Run by the GPU job under ``compute-sanitizer --tool memcheck``: lying offsets, seqused entries
+and page indices, forward and backward. The kernels clamp every span to its tensor, so memcheck must
+report 0 errors. Not a pytest file (it needs the sanitizer around the whole process)."""
+
+from __future__ import annotations
+
+import torch
+
+from lp_fa4 import flash_attn_func, flash_attn_varlen_func, jagged_attention
+
+
+def main() -> None:
+    dev, bf = "cuda", torch.bfloat16
+    q = torch.randn(300, 4, 128, device=dev, dtype=bf, requires_grad=True)
+    k = torch.randn(200, 2, 128, device=dev, dtype=bf, requires_grad=True)
+    v = torch.randn(200, 2, 128, device=dev, dtype=bf, requires_grad=True)
+    bad = [
+        ([0, 100, 5000, 300], [0, 150, 9999, 200]),  # past the end
+        ([0, -50, 100, 300], [0, 200, 10, -3]),  # negative and decreasing
+        ([250, 10, 300, 1 << 30], [1 << 30, 0, 199, 200]),  # garbage
+    ]
+    for cq, ck in bad:
+        cu_q = torch.tensor(cq, dtype=torch.int32, device=dev)
+        cu_k = torch.tensor(ck, dtype=torch.int32, device=dev)
+        for kw in (dict(causal=True), dict(window_size=(40, 7), softcap=5.0)):
+            out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 512, 512, return_lse=True, **kw)
+            torch.autograd.grad(out.float().sum(), (q, k, v))
+        used = torch.tensor([500, -4, 1 << 30], dtype=torch.int32, device=dev)
+        out, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 512, 512, seqused_q=used, seqused_k=used)
+        torch.autograd.grad(out.float().sum(), (q, k, v))
+        out, _ = jagged_attention(q, k, v, cu_q, cu_k, 64, 512, window_size=9)
+        torch.autograd.grad(out.float().sum(), (q, k, v))
+    cq = torch.tensor([0, 300], dtype=torch.int32, device=dev)
+    ck = torch.tensor([0, 77, 5000, -1], dtype=torch.int32, device=dev)
+    out, _ = jagged_attention(q, k, v, cq, ck, 300, 512, broadcast_q=True)
+    torch.autograd.grad(out.float().sum(), (q, k, v))
+    # paged KV: page indices out of range both ways, seqused_k past the table
+    with torch.no_grad():
+        kc = torch.randn(6, 64, 2, 128, device=dev, dtype=bf)
+        table = torch.tensor([[0, 99, -7], [1 << 30, 5, 2], [3, 3, 3]], dtype=torch.int32, device=dev)
+        used = torch.tensor([1000, 64, -9], dtype=torch.int32, device=dev)
+        cu_q = torch.tensor([0, 100, 200, 300], dtype=torch.int32, device=dev)
+        flash_attn_varlen_func(
+            q, kc, kc, cu_q, None, 512, None, seqused_k=used, page_table=table, causal=True
+        )
+        flash_attn_func(
+            q[:256].view(2, 128, 4, 128), k[:128].view(2, 64, 2, 128), v[:128].view(2, 64, 2, 128)
+        )
+    torch.cuda.synchronize()
+    print("memcheck cases done")
+
+
+if __name__ == "__main__":
+    main()
