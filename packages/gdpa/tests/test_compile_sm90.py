@@ -42,7 +42,7 @@ def _fwd(**consts):
     return dict(module="ads_gdpa.triton._fwd", kernel="gdpa_fwd_kernel", types=FWD_TYPES, constexprs=consts)
 
 
-def _gluon_job(d: int, skip_dead: bool = False) -> dict:
+def _gluon_job(d: int, skip_dead: bool = False, fp8: bool = False, act: int = 3, relabel: bool = True):
     import torch
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -51,12 +51,13 @@ def _gluon_job(d: int, skip_dead: bool = False) -> dict:
     from ads_gdpa.gluon import fwd_sm90 as g
 
     heads, bm, bn = 4, g.BLOCK_M, g.BLOCK_N
-    stages, qbuf, epilogue = g._config(d)
-    host = torch.empty(256, heads * d, dtype=torch.bfloat16)
+    stages, qbuf, epilogue = g._config(d, fp8)
+    in_t, in_gl = (torch.float8_e4m3fn, gl.float8e4nv) if fp8 else (torch.bfloat16, gl.bfloat16)
 
-    def desc(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
-        return mangle_type(TensorDescriptor(host, [256, heads * d], [heads * d, 1], [rows, d], layout))
+    def desc(rows, cols=d, t=in_t, dt=in_gl):
+        host = torch.empty(256, heads * 256, dtype=t)
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dt)
+        return mangle_type(TensorDescriptor(host, [256, heads * 256], [heads * 256, 1], [rows, cols], layout))
 
     pointers = {
         "out_ptr": "*bf16",
@@ -64,11 +65,17 @@ def _gluon_job(d: int, skip_dead: bool = False) -> dict:
         "count_ptr": "*i32",
         "cu_q_ptr": "*i32",
         "cu_k_ptr": "*i32",
+        **{f"{n}d_ptr": "*fp32" for n in "qkv"},
+        "vcol_ptr": "*i32",
     }
-    types = {"q_desc": desc(bm), "k_desc": desc(bn), "v_desc": desc(bn), "o_desc": desc(bm // 2),
-             "scale": "fp32", **pointers}  # fmt: skip
-    consts = dict(D=d, BM=bm, BN=bn, STAGES=stages, ACT=3, QBUF=qbuf, SCHEDULE=1, EPILOGUE=epilogue,
-                  SKIP_DEAD=skip_dead, DEFER=True, CONSUMER_REGS=232, LOADER_REGS=24)  # fmt: skip
+    # FP8 reads V K-major: [D, BN] boxes of the (H_kv·D, keys) copy
+    v_desc = desc(d, bn) if fp8 else desc(bn)
+    types = {"q_desc": desc(bm), "k_desc": desc(bn), "v_desc": v_desc,
+             "o_desc": desc(bm // 2, t=torch.bfloat16, dt=gl.bfloat16), "scale": "fp32",
+             **pointers}  # fmt: skip
+    consts = dict(D=d, BM=bm, BN=bn, STAGES=stages, ACT=act, QBUF=qbuf, SCHEDULE=1, EPILOGUE=epilogue,
+                  SKIP_DEAD=skip_dead, DEFER=not fp8, CONSUMER_REGS=232, LOADER_REGS=24, FP8=fp8,
+                  RELABEL=fp8 and relabel)  # fmt: skip
     return dict(module=g.__name__, kernel="_gdpa_fwd_ws", types=types, constexprs=consts, gluon=True)
 
 
@@ -130,6 +137,8 @@ def _jobs() -> dict[str, dict]:
     try:
         jobs |= {f"gluon_d{d}": _gluon_job(d) for d in (64, 128)}
         jobs["gluon_d128_skip_dead"] = _gluon_job(128, skip_dead=True)
+        jobs |= {f"gluon_fp8_d{d}": _gluon_job(d, fp8=True) for d in (64, 128)}
+        jobs["gluon_fp8_d128_relu_square"] = _gluon_job(128, fp8=True, act=10)
         jobs["gluon_d128"]["sass_between"] = {"act_under_gemm": ACT_UNDER_GEMM}
         jobs |= {f"gluon_bwd_d{d}": _gluon_bwd_job(d, dq_mode=2) for d in (64, 128)}
         jobs["gluon_bwd_red_v4"] = _gluon_bwd_job(128, dq_mode=1)
@@ -196,6 +205,18 @@ def test_gluon_forward_compiles_for_sm90(ptx, d):
     if d == 128:  # the variant for short maxima (dead halves skipped) builds and does not spill
         skip = _ok(ptx, "gluon_d128_skip_dead")
         assert skip["wgmma"] > 0 and skip["local_memory"] == 0
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_fp8_forward_compiles_for_sm90(ptx, d):
+    """The FP8 build: e4m3 wgmma for both GEMMs, TMA loads (V from its K-major copy), the MUFU tanh
+    for fast_gelu, no register spills; relu_square (no transcendental) builds too."""
+    if f"gluon_fp8_d{d}" not in ptx:
+        pytest.skip("this Triton has no Gluon")
+    counts = _ok(ptx, f"gluon_fp8_d{d}")
+    assert counts["wgmma"] > 0 and counts["tma"] > 0 and counts["tanh_approx"] > 0
+    assert counts["local_memory"] == 0
+    assert _ok(ptx, "gluon_fp8_d128_relu_square")["local_memory"] == 0
 
 
 @pytest.mark.parametrize("d", [64, 128])

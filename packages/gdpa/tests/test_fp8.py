@@ -20,6 +20,7 @@ from ads_kernel_tools.testing import lengths_to_offsets, make_generator
 from ads_kernel_tools.tolerance import assert_close_vs_baseline, rel_norm_error
 
 MAX_REL = 0.04
+FLOOR = 1e-4  # see ``check``
 E4M3_MAX = 448.0
 TILE = 32  # the interpreter's pinned forward tile (config.FWD_PINNED_INTERP)
 # ragged: 0, 1, tile-1, tile, tile+1, and a key-less sequence with queries (its output must be 0)
@@ -90,7 +91,11 @@ def emulate(q8, k8, v8, sq, sk, sv, cu_q, cu_k, act, scale):
 
 
 def check(out, case, act, scale, max_q, max_k, name, rel=MAX_REL, emulation=True):
-    """Every (sequence, head) block within ``rel`` of the fp64 truth; optionally the emulation rule."""
+    """Every (sequence, head) block within ``rel`` of the fp64 truth; optionally the emulation rule.
+
+    A block's error may also stay under ``FLOOR`` times its head's RMS output per element: a block
+    whose true output is ~1e-20 of its head's (gelu of a large negative score, say) is 0 with the
+    hardware tanh, and no user tells those apart."""
     cu_q, cu_k = case["cu_host"]
     out = out.cpu()
     assert out.dtype == torch.bfloat16
@@ -99,6 +104,13 @@ def check(out, case, act, scale, max_q, max_k, name, rel=MAX_REL, emulation=True
         fp8, descale = [t.cpu() for t in case["fp8"]], [t.cpu() for t in case["descale"]]
         base = emulate(*fp8, *descale, cu_q, cu_k, act, scale)
     worst = 0.0
+    rows = torch.cat(
+        [
+            torch.arange(int(cu_q[b]), min(int(cu_q[b + 1]), int(cu_q[b]) + max_q))
+            for b in range(len(cu_q) - 1)
+        ]
+    )
+    head_rms = ref[rows].pow(2).mean(dim=(0, 2)).sqrt()
     for b in range(len(cu_q) - 1):
         q0, q1 = int(cu_q[b]), min(int(cu_q[b + 1]), int(cu_q[b]) + max_q)
         if q1 == q0:
@@ -106,8 +118,10 @@ def check(out, case, act, scale, max_q, max_k, name, rel=MAX_REL, emulation=True
         for h in range(out.shape[1]):
             o, r = out[q0:q1, h], ref[q0:q1, h]
             err = rel_norm_error(o, r)
-            worst = max(worst, err)
-            assert err <= rel, f"{name}: sequence {b} head {h}: relative error {err:.4f} > {rel}"
+            floor = FLOOR * head_rms[h] * r.numel() ** 0.5
+            if (o.double() - r).norm() > floor:
+                worst = max(worst, err)
+                assert err <= rel, f"{name}: sequence {b} head {h}: relative error {err:.4f} > {rel}"
             if emulation:
                 assert_close_vs_baseline(o, r, base[q0:q1, h], name=f"{name} seq {b} head {h} vs emulation")
     return worst

@@ -244,3 +244,65 @@ def test_gluon_fwd_deferred_scale_same_bits(monkeypatch):
         outs.append(out[: int(cu_q[-1])])
     assert torch.isfinite(outs[0]).all()
     assert torch.equal(outs[0], outs[1]), (outs[0].float() - outs[1].float()).abs().max()
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 (e4m3 in, bf16 out) through the same kernel: against the fp64 GDPA of the dequantised inputs,
+# per (sequence, head), with act(S) from ~1e-3 to ~1e3 and the upstream scales (test_fp8.py).
+# ---------------------------------------------------------------------------------------------
+
+FP8_CASES = [
+    dict(lens_q=RAGGED, lens_k=RAGGED, act="fast_gelu", scale=1 / 2048),
+    dict(lens_q=RAGGED, lens_k=RAGGED_K, act="fast_gelu", scale=1.0, H_kv=1),
+    dict(lens_q=RAGGED, lens_k=RAGGED_K, act="silu", scale=1 / 256),
+    dict(lens_q=RAGGED, lens_k=RAGGED_K, act="relu", scale=1 / 2048),
+    dict(lens_q=RAGGED, lens_k=RAGGED_K, act="raw", scale=1.0),
+    dict(lens_q=RAGGED, lens_k=RAGGED_K, act="relu_square", scale=1 / 2048),
+    dict(lens_q=RAGGED, lens_k=RAGGED_K, act="gelu", scale=1 / 256, D=64),
+    dict(
+        lens_q=[300, 0, 5, 700, 129], lens_k=[17, 50, 0, 900, 129], act="fast_gelu", scale=1 / 2048, max_q=130
+    ),
+    dict(lens_q=[130, 0, 64, 300, 7] * 12, lens_k=[0, 5, 129, 0, 300] * 12, act="relu_square", scale=1.0),
+]
+
+
+@pytest.mark.parametrize("case", range(len(FP8_CASES)), ids=lambda i: f"{FP8_CASES[i]['act']}-{i}")
+def test_gluon_fwd_fp8(case):
+    from test_fp8 import check, make_case
+
+    from ads_kernel_tools.reference.gdpa import activation_id
+
+    c = dict(FP8_CASES[case])
+    lens_q, lens_k, act, scale = c.pop("lens_q"), c.pop("lens_k"), c.pop("act"), c.pop("scale")
+    H, H_kv, D, max_q = c.pop("H", 4), c.pop("H_kv", 2), c.pop("D", 128), c.pop("max_q", max(lens_q))
+    case_ = make_case(lens_q, lens_k, act, heads=H, heads_kv=H_kv, dim=D, seed=case, device="cuda")
+    (q8, k8, v8), descale, (cu_q, cu_k) = case_["fp8"], case_["descale"], case_["cu"]
+    pad = 3  # rows past every sequence: never written
+    q8 = torch.cat([q8, torch.zeros(pad, H, D, device="cuda").to(q8.dtype)])
+    out = torch.full(q8.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    fwd = _load_fwd()
+    fwd.gdpa_fwd_gluon(q8, k8, v8, cu_q, cu_k, max_q, max(lens_k), activation_id(act), scale, out,
+                       longest_q=max(lens_q), descale=tuple(descale))  # fmt: skip
+    torch.cuda.synchronize()
+    n = sum(lens_q)
+    assert torch.isfinite(out[:n]).all(), "rows inside sequences not written (NaN left)"
+    assert torch.isnan(out[n:]).all(), "rows outside every sequence were written"
+    check(
+        out[:n], case_, act, scale, max_q, max(lens_k), name=f"gluon fp8 {act} D={D} H={H}/{H_kv} s={scale:g}"
+    )
+    for b, lq in enumerate(lens_q):  # rows past max_seqlen_q are zeros
+        if lq > max_q:
+            q0 = sum(lens_q[:b])
+            assert (out[q0 + max_q : q0 + lq] == 0).all()
+
+
+def test_gluon_fwd_fp8_rejects_bad_calls():
+    fwd = _load_fwd()
+    q = torch.zeros(4, 2, 128, device="cuda").to(torch.float8_e4m3fn)
+    cu = torch.tensor([0, 4], dtype=torch.int32, device="cuda")
+    out = torch.empty(4, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="descale"):
+        fwd.gdpa_fwd_gluon(q, q, q, cu, cu, 4, 4, 3, 1.0, out)
+    ones = (torch.ones(2, device="cuda"),) * 3
+    with pytest.raises(ValueError, match="ping-pong"):
+        fwd.gdpa_fwd_gluon(q, q, q, cu, cu, 4, 4, 3, 1.0, out, descale=ones, variant="ws_simple")

@@ -8,8 +8,16 @@ O = scale * act(Q Kᵀ ⊙ M) V over jagged (varlen) batches, no softmax.
   S = Q Kᵀ (wgmma) -> mask -> activation -> P (bf16/fp16, kept in registers as the wgmma A operand)
   -> O += P V (wgmma). The two consumers drift against each other, so the activation of one
   overlaps the tensor-core work of the other. Programs walk a tile list ordered by decreasing
-  work so the persistent grid ends balanced. (A non-specialised 8-warp variant measured 469 TFLOP/s
-  against 555 on the H200 and was removed.)
+  work so the persistent grid ends balanced. (A non-specialised 8-warp variant was slower on the
+  H200, BENCHMARKS.md, and was removed.)
+
+FP8 (``FP8`` constexpr; e4m3 Q, K, V, bf16 out): both GEMMs are e4m3 wgmma. Their B operands must
+  be K-major in shared memory, so V is read through a (H_kv·D, keys) copy; P stays in registers as
+  the A operand. P follows the Triton forward's rule (``ads_gdpa.triton._fwd``): the scale stays out
+  of P, each row is normalised by its running maximum m of |act(S)| (P = e4m3(act(S)·448/m), the
+  accumulator times m_old/m_new when m grows), and the output tile takes m/448·scale·v_descale, so P
+  uses e4m3's full range whatever the scores, activation and scale. The descale of S, q_descale·
+  k_descale, is folded into the activation's constants or its output gain (``_fp8``).
 
 Rows of a sequence at or beyond min(Lq_b, max_seqlen_q) are written as zeros; no row outside
 [cu_seqlens_q[b], cu_seqlens_q[b+1]) is written.
@@ -35,6 +43,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ads_kernel_tools.kernels.tile_list import schedule
 
 from .. import config as cfg
+from ..triton._transpose import v_kmajor, v_kmajor_relabel
 from ._common import (
     DEFERRED_GAIN,
     act_deferred,
@@ -47,6 +56,7 @@ from ._common import (
     store_rows,
     tile_coords,
 )
+from ._fp8 import act_fp8, fp8_gain, row_scaled_p
 
 # Activation ids (spec §1.4 enum) with a kernel path here.
 ACT_RAW = 0
@@ -105,12 +115,15 @@ def _ws_loader(
     M_TILES,
     H,
     GROUP,
+    vcol_ptr,
     D: gl.constexpr,
     BM: gl.constexpr,
     BN: gl.constexpr,
     STAGES: gl.constexpr,
     QBUF: gl.constexpr,
+    FP8: gl.constexpr,
 ):
+    """TMA producer. FP8 reads V from its K-major copy, sequence b's keys from column vcol_ptr[b]."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     it = 0  # position in the K/V ring, continued across tiles
@@ -127,6 +140,8 @@ def _ws_loader(
             mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, h * D], q_ready.index(qb), q_smem.index(qb))
             n_k = gl.cdiv(lk, BN)
+            if FP8:
+                v0 = gl.load(vcol_ptr + b)
             for j in range(n_k):
                 s = it % STAGES
                 ph = (it // STAGES) & 1
@@ -137,9 +152,11 @@ def _ws_loader(
                 )
                 mbarrier.wait(v_empty.index(s), ph ^ 1)
                 mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(
-                    v_desc, [k0 + j * BN, hk * D], v_ready.index(s), v_smem.index(s)
-                )
+                if FP8:  # V K-major: (H_kv·D, keys)
+                    v_at = [hk * D, v0 + j * BN]
+                else:
+                    v_at = [k0 + j * BN, hk * D]
+                tma.async_copy_global_to_shared(v_desc, v_at, v_ready.index(s), v_smem.index(s))
                 it += 1
             tc += 1
 
@@ -169,6 +186,21 @@ def _ws_mask_act(
 
 
 @gluon.jit
+def _ws_mask_fp8(sacc, cols2, j, lk, d, BN: gl.constexpr, ACT: gl.constexpr):
+    """FP8 step: keys past the sequence end masked as in ``_ws_mask_act``, then y = ``act_fp8``
+    (unnormalised; ``row_scaled_p`` turns it into P)."""
+    if (j + 1) * BN > lk:
+        sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
+    return act_fp8(sacc, d, ACT)
+
+
+@gluon.constexpr_function
+def _k_width(dtype):
+    """Elements per 32 bits of a wgmma register A operand."""
+    return 32 // dtype.primitive_bitwidth
+
+
+@gluon.jit
 def _ws_store_tile(
     o, sink, row, n_rows, n_valid, col, ROWS: gl.constexpr, D: gl.constexpr, EPILOGUE: gl.constexpr
 ):
@@ -190,9 +222,11 @@ def _ws_store_tile(
 
 
 @gluon.constexpr_function
-def _acc_layout(n):
-    """wgmma accumulator layout of a 64-row warpgroup tile n columns wide."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+def _acc_layout(n, dtype=None):
+    """wgmma accumulator layout of a 64-row warpgroup tile n columns wide, for operands of ``dtype``
+    (the instruction's K is 32 bytes: 16 for 16-bit operands, 32 for fp8)."""
+    k = 16 if dtype is None else 256 // dtype.primitive_bitwidth
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
 
 
 @gluon.jit
@@ -209,16 +243,21 @@ def _ws_consumer(
     EPILOGUE: gl.constexpr,
     SKIP_DEAD: gl.constexpr,
     DEFER: gl.constexpr,
+    FP8: gl.constexpr,
+    RELABEL: gl.constexpr,
 ):
     """One consumer warpgroup: 64 query rows of each tile, tile after tile (``SCHEDULES``)."""
     PINGPONG: gl.constexpr = SCHEDULE == 1
     (q_smem, o_smem, o_desc, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn,
-     out_ptr, tiles_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, count_ptr, M_TILES, scale, H) = args  # fmt: skip
+     out_ptr, tiles_ptr, cu_q_ptr, cu_k_ptr, max_seqlen_q, count_ptr, M_TILES, scale, H, GROUP,
+     qd_ptr, kd_ptr, vd_ptr) = args  # fmt: skip
     ROWS: gl.constexpr = BM // 2
-    s_layout: gl.constexpr = _acc_layout(BN)
-    o_layout: gl.constexpr = _acc_layout(D)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     in_dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = _acc_layout(BN, in_dtype)
+    o_layout: gl.constexpr = _acc_layout(D, in_dtype)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=_k_width(in_dtype))
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     cols2 = gl.expand_dims(gl.arange(0, BN, gl.SliceLayout(0, s_layout)), 0)
     s_zero = gl.zeros([ROWS, BN], gl.float32, s_layout)
     # Ping-pong: each consumer issues its wgmmas only on its turn and then hands the turn to the
@@ -244,6 +283,10 @@ def _ws_consumer(
             mbarrier.wait(q_ready.index(qb), (tc // QBUF) & 1)
             n_k = gl.cdiv(lk, BN)
             acc = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, o_layout))
+            m_row = gl.zeros([ROWS], gl.float32, row_layout)  # FP8: running max |y| per row
+            if FP8:
+                hk = h // GROUP
+                d = gl.load(qd_ptr + h) * gl.load(kd_ptr + hk)
             if PINGPONG:
                 if SKIP_DEAD & (n_k > 0) & (lq_eff <= m * BM + WG * ROWS):
                     # No row of this warpgroup's half needs a value (all past the sequence or
@@ -274,44 +317,94 @@ def _ws_consumer(
                     sacc = warpgroup_mma_wait(0, deps=(sacc,))
                     mbarrier.arrive(k_empty.index(s), count=1)
                     mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 1)
-                    p = _ws_mask_act(sacc, cols2, 0, lk, scale, p_layout, in_dtype, BN, ACT, DEFER)
-                    for j in range(1, n_k):
-                        sp = it % STAGES  # stage of step j-1 (its V feeds this P·V)
-                        php = (it // STAGES) & 1
-                        it += 1
-                        s = it % STAGES
-                        ph = (it // STAGES) & 1
-                        mbarrier.wait(k_ready.index(s), ph)
-                        mbarrier.wait(v_ready.index(sp), php)
+                    if FP8:
+                        # Each step makes its P and issues that P·V: a P carried into the next step
+                        # lives as separate bytes there (repacked before the GEMM, ~200 instructions
+                        # a step), and Triton 3.6 cannot make 8-bit registers a wgmma wait's
+                        # dependency. So a step first retires the previous P·V (whose P registers the
+                        # new P overwrites; ptxas waits there anyway, see ``gdpa_fwd_gluon``).
+                        for j in range(n_k - 1):
+                            acc_t = warpgroup_mma_wait(0, deps=(acc,))
+                            prev = (it + j + STAGES - 1) % STAGES
+                            mbarrier.arrive(v_empty.index(prev), count=1, pred=j > 0)
+                            y = _ws_mask_fp8(sacc, cols2, j, lk, d, BN, ACT)
+                            p, m_row, alpha = row_scaled_p(y, m_row, p_layout, in_dtype, RELABEL)
+                            # the sum so far into the units of the new row maximum
+                            alpha = gl.expand_dims(gl.convert_layout(alpha, o_row_layout), 1)
+                            acc = warpgroup_mma_init(acc_t * alpha)
+                            sv = (it + j) % STAGES
+                            sk = (it + j + 1) % STAGES
+                            mbarrier.wait(k_ready.index(sk), ((it + j + 1) // STAGES) & 1)
+                            mbarrier.wait(v_ready.index(sv), ((it + j) // STAGES) & 1)
+                            mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
+                            sacc = warpgroup_mma(
+                                q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False, is_async=True
+                            )
+                            acc = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), acc, is_async=True)
+                            mbarrier.arrive(other_turn, count=1)
+                            nturn += 1
+                            sacc = warpgroup_mma_wait(1, deps=(sacc,))
+                            mbarrier.arrive(k_empty.index(sk), count=1)
+                        mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k > 1)
+                        # Last step: its P·V only.
+                        acc_t = warpgroup_mma_wait(0, deps=(acc,))
+                        prev = (it + n_k + STAGES - 2) % STAGES
+                        mbarrier.arrive(v_empty.index(prev), count=1, pred=n_k > 1)
+                        y = _ws_mask_fp8(sacc, cols2, n_k - 1, lk, d, BN, ACT)
+                        p, m_row, alpha = row_scaled_p(y, m_row, p_layout, in_dtype, RELABEL)
+                        alpha = gl.expand_dims(gl.convert_layout(alpha, o_row_layout), 1)
+                        acc = warpgroup_mma_init(acc_t * alpha)
+                        sv = (it + n_k - 1) % STAGES
+                        mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
                         mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
-                        sacc = warpgroup_mma(
-                            q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
-                        )
-                        acc = warpgroup_mma(p, v_smem.index(sp), acc, is_async=True)
+                        acc = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), acc, is_async=True)
                         mbarrier.arrive(other_turn, count=1)
                         nturn += 1
-                        # S_j retires first (groups complete in order); P_{j-1}·V keeps running under
-                        # this step's activation.
-                        sacc = warpgroup_mma_wait(1, deps=(sacc,))
-                        mbarrier.arrive(k_empty.index(s), count=1)
-                        p_next = _ws_mask_act(sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT, DEFER)
-                        acc_t, p = warpgroup_mma_wait(0, deps=(acc, p))
-                        acc = warpgroup_mma_init(acc_t)
-                        mbarrier.arrive(v_empty.index(sp), count=1)
-                        p = p_next
-                    # Every Q·Kᵀ of the tile has retired: Q's buffer goes back here, once per tile,
-                    # not under a predicate in every step (each arrive costs the warpgroup a barrier).
-                    mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k > 1)
-                    # Last P·V.
-                    s = it % STAGES
-                    mbarrier.wait(v_ready.index(s), (it // STAGES) & 1)
-                    mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
-                    acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
-                    mbarrier.arrive(other_turn, count=1)
-                    nturn += 1
-                    acc = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc,)))
-                    mbarrier.arrive(v_empty.index(s), count=1)
-                    it += 1
+                        acc = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc,)))
+                        mbarrier.arrive(v_empty.index(sv), count=1)
+                        it += n_k
+                    else:
+                        p = _ws_mask_act(sacc, cols2, 0, lk, scale, p_layout, in_dtype, BN, ACT, DEFER)
+                        for j in range(1, n_k):
+                            sp = it % STAGES  # stage of step j-1 (its V feeds this P·V)
+                            php = (it // STAGES) & 1
+                            it += 1
+                            s = it % STAGES
+                            ph = (it // STAGES) & 1
+                            mbarrier.wait(k_ready.index(s), ph)
+                            mbarrier.wait(v_ready.index(sp), php)
+                            mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
+                            sacc = warpgroup_mma(
+                                q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
+                            )
+                            acc = warpgroup_mma(p, v_smem.index(sp), acc, is_async=True)
+                            mbarrier.arrive(other_turn, count=1)
+                            nturn += 1
+                            # S_j retires first (groups complete in order); P_{j-1}·V keeps running
+                            # under this step's activation.
+                            sacc = warpgroup_mma_wait(1, deps=(sacc,))
+                            mbarrier.arrive(k_empty.index(s), count=1)
+                            p_next = _ws_mask_act(
+                                sacc, cols2, j, lk, scale, p_layout, in_dtype, BN, ACT, DEFER
+                            )
+                            acc_t, p = warpgroup_mma_wait(0, deps=(acc, p))
+                            acc = warpgroup_mma_init(acc_t)
+                            mbarrier.arrive(v_empty.index(sp), count=1)
+                            p = p_next
+                        # Every Q·Kᵀ of the tile has retired: Q's buffer goes back here, once per
+                        # tile, not under a predicate in every step (each arrive costs the warpgroup
+                        # a barrier).
+                        mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k > 1)
+                        # Last P·V.
+                        s = it % STAGES
+                        mbarrier.wait(v_ready.index(s), (it // STAGES) & 1)
+                        mbarrier.wait(my_turn, (nturn & 1) ^ turn_par)
+                        acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
+                        mbarrier.arrive(other_turn, count=1)
+                        nturn += 1
+                        acc = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(acc,)))
+                        mbarrier.arrive(v_empty.index(s), count=1)
+                        it += 1
                 else:
                     mbarrier.arrive(q_empty.index(qb), count=1)
             else:
@@ -337,7 +430,11 @@ def _ws_consumer(
                 mbarrier.arrive(v_empty.index(last), count=1, pred=n_k > 0)
                 mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 0)
             o = warpgroup_mma_wait(0, deps=(acc,))
-            if DEFER:
+            if FP8:
+                # P was y·448/m per row: back to act(S)·scale·v_descale (m = 0 rows stay 0)
+                f = fp8_gain(d, ACT) * scale * gl.load(vd_ptr + hk) * (1.0 / 448.0)
+                o = o * gl.expand_dims(gl.convert_layout(m_row * f, o_row_layout), 1)
+            elif DEFER:
                 o = o * scale
             row0 = m * BM + WG * ROWS
             _ws_store_tile(o, sink, q0 + row0, lq - row0, lq_eff - row0, h * D, ROWS, D, EPILOGUE)
@@ -362,6 +459,10 @@ def _gdpa_fwd_ws(
     scale,
     H,
     GROUP,
+    qd_ptr,
+    kd_ptr,
+    vd_ptr,
+    vcol_ptr,
     D: gl.constexpr,
     BM: gl.constexpr,
     BN: gl.constexpr,
@@ -374,11 +475,16 @@ def _gdpa_fwd_ws(
     DEFER: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     LOADER_REGS: gl.constexpr,
+    FP8: gl.constexpr = False,
+    RELABEL: gl.constexpr = False,
 ):
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [QBUF, BM, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    if FP8:  # V K-major, as fp8 wgmma reads its B operand
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, D, BN], v_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -428,16 +534,50 @@ def _gdpa_fwd_ws(
         M_TILES,
         scale,
         H,
+        GROUP,
+        qd_ptr,
+        kd_ptr,
+        vd_ptr,
     )
     gl.warp_specialize(
         [
             (
                 _ws_consumer,
-                (consumer_args, WG0, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, SKIP_DEAD, DEFER),
+                (
+                    consumer_args,
+                    WG0,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                    QBUF,
+                    ACT,
+                    SCHEDULE,
+                    EPILOGUE,
+                    SKIP_DEAD,
+                    DEFER,
+                    FP8,
+                    RELABEL,
+                ),
             ),
             (
                 _ws_consumer,
-                (consumer_args, WG1, D, BM, BN, STAGES, QBUF, ACT, SCHEDULE, EPILOGUE, SKIP_DEAD, DEFER),
+                (
+                    consumer_args,
+                    WG1,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                    QBUF,
+                    ACT,
+                    SCHEDULE,
+                    EPILOGUE,
+                    SKIP_DEAD,
+                    DEFER,
+                    FP8,
+                    RELABEL,
+                ),
             ),
             (
                 _ws_loader,
@@ -462,11 +602,13 @@ def _gdpa_fwd_ws(
                     M_TILES,
                     H,
                     GROUP,
+                    vcol_ptr,
                     D,
                     BM,
                     BN,
                     STAGES,
                     QBUF,
+                    FP8,
                 ),
             ),
         ],
@@ -497,30 +639,34 @@ def _zero_tail(out_ptr, cu_q_ptr, covered, W, num_warps: gl.constexpr):
 # Host side
 # ----------------------------------------------------------------------------------------------
 
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
 
 EPILOGUES = {"scratch": 0, "direct": 1, "tma": 2}
 # Consumer schedules (the ``variant`` argument): ping-pong (default) or free-running. A ping-pong
-# streamed across tiles (a tile's S_0 in the turn of the previous tile's last P·V) measured 13 %
-# slower on the H200 and was removed (BENCHMARKS.md, fourth session).
+# streamed across tiles (a tile's S_0 in the turn of the previous tile's last P·V) was slower on the
+# H200 (BENCHMARKS.md) and was removed. FP8 runs the ping-pong only.
 SCHEDULES = {"ws_simple": 0, "ws": 1}
 
 
-def _config(d: int) -> tuple[int, int, int]:
-    """(K/V stages, Q buffers, epilogue) per head dim within 227 KB of shared memory.
+def _config(d: int, fp8: bool = False) -> tuple[int, int, int]:
+    """(K/V stages, Q buffers, epilogue) per head dim and dtype within 227 KB of shared memory.
 
     Epilogue (``EPILOGUES``): 0 re-lays the output tile out through compiler scratch for coalesced
     stores, 1 stores straight from the accumulator layout, 2 stages it in its own shared buffer and
-    sends full tiles by asynchronous TMA stores. D=128 measured on an H200 (B=1152, H=4, len 2048):
-    (2, 2, 0) 555 TFLOP/s; (3, 1, 1), the deepest ring that fits (it needs the scratch gone), 527;
-    (2, 1, 1) 526. So the ring depth is not the limit; the double-buffered Q and the coalesced
-    epilogue are worth ~5%. ADS_GDPA_GLUON_CFG="stages,qbuf,epilogue" overrides (tuning).
+    sends full tiles by asynchronous TMA stores. Every default uses 2 (TMA stores) with a
+    double-buffered Q, so one tile's Q loads while the previous tile finishes. The ring is as deep as
+    the rest leaves room for at D=64; at D=128 in 16-bit two stages suffice, since a step's GEMMs and
+    activation outlast a K/V load, and the space goes to Q and the output buffers. FP8 tiles take half
+    the bytes and its steps are shorter, so it keeps a deeper ring. ADS_GDPA_GLUON_CFG=
+    "stages,qbuf,epilogue" overrides (tuning).
     """
     env = os.environ.get("ADS_GDPA_GLUON_CFG")
     if env:
         st, qb, epi = (int(x) for x in env.split(","))
         return st, qb, epi
+    if fp8:
+        return (4, 2, 2) if d == 128 else (6, 2, 2)
     return (2, 2, 2) if d == 128 else (5, 2, 2)
 
 
@@ -539,8 +685,16 @@ def gdpa_fwd_gluon(
     variant: str | None = None,
     longest_q: int | None = None,
     skip_dead_halves: bool | None = None,
+    descale: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    relabel: bool = True,
 ) -> None:
     """Jagged GDPA forward into ``out`` (total_q, H, D). See the module docstring for the contract.
+
+    ``descale`` = (q_descale, k_descale, v_descale), fp32 (H,), (H_kv,), (H_kv,), positive, for
+    float8_e4m3fn q, k, v (the user's values are q·q_descale[h] and so on); ``out`` is then bf16.
+    The kernel reads V through a K-major copy (``triton._transpose``) made here; ``relabel``
+    (FP8 only) renumbers P's columns so P reaches the second GEMM without moving values between
+    threads, and the copy puts V's keys in the same order.
 
     ``variant`` (default from env ADS_GDPA_GLUON_VARIANT, else "ws"), see ``SCHEDULES``: "ws"
     (ping-pong consumers with S_{j+1} overlapping P_j·V) or "ws_simple" (free-running).
@@ -550,10 +704,9 @@ def gdpa_fwd_gluon(
     the sequence keeps its turns but skips its GEMMs and activation. Default: on for
     max_seqlen_q <= ``config.SKIP_DEAD_MAX_Q`` (``config.skip_dead_halves``).
 
-    In this build ptxas waits for the previous step's P·V before the activation (SASS: 0 of the
-    step's 64 MUFU.TANH run under it). Masking P after the activation without a branch, plus a
-    never-executed use of the packed P registers, moved 54-59 of them under it but ran 11 % slower
-    on an H200 in every case measured (BENCHMARKS.md, fifth session), so it was removed.
+    In this build ptxas waits for the previous step's P·V before the activation (SASS: none of the
+    step's MUFU.TANH run under it). A build that forced them under it (P masked without a branch
+    and a never-executed use of the packed P registers) was slower on the H200 (BENCHMARKS.md).
     """
     total_q, H, D = q.shape
     total_k, H_kv, _ = k.shape
@@ -563,16 +716,22 @@ def gdpa_fwd_gluon(
     assert D in (64, 128) and H % H_kv == 0 and q.dtype in _GL_DTYPES
     assert k.dtype == q.dtype and v.dtype == q.dtype and v.shape == k.shape
     assert activation_id in SUPPORTED_ACTIVATIONS
+    fp8 = q.dtype == torch.float8_e4m3fn
+    if fp8 != (descale is not None):
+        raise ValueError("descale (q, k, v) is required with float8_e4m3fn inputs and only with them")
     q = q.contiguous()
     k = k.contiguous()
     v = v.contiguous()
     assert out.is_contiguous() and out.shape == q.shape
+    assert out.dtype == (torch.bfloat16 if fp8 else q.dtype)
     cu_q = cu_seqlens_q.to(torch.int32).contiguous()
     cu_k = cu_seqlens_k.to(torch.int32).contiguous()
     variant = variant or os.environ.get("ADS_GDPA_GLUON_VARIANT", "ws")
+    if fp8 and variant != "ws":
+        raise ValueError(f"FP8 runs the ping-pong schedule 'ws' only, not {variant!r}")
     gdt = _GL_DTYPES[q.dtype]
     BM, BN = BLOCK_M, BLOCK_N
-    stages, qbuf, epilogue = _config(D)
+    stages, qbuf, epilogue = _config(D, fp8)
 
     q_layout = smem_layout(BM, D, gdt)
     kv_layout = smem_layout(BN, D, gdt)
@@ -585,7 +744,19 @@ def gdpa_fwd_gluon(
         k2 = v2 = torch.zeros(1, H_kv * D, dtype=q.dtype, device=q.device)
         tk = 1
     k_desc = TensorDescriptor(k2, [tk, H_kv * D], [H_kv * D, 1], [BN, D], kv_layout)
-    v_desc = TensorDescriptor(v2, [tk, H_kv * D], [H_kv * D, 1], [BN, D], kv_layout)
+    vcol = cu_k
+    if fp8:  # V K-major, (H_kv·D, keys padded to 16): fp8 wgmma reads B only that way
+        if relabel:
+            vt, vcol = v_kmajor_relabel(v2.view(tk, H_kv, D), cu_k if total_k > 0 else cu_k * 0)
+        else:
+            vt = v_kmajor(v2.view(tk, H_kv, D))
+        vt_layout = smem_layout(D, BN, gdt)
+        v_desc = TensorDescriptor(vt, list(vt.shape), [vt.shape[1], 1], [D, BN], vt_layout)
+        qd, kd, vd = (t.to(device=q.device, dtype=torch.float32).contiguous() for t in descale)
+        assert qd.shape == (H,) and kd.shape == (H_kv,) and vd.shape == (H_kv,)
+    else:
+        v_desc = TensorDescriptor(v2, [tk, H_kv * D], [H_kv * D, 1], [BN, D], kv_layout)
+        qd = kd = vd = cu_q  # never read
 
     # Heaviest sequences first (work ~ Lq·Lk), so the persistent programs' strided walk over
     # the tile list ends with small tiles. Stays on the device: no host sync.
@@ -613,6 +784,10 @@ def gdpa_fwd_gluon(
         float(scale),
         H,
         H // H_kv,
+        qd,
+        kd,
+        vd,
+        vcol,
         D,
         BM,
         BN,
@@ -622,7 +797,19 @@ def gdpa_fwd_gluon(
     schedule_id = SCHEDULES[variant]
     if skip_dead_halves is None:
         skip_dead_halves = cfg.skip_dead_halves(max_seqlen_q)
-    consts = (stages, int(activation_id), qbuf, schedule_id, epilogue, bool(skip_dead_halves), defer, 232, 24)
+    consts = (
+        stages,
+        int(activation_id),
+        qbuf,
+        schedule_id,
+        epilogue,
+        bool(skip_dead_halves),
+        defer,
+        232,
+        24,
+        fp8,
+        fp8 and relabel,
+    )
     _gdpa_fwd_ws[grid](*args, *consts, num_warps=4)
     # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
     if longest_q is None or longest_q > m_tiles * BM:

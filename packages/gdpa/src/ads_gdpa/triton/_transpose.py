@@ -1,0 +1,117 @@
+"""K-major copies of V for the FP8 forwards: Hopper's fp8 wgmma reads its B operand only K-major,
+and for P·V the reduction runs over keys, so V (Tk, H_kv, D) is copied to (H_kv·D, keys).
+
+Rows of the copy are 16-byte aligned (TMA's stride rule): the key count is padded to a multiple of
+16 with zeros (padded keys meet P = 0, and 0·NaN would not be 0).
+
+``relabel``: the Gluon forward can hand P to its second GEMM without moving values between threads
+when P's columns are renumbered within each 32-key group (``KEY_ORDER``); V's keys must then follow
+the same order, group by group from each sequence's first key, so each sequence starts at a column
+that is a multiple of 32 (``kv_cols`` gives the starts; the gaps are zeros).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _key_order() -> list[int]:
+    """KEY_ORDER[pos] = the key (within a 32-key group) at position pos of the relabelled P: the
+    fp8 wgmma A operand holds, per thread t of a quad, positions 4t..4t+3 and 16+4t..16+4t+3, where
+    the accumulator holds columns 2t, 2t+1, 8+2t, 9+2t and 16 more, so pos 16h + 4t + 2g + i takes
+    column 16h + 8g + 2t + i."""
+    order = []
+    for pos in range(32):
+        h, t, g, i = pos >> 4, (pos >> 2) & 3, (pos >> 1) & 1, pos & 1
+        order.append(16 * h + 8 * g + 2 * t + i)
+    return order
+
+
+KEY_ORDER = _key_order()
+
+
+@triton.jit
+def _transpose_kernel(src, dst, rows, cols, rows_pad, BR: tl.constexpr, BC: tl.constexpr):
+    r0 = tl.program_id(0) * BR
+    c0 = tl.program_id(1) * BC
+    r = r0 + tl.arange(0, BR)
+    c = c0 + tl.arange(0, BC)
+    tile = tl.load(
+        src + r[:, None].to(tl.int64) * cols + c[None, :],
+        mask=(r[:, None] < rows) & (c[None, :] < cols),
+        other=0,
+    )
+    # rows in [rows, rows_pad) are written as zeros (the load's fill)
+    tl.store(
+        dst + c[None, :].to(tl.int64) * rows_pad + r[:, None],
+        tile,
+        mask=(r[:, None] < rows_pad) & (c[None, :] < cols),
+    )
+
+
+@triton.jit
+def _relabel_kernel(src, dst, cu_k, kv_cols, cols, width, BR: tl.constexpr, BC: tl.constexpr):
+    """Sequence b, columns [c0, c0 + BC) of V: its keys in KEY_ORDER groups from kv_cols[b]."""
+    b = tl.program_id(0)
+    c0 = tl.program_id(1) * BC
+    k0 = tl.load(cu_k + b)
+    lk = tl.load(cu_k + b + 1) - k0
+    d0 = tl.load(kv_cols + b)
+    c = c0 + tl.arange(0, BC)
+    n_pad = tl.cdiv(lk, 32) * 32
+    for r0 in range(0, n_pad, BR):
+        pos = r0 + tl.arange(0, BR)
+        p = pos & 31
+        key = (pos - p) + (p & 16) + ((p & 2) << 2) + ((p >> 2) & 3) * 2 + (p & 1)
+        tile = tl.load(
+            src + (k0 + key[:, None]).to(tl.int64) * cols + c[None, :],
+            mask=(key[:, None] < lk) & (c[None, :] < cols),
+            other=0,
+        )
+        tl.store(
+            dst + c[None, :].to(tl.int64) * width + (d0 + pos[:, None]),
+            tile,
+            mask=(pos[:, None] < n_pad) & (c[None, :] < cols),
+        )
+
+
+def v_kmajor(v: torch.Tensor) -> torch.Tensor:
+    """(Tk, H_kv, D) fp8 V -> (H_kv·D, Tk_pad) contiguous, same dtype, keys in their order."""
+    tk = v.shape[0]
+    cols = v.shape[1] * v.shape[2]
+    tk_pad = max(triton.cdiv(tk, 16) * 16, 16)
+    src = v.reshape(tk, cols).view(torch.uint8)
+    dst = torch.empty(cols, tk_pad, dtype=torch.uint8, device=v.device)
+    BR, BC = 64, 64
+    grid = (triton.cdiv(tk_pad, BR), triton.cdiv(cols, BC))
+    _transpose_kernel[grid](src, dst, tk, cols, tk_pad, BR=BR, BC=BC)
+    return dst.view(v.dtype)
+
+
+def kv_cols(cu_k: torch.Tensor) -> torch.Tensor:
+    """(B+1,) int32 column starts of each sequence in the relabelled copy: lengths rounded up to 32."""
+    lens = cu_k[1:] - cu_k[:-1]
+    starts = torch.zeros_like(cu_k)
+    starts[1:] = torch.cumsum((lens + 31) // 32 * 32, 0)
+    return starts
+
+
+def v_kmajor_relabel(v: torch.Tensor, cu_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Tk, H_kv, D) fp8 V -> ((H_kv·D, width) copy with each sequence's keys in KEY_ORDER groups from
+    a 32-aligned column, (B+1,) int32 those columns). No host sync: width is the bound
+    Tk + 32·B rounded to 16, and the columns past the last sequence are zeroed."""
+    tk = v.shape[0]
+    cols = v.shape[1] * v.shape[2]
+    n_seq = cu_k.numel() - 1
+    width = max(triton.cdiv(tk + 32 * n_seq, 16) * 16, 16)
+    cu = cu_k.to(torch.int32)
+    starts = kv_cols(cu)
+    dst = torch.empty(cols, width, dtype=torch.uint8, device=v.device)
+    dst[:, tk:].zero_()  # covers every column past the last sequence (its start is >= Tk)
+    if n_seq > 0 and tk > 0:
+        BR, BC = 64, 64
+        src = v.reshape(tk, cols).view(torch.uint8)
+        _relabel_kernel[(n_seq, triton.cdiv(cols, BC))](src, dst, cu, starts, cols, width, BR=BR, BC=BC)
+    return dst.view(v.dtype), starts
