@@ -67,6 +67,13 @@ def _jobs() -> dict[str, dict]:
         constexprs=dict(HAS_BIAS=True, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_STAGES=3),
         num_warps=8,
     )  # fmt: skip
+    jobs["norm_bwd"] = dict(
+        module="ads_norm_fusion.triton._norm_bwd", kernel="norm_bwd_kernel",
+        types={p: "*bf16" for p in ("DY", "XHAT", "GAMMA", "DZ")} | {"RSTAT": "*fp32", "PART": "*fp32"},
+        constexprs=dict(RMS=False, HAS_GAMMA=True, WEIGHT_GRADS=True, BIAS_GRAD=True, BLOCK_M=8, BLOCK_N=1024,
+                        ROWS_PER_PROG=64),
+        num_warps=8,
+    )  # fmt: skip
     return jobs
 
 
@@ -78,10 +85,11 @@ def ptx(request) -> dict[str, dict]:
     return dict(zip(jobs, ptx_counts_batch(list(jobs.values()))))
 
 
-# each compile costs 10-20 s of CPU: three representative kernels by default, the rest with --run-slow
-_DEFAULT = ("ln_fwd_n1024", "rms_input_grad_raw", "rms_gemm")
+# each compile costs 10-20 s of CPU: four representative kernels by default, the rest with --run-slow
+_DEFAULT = ("ln_fwd_n1024", "rms_input_grad_raw", "rms_gemm", "norm_bwd")
 CASES = [
-    c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow) for c in [*ROWNORM_CASES, "rms_gemm"]
+    c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
+    for c in [*ROWNORM_CASES, "rms_gemm", "norm_bwd"]
 ]
 
 
@@ -89,7 +97,7 @@ CASES = [
 def test_compiles_for_sm90(ptx, case) -> None:
     counts = ptx[case]
     assert "error" not in counts, f"{case} did not compile for sm_90: {counts.get('error')}"
-    if case != "ln_norm_bwd":  # no GEMM in the plain norm backward
+    if case not in ("ln_norm_bwd", "norm_bwd"):  # no GEMM in the plain norm backward
         assert counts["wgmma"] > 0, f"{case}: no wgmma"
         assert counts["tma"] > 0, f"{case}: no TMA loads"
     assert counts["local_memory"] == 0, f"{case} spills registers"

@@ -22,6 +22,7 @@ def _args():
         "norm_bwd": (d["dy"], d["dy"].clone(), rstat, g, False, True, True),
         "rmsnorm_linear_fwd": (x, gk, w, b, 1e-6),
         "gemm_norm_input_grad": (dy_next, w_next_t, d["dy"].clone(), rstat, g, False, False, True),
+        "row_col_scale": (x, rstat, gk),
     }
 
 

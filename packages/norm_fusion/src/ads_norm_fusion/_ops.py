@@ -23,7 +23,13 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from .triton.launch import launch_rms_gemm, launch_rownorm, num_row_blocks
+from .triton.launch import (
+    launch_norm_bwd,
+    launch_rms_gemm,
+    launch_row_col_scale,
+    launch_rownorm,
+    num_row_blocks,
+)
 
 _EMPTY = (0,)
 
@@ -120,21 +126,9 @@ def norm_bwd(
     bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dy = dy.contiguous()
-    m, n = dy.shape
     dz = torch.empty_like(dy)
-    part = None
-    if weight_grads or bias_grad:
-        part = torch.zeros((3, num_row_blocks(m, n, n, dy.device), n), dtype=torch.float32, device=dy.device)
-    launch_rownorm(
-        "rms_bwd" if rms else "ln_bwd",
-        dy,
-        dz,
-        rstat,
-        gamma=weight,
-        aux=xhat,
-        part=part,
-        weight_grads=weight_grads,
-        bias_grad=bias_grad,
+    part = launch_norm_bwd(
+        dy, xhat, rstat, dz, gamma=weight, rms=rms, weight_grads=weight_grads, bias_grad=bias_grad
     )
     pdtype = weight.dtype if weight is not None else dy.dtype
     dweight = _sums(part, 0, pdtype) if weight_grads else dy.new_empty(_EMPTY, dtype=pdtype)
@@ -303,13 +297,24 @@ def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms):
         dx = dx if needs[0] else None
         dgamma = dgamma if want_gamma else None
     if needs[2]:
-        u = x.float() * rrms[:, None]
-        if norm_weight is not None:
-            u = u * norm_weight.float()[None, :]
-        dw = dy.t() @ u.to(x.dtype)
+        dw = dy.t() @ row_col_scale(x, rrms, norm_weight)
     if ctx.has_bias and needs[3]:
         dbias = dy.sum(dim=0)
     return dx, dgamma, dw, dbias, None
+
+
+@torch.library.custom_op("ads_norm_fusion::row_col_scale", mutates_args=())
+def row_col_scale(x: Tensor, r: Tensor, g: Tensor | None) -> Tensor:
+    """x · r[:, None] · g[None, :] in x's dtype (the RMSNorm output rmsnorm_linear's dW needs)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    launch_row_col_scale(x, r, g, out)
+    return out
+
+
+@row_col_scale.register_fake
+def _(x, r, g):
+    return x.new_empty(x.shape)
 
 
 rmsnorm_linear_fwd.register_autograd(_rmsnorm_linear_backward, setup_context=_rmsnorm_linear_setup)

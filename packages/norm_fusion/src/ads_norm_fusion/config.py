@@ -58,7 +58,7 @@ def rownorm_config(m: int, n: int, k: int, num_sms: int) -> TileConfig:
         bk = 64
         # 8 warps = two warpgroups per 128-row tile; a 64-row tile is one warpgroup's wgmma
         warps = 8 if bm * bn >= 128 * 128 else 4
-        stages = 3
+        stages = 4  # H200 sweep at 65536x1024x1024: 4 stages 2-3 % faster than 3 (BENCHMARKS.md)
     return TileConfig(
         block_m=_env_int("ADS_NORM_FUSION_BLOCK_M") or bm,
         block_n=_env_int("ADS_NORM_FUSION_BLOCK_N") or bn,
@@ -77,3 +77,29 @@ def rms_gemm_config(m: int, n: int, k: int) -> TileConfig:
 
 
 ROWNORM_MODES = {"ln_fwd": 0, "rms_fwd": 1, "ln_bwd": 2, "rms_bwd": 3}
+
+
+NORM_BWD_MAX_N = 16384  # whole rows in registers; wider rows use the two-phase row-norm kernel
+
+
+@dataclass(frozen=True)
+class NormBwdConfig:
+    block_m: int
+    block_n: int
+    rows_per_prog: int
+    num_warps: int
+
+
+def norm_bwd_config(m: int, n: int, num_sms: int) -> NormBwdConfig | None:
+    """Memory-bound row kernel: ~8K elements per register tile (a few whole rows), about eight
+    programs per SM, each summing its rows' weight-gradient partials (fewer, longer programs keep
+    the partial-sum buffer small)."""
+    if n > NORM_BWD_MAX_N:
+        return None
+    block_n = _pow2_at_least(n)
+    block_m = max(1, 8192 // block_n)
+    if interpreter_active():
+        return NormBwdConfig(block_m=min(block_m, 8), block_n=block_n, rows_per_prog=32, num_warps=4)
+    rows = _pow2_at_least(max(block_m, -(-m // (8 * num_sms))))
+    rows = min(max(rows, block_m), 1024)
+    return NormBwdConfig(block_m, block_n, rows, 4 if block_m * block_n <= 4096 else 8)

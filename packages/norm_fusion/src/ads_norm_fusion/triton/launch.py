@@ -11,9 +11,11 @@ import triton
 
 from ads_kernel_tools.capability import num_sms
 
-from ..config import ROWNORM_MODES, rms_gemm_config, rownorm_config
+from ..config import ROWNORM_MODES, norm_bwd_config, rms_gemm_config, rownorm_config
+from ._norm_bwd import norm_bwd_kernel
 from ._rms_gemm import rms_gemm_kernel
 from ._rownorm import rownorm_kernel
+from ._scale import row_col_scale_kernel
 
 _GROUP_M = 8
 
@@ -149,3 +151,56 @@ def launch_rms_gemm(
         NUM_STAGES=cfg.num_stages,
         num_warps=cfg.num_warps,
     )
+
+
+def launch_norm_bwd(
+    dy: torch.Tensor,
+    xhat: torch.Tensor,
+    rstat: torch.Tensor,
+    dz: torch.Tensor,
+    *,
+    gamma: torch.Tensor | None,
+    rms: bool,
+    weight_grads: bool,
+    bias_grad: bool,
+) -> torch.Tensor | None:
+    """Row-wise norm backward (``_norm_bwd``) for N <= ``config.NORM_BWD_MAX_N``; wider rows take the
+    row-norm kernel without a GEMM. Returns the (3, programs, N) fp32 partial sums, or None."""
+    m, n = dy.shape
+    cfg = norm_bwd_config(m, n, num_sms(dy.device) if dy.device.type == "cuda" else 1)
+    if cfg is None:
+        part = None
+        if weight_grads or bias_grad:
+            blocks = num_row_blocks(m, n, n, dy.device)
+            part = torch.zeros((3, blocks, n), dtype=torch.float32, device=dy.device)
+        launch_rownorm(
+            "rms_bwd" if rms else "ln_bwd", dy, dz, rstat, gamma=gamma, aux=xhat, part=part,
+            weight_grads=weight_grads, bias_grad=bias_grad,
+        )  # fmt: skip
+        return part
+    programs = max(triton.cdiv(m, cfg.rows_per_prog), 1)
+    part = None
+    if weight_grads or bias_grad:
+        part = torch.zeros((3, programs, n), dtype=torch.float32, device=dy.device)
+    if m == 0:
+        return part
+    norm_bwd_kernel[(programs,)](
+        dy, xhat, rstat, gamma if gamma is not None else dy, dz, part if part is not None else rstat,
+        m, n, dy.stride(0), xhat.stride(0), dz.stride(0), programs * n,
+        RMS=rms, HAS_GAMMA=gamma is not None, WEIGHT_GRADS=weight_grads, BIAS_GRAD=bias_grad,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS_PER_PROG=cfg.rows_per_prog, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return part
+
+
+def launch_row_col_scale(x: torch.Tensor, r: torch.Tensor, g: torch.Tensor | None, out: torch.Tensor) -> None:
+    """out (M, K) = x · r[:, None] · g[None, :] (g optional), fp32 math, rounded once."""
+    m, k = x.shape
+    if m == 0:
+        return
+    block_m, block_k = 32, 128
+    grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
+    row_col_scale_kernel[grid](
+        x, r, g if g is not None else x, out, m, k, x.stride(0), out.stride(0),
+        HAS_G=g is not None, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4,
+    )  # fmt: skip

@@ -1,0 +1,59 @@
+"""Row-wise LayerNorm / RMSNorm backward without a GEMM: dy, x̂ and the row statistic in, dz out.
+
+Memory-bound, so it is built for occupancy rather than tiles: each program holds a few whole rows
+(``BLOCK_M`` × ``BLOCK_N``, BLOCK_N ≥ N) at a time, reads dy and x̂ exactly once and writes dz once,
+and walks ``ROWS_PER_PROG`` rows, summing the column partials of dγ = Σ dy·x̂, dβ = Σ dy and the GEMM
+bias gradient Σ dz in registers. Each program stores its partials once, into row ``pid`` of a
+(3, programs, N) buffer that the caller adds in a fixed order (deterministic).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def norm_bwd_kernel(
+    DY, XHAT, RSTAT, GAMMA, DZ, PART, M, N, stride_dy, stride_x, stride_dz, part_plane,
+    RMS: tl.constexpr, HAS_GAMMA: tl.constexpr, WEIGHT_GRADS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS_PER_PROG: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_GAMMA:
+        gamma = tl.load(GAMMA + cols, mask=col_ok, other=0.0).to(tl.float32)
+    else:
+        gamma = tl.full((BLOCK_N,), 1.0, tl.float32)
+    nf = N.to(tl.float32)
+    sum_gx = tl.zeros((BLOCK_N,), tl.float32)
+    sum_g = tl.zeros((BLOCK_N,), tl.float32)
+    sum_dz = tl.zeros((BLOCK_N,), tl.float32)
+    row0 = pid.to(tl.int64) * ROWS_PER_PROG
+    for r in range(0, ROWS_PER_PROG, BLOCK_M):
+        rows = row0 + r + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        xh = tl.load(XHAT + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstat = tl.load(RSTAT + rows, mask=row_ok, other=0.0)
+        gh = dy * gamma[None, :]
+        mean_gx = tl.sum(gh * xh, axis=1) / nf
+        if RMS:
+            dz = (gh - xh * mean_gx[:, None]) * rstat[:, None]
+        else:
+            mean_g = tl.sum(gh, axis=1) / nf
+            dz = (gh - mean_g[:, None] - xh * mean_gx[:, None]) * rstat[:, None]
+        tl.store(DZ + rows[:, None] * stride_dz + cols[None, :], dz.to(DZ.dtype.element_ty), mask=mask)
+        if WEIGHT_GRADS:
+            sum_gx += tl.sum(dy * xh, axis=0)
+            sum_g += tl.sum(dy, axis=0)
+        if BIAS_GRAD:
+            sum_dz += tl.sum(dz, axis=0)
+    part_row = PART + pid.to(tl.int64) * N + cols
+    if WEIGHT_GRADS:
+        tl.store(part_row, sum_gx, mask=col_ok)
+        tl.store(part_row + part_plane, sum_g, mask=col_ok)
+    if BIAS_GRAD:
+        tl.store(part_row + 2 * part_plane, sum_dz, mask=col_ok)
