@@ -1,0 +1,1 @@
+"""Triton kernels of the fused prologue (Q LayerNorm) and epilogue (+ q, RMSNorm, + residual)."""
