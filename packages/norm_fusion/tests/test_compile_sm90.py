@@ -12,7 +12,8 @@ ROWNORM_TYPES = {p: "*bf16" for p in _ROWNORM_PTRS} | {
     "STAT1": "*fp32", "STAT2": "*fp32", "PART": "*fp32", "eps": "fp32", "part_plane": "i32",
 }  # fmt: skip
 _FLAGS = dict(HAS_GEMM=True, B_TRANS=True, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=True, SAVE_XHAT=False,
-              AUX_RAW=False, WEIGHT_GRADS=False, BIAS_GRAD=False, NUM_STAGES=3, BLOCK_K=64)  # fmt: skip
+              AUX_RAW=False, WEIGHT_GRADS=False, BIAS_GRAD=False, NUM_STAGES=4, BLOCK_K=64,
+              FLATTEN=False)  # fmt: skip
 # the tiles config.rownorm_config picks on the H200
 ROWNORM_CASES = {
     "ln_fwd_n1024": dict(MODE=0, SINGLE=False, BLOCK_M=128, BLOCK_N=256, _warps=8),

@@ -66,3 +66,14 @@ def test_rms_gemm_writes_all() -> None:
     launch_rms_gemm(x, w, y, rf[3 : 3 + m], eps=1e-6)
     _assert_written(yf, m, "y")
     _assert_written(rf[:, None], m, "rrms")
+
+
+def test_gemm_mode_is_the_plain_gemm() -> None:
+    """Mode "gemm" (the benchmark's GEMM-alone reference of our kernel) writes x·wᵀ, every element."""
+    m, k, n = 37, 48, 80
+    x = randn((m, k), dtype=torch.float16, device=DEVICE)
+    w = randn((n, k), dtype=torch.float16, device=DEVICE, seed=1)
+    yf, y = _guarded(m, n, torch.float16)
+    launch_rownorm("gemm", x, y, torch.empty(m, device=DEVICE), b=w)
+    _assert_written(yf, m, "y")
+    torch.testing.assert_close(y.float(), x.float() @ w.float().t(), atol=2e-2, rtol=2e-3)

@@ -7,7 +7,8 @@ how many row blocks the grid gets: below two row blocks per SM the rows are cut 
 Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_BLOCK_M``, ``ADS_NORM_FUSION_BLOCK_N``, ``ADS_NORM_FUSION_BLOCK_K``,
 ``ADS_NORM_FUSION_WARPS``, ``ADS_NORM_FUSION_STAGES`` (row-norm kernels) and
-``ADS_NORM_FUSION_RMS_BLOCK_N`` (the ``rmsnorm_linear`` GEMM's tile width).
+``ADS_NORM_FUSION_RMS_BLOCK_N`` (the ``rmsnorm_linear`` GEMM's tile width); and
+``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``).
 """
 
 from __future__ import annotations
@@ -76,7 +77,13 @@ def rms_gemm_config(m: int, n: int, k: int) -> TileConfig:
     return TileConfig(128, bn, 64, 8, 3)
 
 
-ROWNORM_MODES = {"ln_fwd": 0, "rms_fwd": 1, "ln_bwd": 2, "rms_bwd": 3}
+# "gemm" (4) is the same kernel without the norm: the benchmark's measure of our GEMM alone
+ROWNORM_MODES = {"ln_fwd": 0, "rms_fwd": 1, "ln_bwd": 2, "rms_bwd": 3, "gemm": 4}
+
+
+def flatten_loops() -> bool:
+    """``ADS_NORM_FUSION_FLATTEN=1``: let Triton flatten the column-tile and K loops into one pipeline."""
+    return os.environ.get("ADS_NORM_FUSION_FLATTEN", "0") == "1"
 
 
 NORM_BWD_MAX_N = 16384  # whole rows in registers; wider rows use the two-phase row-norm kernel

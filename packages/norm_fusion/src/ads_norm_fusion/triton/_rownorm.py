@@ -122,7 +122,9 @@ def _update(
     BLOCK_N: tl.constexpr,
 ):
     """Merges one tile into the running row statistics; returns them and the tile to stage."""
-    if MODE == 0:
+    if MODE == 4:
+        staged = v
+    elif MODE == 0:
         n_j = tl.minimum(N - off_n, BLOCK_N).to(tl.float32)
         mean_j = tl.sum(tl.where(mask, v, 0.0), axis=1) / n_j
         d = tl.where(mask, v - mean_j[:, None], 0.0)
@@ -183,7 +185,9 @@ def _emit(
 ):
     """Normalises one staged tile (forward: y and optionally x̂; backward: dz) and stores it."""
     out_ptrs = OUT + rows64[:, None] * stride_out + cols[None, :]
-    if MODE < 2:
+    if MODE == 4:
+        tl.store(out_ptrs, w.to(OUT.dtype.element_ty), mask=mask)
+    elif MODE < 2:
         if MODE == 0:
             xh = (w + (shift - mean)[:, None]) * rstat[:, None]
         else:
@@ -246,6 +250,7 @@ def rownorm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    FLATTEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     off_m = pid * BLOCK_M
@@ -352,7 +357,7 @@ def rownorm_kernel(
         )
     else:
         # phase 1: statistics, tiles staged in OUT (except a backward without GEMM: dy is re-read)
-        for j in range(tl.cdiv(N, BLOCK_N)):
+        for j in tl.range(0, tl.cdiv(N, BLOCK_N), flatten=FLATTEN):
             off_n = j * BLOCK_N
             cols = off_n + tl.arange(0, BLOCK_N)
             col_ok = cols < N
@@ -413,46 +418,47 @@ def rownorm_kernel(
                 )
         rstat = _finish_stats(acc1, mean, rstat, rows, row_ok, nf, eps, STAT1, STAT2, MODE)
         # phase 2 reads tiles that other threads of this program staged: make their stores visible
-        tl.debug_barrier()
-        for j in range(tl.cdiv(N, BLOCK_N)):
-            off_n = j * BLOCK_N
-            cols = off_n + tl.arange(0, BLOCK_N)
-            col_ok = cols < N
-            mask = row_ok[:, None] & col_ok[None, :]
-            if MODE < 2 or HAS_GEMM:
-                w = _load_f32(OUT, rows64, cols, stride_out, mask)
-            else:
-                w = (
-                    _load_f32(A, rows64, cols, stride_a, mask)
-                    * _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)[None, :]
+        if MODE != 4:  # the plain-GEMM reference mode stores in phase 1
+            tl.debug_barrier()
+            for j in range(tl.cdiv(N, BLOCK_N)):
+                off_n = j * BLOCK_N
+                cols = off_n + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+                mask = row_ok[:, None] & col_ok[None, :]
+                if MODE < 2 or HAS_GEMM:
+                    w = _load_f32(OUT, rows64, cols, stride_out, mask)
+                else:
+                    w = (
+                        _load_f32(A, rows64, cols, stride_a, mask)
+                        * _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)[None, :]
+                    )
+                _emit(
+                    w,
+                    mask,
+                    cols,
+                    col_ok,
+                    rows64,
+                    mean,
+                    shift,
+                    rstat,
+                    acc1 / nf,
+                    acc2 / nf,
+                    GAMMA,
+                    BETA,
+                    AUX,
+                    OUT,
+                    XHAT,
+                    part_row,
+                    part_plane,
+                    stride_aux,
+                    stride_out,
+                    MODE,
+                    HAS_GAMMA,
+                    HAS_BETA,
+                    SAVE_XHAT,
+                    AUX_RAW,
+                    BIAS_GRAD,
                 )
-            _emit(
-                w,
-                mask,
-                cols,
-                col_ok,
-                rows64,
-                mean,
-                shift,
-                rstat,
-                acc1 / nf,
-                acc2 / nf,
-                GAMMA,
-                BETA,
-                AUX,
-                OUT,
-                XHAT,
-                part_row,
-                part_plane,
-                stride_aux,
-                stride_out,
-                MODE,
-                HAS_GAMMA,
-                HAS_BETA,
-                SAVE_XHAT,
-                AUX_RAW,
-                BIAS_GRAD,
-            )
 
 
 @triton.jit

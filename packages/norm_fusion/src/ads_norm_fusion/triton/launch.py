@@ -11,7 +11,7 @@ import triton
 
 from ads_kernel_tools.capability import num_sms
 
-from ..config import ROWNORM_MODES, norm_bwd_config, rms_gemm_config, rownorm_config
+from ..config import ROWNORM_MODES, flatten_loops, norm_bwd_config, rms_gemm_config, rownorm_config
 from ._norm_bwd import norm_bwd_kernel
 from ._rms_gemm import rms_gemm_kernel
 from ._rownorm import rownorm_kernel
@@ -109,6 +109,7 @@ def launch_rownorm(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         NUM_STAGES=cfg.num_stages,
+        FLATTEN=flatten_loops(),
         num_warps=cfg.num_warps,
     )
 
