@@ -48,10 +48,12 @@ def test_unsupported_varlen_keywords():
         flash_attn_func(*(t.to(torch.float8_e4m3fn) for t in _dense()))
 
 
-def test_accepted_fa4_keywords():
-    out, lse = flash_attn_func(*_dense(), pack_gqa=True, num_splits=1, return_lse=False)
+def test_accepted_fa4_keywords(device):
+    out, lse = flash_attn_func(
+        *(t.to(device) for t in _dense()), pack_gqa=True, num_splits=1, return_lse=False
+    )
     assert lse is None and out.shape == (1, 8, 2, 32)
-    q, k, v, cu = _varlen()
+    q, k, v, cu = (t.to(device) for t in _varlen())
     flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, pack_gqa=False, min_seqlen_k=3, scheduler_metadata=None)
 
 

@@ -18,15 +18,15 @@ LK = (3, 0, 16, 17, 1, 40)  # an empty kv sequence with queries; Lq > Lk and Lq 
 
 @pytest.mark.parametrize(
     "opts",
-    [{}, dict(causal=True), dict(window=(6, 2)), dict(softcap=2.5, sink=True), dict(causal=True, sink=True)],
-    ids=["plain", "causal", "local", "softcap-sink", "causal-sink"],
+    [dict(causal=True, sink=True), dict(window=(6, 2), softcap=2.5)],
+    ids=["causal-sink", "local-softcap"],
 )
 def test_varlen_edges(opts, device):
     run_case(Case(LQ, LK, heads=2, kv_heads=1, **opts), device)
 
 
 def test_varlen_self_attention_gqa_fp16(device):
-    run_case(Case((33, 1, 16), heads=4, kv_heads=2, dtype=torch.float16, causal=True), device)
+    run_case(Case((20, 1, 16), heads=4, kv_heads=2, dtype=torch.float16, causal=True), device)
 
 
 def _inputs(lq, lk, device, heads=2, kv_heads=1, d=32, seed=0):

@@ -1,145 +1,37 @@
 """Public API: FlashAttention-4's ``flash_attn_func`` / ``flash_attn_varlen_func`` (names, keywords
 and return values of flash-attn-4 4.0.0b36's ``flash_attn.cute``) and ``jagged_attention``.
 
-Validation and canonicalisation live here; every call becomes one ``lp_fa4::fwd`` custom op in varlen
-form. Nothing here reads device memory unless ``ADS_CHECK_INPUTS=1`` or a max_seqlen is omitted.
+Canonicalisation lives here (validation in ``_checks``); every call becomes one ``lp_fa4::fwd``
+custom op in varlen form. Nothing here reads device memory unless ``ADS_CHECK_INPUTS=1`` or a
+max_seqlen is omitted.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from . import _ops
 from . import config as cfg
+from ._checks import (
+    _check_index,
+    _check_max,
+    _check_pack_gqa,
+    _check_paged,
+    _check_qkv,
+    _check_sink,
+    _check_splits,
+    _host_checks,
+    _last_contig,
+    _resolve_window,
+    _scale,
+    _softcap,
+    _unsupported,
+)
 from .triton.launch import BIG
 
 Tensor = torch.Tensor
-_DTYPES = (torch.bfloat16, torch.float16)
-MAX_HEAD_DIM = 256
-
-
-def _unsupported(**kw) -> None:
-    """NotImplementedError naming every FA4 keyword given a value this package does not implement."""
-    for name, value in kw.items():
-        if value is not None:
-            raise NotImplementedError(f"lp_fa4: {name} is not supported (got {type(value).__name__})")
-
-
-def _check_splits(num_splits: int) -> None:
-    if not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"lp_fa4: num_splits must be a non-negative int, got {num_splits!r}")
-    if num_splits > 1:
-        raise NotImplementedError(f"lp_fa4: num_splits={num_splits} (split-KV) is not supported; use 1")
-
-
-def _check_pack_gqa(pack_gqa) -> None:
-    if pack_gqa not in (None, True, False):
-        raise ValueError(f"lp_fa4: pack_gqa must be None, True or False, got {pack_gqa!r}")
-
-
-def _last_contig(t: Tensor) -> Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor, q_dims: int, kv_dims: int) -> None:
-    for name, t, dims in (("q", q, q_dims), ("k", k, kv_dims), ("v", v, kv_dims)):
-        if not isinstance(t, Tensor):
-            raise ValueError(f"lp_fa4: {name} must be a tensor, got {type(t).__name__}")
-        if t.dim() != dims:
-            raise ValueError(f"lp_fa4: {name} must be {dims}-D here, got shape {tuple(t.shape)}")
-    if q.dtype not in _DTYPES:
-        if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            raise NotImplementedError("lp_fa4: FP8 inputs are not supported yet (bf16/fp16 only)")
-        raise ValueError(f"lp_fa4: q must be bfloat16 or float16, got {q.dtype}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"lp_fa4: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"lp_fa4: q, k, v on different devices: {q.device}, {k.device}, {v.device}")
-    d, dv = q.shape[-1], v.shape[-1]
-    if k.shape[-1] != d:
-        raise ValueError(f"lp_fa4: q and k head dims differ: {d} vs {k.shape[-1]}")
-    for name, x in (("head dim", d), ("v head dim", dv)):
-        if x < 8 or x > MAX_HEAD_DIM or x % 8:
-            raise ValueError(f"lp_fa4: {name} must be a multiple of 8 in [8, {MAX_HEAD_DIM}], got {x}")
-    h, hkv = q.shape[-2], k.shape[-2]
-    if v.shape[-2] != hkv:
-        raise ValueError(f"lp_fa4: k has {hkv} heads but v has {v.shape[-2]}")
-    if hkv == 0 or h % hkv:
-        raise ValueError(f"lp_fa4: q heads ({h}) must be a multiple of kv heads ({hkv})")
-    if k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"lp_fa4: k and v disagree on tokens: {tuple(k.shape)} vs {tuple(v.shape)}")
-
-
-def _check_sink(sink: Tensor | None, h: int, device) -> None:
-    if sink is None:
-        return
-    if not isinstance(sink, Tensor) or sink.shape != (h,) or not sink.is_floating_point():
-        shape = tuple(sink.shape) if isinstance(sink, Tensor) else type(sink).__name__
-        raise ValueError(f"lp_fa4: learnable_sink must be a float tensor of shape ({h},), got {shape}")
-    if sink.device != device:
-        raise ValueError(f"lp_fa4: learnable_sink is on {sink.device}, q on {device}")
-
-
-def _check_index(name: str, t: Tensor | None, length: int | None, device) -> None:
-    if t is None:
-        return
-    if not isinstance(t, Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
-        desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
-        raise ValueError(f"lp_fa4: {name} must be a 1-D int32 tensor, got {desc}")
-    if length is not None and t.shape[0] != length:
-        raise ValueError(f"lp_fa4: {name} must have {length} entries, got {t.shape[0]}")
-    if t.device != device:
-        raise ValueError(f"lp_fa4: {name} is on {t.device}, q on {device}")
-
-
-def _resolve_window(causal: bool, window_size) -> tuple[int, int]:
-    """FA4's rules: causal sets right = 0; left + right < 0 drops the window; None is unbounded."""
-    if not isinstance(causal, bool):
-        raise ValueError(f"lp_fa4: causal must be a bool, got {causal!r}")
-    try:
-        left, right = window_size
-    except (TypeError, ValueError):
-        raise ValueError(f"lp_fa4: window_size must be a pair (left, right), got {window_size!r}") from None
-    for side in (left, right):
-        if side is not None and (isinstance(side, bool) or not isinstance(side, int)):
-            raise ValueError(f"lp_fa4: window_size entries must be int or None, got {window_size!r}")
-    if causal:
-        right = 0
-    if left is not None and right is not None and left + right < 0:
-        left, right = None, None
-    wl = BIG if left is None else max(min(left, BIG), -BIG)
-    wr = BIG if right is None else max(min(right, BIG), -BIG)
-    return wl, wr
-
-
-def _scale(softmax_scale, d: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(d)
-    if (
-        isinstance(softmax_scale, bool)
-        or not isinstance(softmax_scale, (int, float))
-        or not math.isfinite(softmax_scale)
-    ):
-        raise ValueError(f"lp_fa4: softmax_scale must be a finite float, got {softmax_scale!r}")
-    return float(softmax_scale)
-
-
-def _softcap(softcap) -> float:
-    if softcap is None:
-        return 0.0
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (softcap >= 0):
-        raise ValueError(f"lp_fa4: softcap must be a float >= 0 (0 = off), got {softcap!r}")
-    if not math.isfinite(softcap):
-        raise ValueError(f"lp_fa4: softcap must be finite, got {softcap!r}")
-    return float(softcap)
-
-
-def _check_max(name: str, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"lp_fa4: {name} must be a non-negative int, got {value!r}")
 
 
 @functools.lru_cache(maxsize=32)
@@ -158,37 +50,6 @@ def _dense_offsets(n_b: int, s: int, device) -> Tensor:
 def _longest(cu: Tensor) -> int:
     """max(cu[b+1] - cu[b]): a device sync, only when the caller omitted max_seqlen."""
     return int((cu[1:] - cu[:-1]).max().item()) if cu.shape[0] > 1 else 0
-
-
-def _host_checks(
-    q_rows, k_rows, cu_q, cu_k, used_q, used_k, page_table, n_pages, max_q, max_k, broadcast_q
-) -> None:
-    """ADS_CHECK_INPUTS=1: the value checks that need device data (one sync)."""
-    for name, cu, rows, mx in (("cu_seqlens_q", cu_q, q_rows, max_q), ("cu_seqlens_k", cu_k, k_rows, max_k)):
-        if cu is None:
-            continue
-        h = cu.detach().to("cpu", torch.int64)
-        lens = h[1:] - h[:-1]
-        if h.numel() and (int(h[0]) < 0 or int(h[-1]) > rows):
-            raise ValueError(
-                f"lp_fa4: {name} spans [{int(h[0])}, {int(h[-1])}] but the tensor has {rows} rows"
-            )
-        if lens.numel() and int(lens.min()) < 0:
-            raise ValueError(f"lp_fa4: {name} must be non-decreasing, got {h[:8].tolist()}")
-        if (
-            lens.numel()
-            and mx is not None
-            and int(lens.max()) > mx
-            and not (broadcast_q and name.endswith("q"))
-        ):
-            raise ValueError(f"lp_fa4: a sequence in {name} has {int(lens.max())} rows > max_seqlen {mx}")
-    for name, used in (("seqused_q", used_q), ("seqused_k", used_k)):
-        if used is not None and used.numel() and int(used.min()) < 0:
-            raise ValueError(f"lp_fa4: {name} has negative entries")
-    if page_table is not None and page_table.numel():
-        lo, hi = int(page_table.min()), int(page_table.max())
-        if lo < 0 or hi >= n_pages:
-            raise ValueError(f"lp_fa4: page_table holds pages [{lo}, {hi}] but k has {n_pages} pages")
 
 
 def _run(
@@ -240,22 +101,6 @@ def _run(
         zero_fill,
         bool(deterministic),
     )
-
-
-def _check_paged(q: Tensor, k: Tensor, v: Tensor, page_table: Tensor, n_b: int, device) -> None:
-    if page_table.dim() != 2 or page_table.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"lp_fa4: page_table must be 2-D int32 (batch, max_pages), got "
-            f"{page_table.dtype} {tuple(page_table.shape)}"
-        )
-    if page_table.shape[0] != n_b:
-        raise ValueError(f"lp_fa4: page_table has {page_table.shape[0]} rows for {n_b} sequences")
-    if page_table.device != device:
-        raise ValueError(f"lp_fa4: page_table is on {page_table.device}, q on {device}")
-    if page_table.shape[1] == 0 or k.shape[1] == 0:
-        raise ValueError("lp_fa4: page_table needs at least one page of at least one row")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError("lp_fa4: paged KV (page_table) is forward-only; call it under no_grad")
 
 
 def flash_attn_func(
