@@ -83,11 +83,7 @@ class BwdArgs(NamedTuple):
 
 def _rows(t: Tensor) -> Tensor:
     """(T, H, D) -> the contiguous (T, H·D) view the row kernels take."""
-    return t.contiguous().view(t.shape[0], -1)
-
-
-def _none0(t: Tensor | None, like: Tensor) -> Tensor:
-    return like.new_empty((0,)) if t is None else t
+    return t.contiguous().view(t.shape[0], t.shape[1] * t.shape[2])
 
 
 def _has_epilogue(q_residual: bool, rms_norm: bool, has_residual: bool) -> bool:
@@ -105,16 +101,19 @@ def fwd_impl(
     (out (T, H, D), a, q_ln, ln_mean, ln_rstd, rrms); see the module docstring."""
     t, h, d = q.shape
     q = q.contiguous()
-    f32 = q.new_empty((0,), dtype=torch.float32)
+
+    def none(dtype=q.dtype) -> Tensor:  # a fresh empty per unused output (outputs may not alias)
+        return q.new_empty((0,), dtype=dtype)
+
     if layer_norm:
         q_ln2, mean, rstd = launch.ln_fwd(_rows(q), ln_weight, ln_bias, eps)
         q_in = q_ln2.view(t, h, d)
     else:
-        q_in, mean, rstd = q, f32, f32
+        q_in, mean, rstd = q, none(torch.float32), none(torch.float32)
     a = gdpa_fwd(q_in, k, v, cu_q, cu_k, max_q, max_k, act, scale, host_q, host_k, deterministic)
-    q_ln_out = q_in if layer_norm else q.new_empty((0,))
+    q_ln_out = q_in if layer_norm else none()
     if not _has_epilogue(q_residual, rms_norm, residual is not None):
-        return a, q.new_empty((0,)), q_ln_out, mean, rstd, f32
+        return a, none(), q_ln_out, mean, rstd, none(torch.float32)
     out, rrms = launch.epilogue_fwd(
         _rows(a), _rows(q_in) if q_residual else None, rms_weight,
         None if residual is None else _rows(residual), cu_q, eps, rms=rms_norm,
@@ -129,18 +128,15 @@ fwd_op = torch.library.custom_op("ads_gdpa_megakernel::fwd", fwd_impl, mutates_a
 def _(*args):
     a = FwdArgs(*args)
     t = a.q.shape[0]
-    empty = a.q.new_empty((0,))
-    f32 = a.q.new_empty((0,), dtype=torch.float32)
-    stats = a.q.new_empty((t,), dtype=torch.float32)
     epi = _has_epilogue(a.q_residual, a.rms_norm, a.residual is not None)
-    return (
-        torch.empty_like(a.q, memory_format=torch.contiguous_format),
-        torch.empty_like(a.q, memory_format=torch.contiguous_format) if epi else empty,
-        torch.empty_like(a.q, memory_format=torch.contiguous_format) if a.layer_norm else empty,
-        stats if a.layer_norm else f32,
-        torch.empty_like(stats) if a.layer_norm else f32,
-        torch.empty_like(stats) if a.rms_norm and epi else f32,
-    )
+
+    def like_q(on: bool) -> Tensor:
+        return a.q.new_empty(a.q.shape if on else (0,))
+
+    def stats(on: bool) -> Tensor:
+        return a.q.new_empty((t,) if on else (0,), dtype=torch.float32)
+
+    return like_q(True), like_q(epi), like_q(a.layer_norm), stats(a.layer_norm), stats(a.layer_norm), stats(a.rms_norm)
 
 
 def bwd_impl(
