@@ -38,7 +38,8 @@ def _check(fn: str, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_seq_le
             desc = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise _err(f"{fn}: {name} must be a {dims}-D tensor, got {desc}")
     if not (q.shape == k.shape == v.shape):
-        raise _err(f"{fn}: q, k, v must have one shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        shapes = ", ".join(str(tuple(t.shape)) for t in (q, k, v))
+        raise _err(f"{fn}: q, k, v must have one shape, got {shapes}")
     if not (q.dtype == k.dtype == v.dtype):
         raise _err(f"{fn}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in _DTYPES:

@@ -119,7 +119,7 @@ def _check_host(
     """Value checks of the offsets known on the host (see :func:`host_offsets`)."""
     if hq is not None:
         if broadcast_q and (int(hq[0]) != 0 or int(hq[1]) != tq):
-            raise _err(f"broadcast_q needs query_offset = [0, {tq}] (the whole query tensor), got {hq.tolist()}")
+            raise _err(f"broadcast_q needs query_offset = [0, {tq}] (all query rows), got {hq.tolist()}")
         validate_offsets("query_offset", hq, tq, prefix=_P)
     if hk is not None:
         validate_offsets("key_offset", hk, tk, max_len=max_kv, max_name="max_seq_len_kv", prefix=_P)

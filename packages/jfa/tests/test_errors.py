@@ -1,0 +1,93 @@
+"""Bad inputs raise a ValueError that says what and why, before any kernel runs; ADS_CHECK_INPUTS=1
+checks device offsets too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ads_jfa import jagged_flash_attention
+from ads_kernel_tools.testing import lengths_to_offsets, randn
+
+BF = torch.bfloat16
+
+
+def _args(device, **change):
+    q = randn((8, 2, 16), dtype=change.pop("dtype", BF), device=device)
+    k = randn((change.pop("k_rows", 6), change.pop("kv_heads", 1), change.pop("kd", 16)), dtype=q.dtype, device=device)
+    v = change.pop("v", None)
+    v = k if v is None else v
+    cu_q = change.pop("cu_q", lengths_to_offsets([3, 5], device=device))
+    cu_k = change.pop("cu_k", lengths_to_offsets([2, 4], device=device))
+    args = [q, k, v, cu_q, cu_k, change.pop("max_q", 5), change.pop("max_k", 4)]
+    return args, change
+
+
+CASES = {
+    "q 2-D": (dict(), lambda a: a.__setitem__(0, a[0][:, 0]), "3-D"),
+    "fp32": (dict(dtype=torch.float32), None, "bfloat16 or float16"),
+    "dtype mix": (dict(), lambda a: a.__setitem__(2, a[2].half()), "share a dtype"),
+    "heads": (dict(kv_heads=3), None, "multiple of key/value heads"),
+    "head dim": (dict(kd=24), None, "head dims differ"),
+    "v tokens": (dict(), lambda a: a.__setitem__(2, a[2][:5]), "agree in tokens"),
+    "float offsets": (dict(cu_q=torch.tensor([0.0, 3.0, 8.0])), None, "int32 or int64"),
+    "2-D offsets": (dict(cu_q=torch.zeros(2, 3, dtype=torch.int32)), None, "1-D"),
+    "batch mismatch": (dict(cu_k=torch.tensor([0, 6], dtype=torch.int32)), None, "entries"),
+    "max_q negative": (dict(max_q=-1), None, "max_seq_len_q"),
+    "max_k float": (dict(max_k=4.0), None, "max_seq_len_kv"),
+    "decreasing": (dict(cu_q=torch.tensor([0, 5, 3], dtype=torch.int32)), None, "non-decreasing"),
+    "past end": (dict(cu_k=torch.tensor([0, 2, 9], dtype=torch.int32)), None, "spans"),
+    "kv too long": (dict(max_k=3), None, "max_seq_len_kv=3"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_inputs(name, device):
+    change, edit, match = CASES[name]
+    change = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in change.items()}
+    args, rest = _args(device, **change)
+    if edit is not None:
+        edit(args)
+    with pytest.raises(ValueError, match=match):
+        jagged_flash_attention(*args, **rest)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(window_size=-1), "window_size"),
+        (dict(window_size=True), "window_size"),
+        (dict(sm_scale=float("nan")), "sm_scale"),
+        (dict(broadcast_q=1), "broadcast_q must be a bool"),
+        (dict(return_lse="yes"), "return_lse"),
+        (dict(output_offset=torch.tensor([0, 3, 9], dtype=torch.int32)), "output_offset"),
+        (dict(query_offset_cpu=[0, 3]), "query_offset_cpu"),
+        (dict(key_offset_cpu=[0, 4, 2]), "non-decreasing"),
+    ],
+)
+def test_bad_options(kw, match, device):
+    args, _ = _args(device)
+    kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    with pytest.raises(ValueError, match=match):
+        jagged_flash_attention(*args, **kw)
+
+
+def test_broadcast_q_offsets(device):
+    args, _ = _args(device, cu_q=torch.tensor([0, 3, 8], dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="2 entries"):
+        jagged_flash_attention(*args, broadcast_q=True)
+    args[3] = torch.tensor([0, 5], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=r"query_offset = \[0, 8\]"):
+        jagged_flash_attention(*args, broadcast_q=True)
+    args[3] = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="b \\* Lq"):
+        jagged_flash_attention(*args, broadcast_q=True, output_offset=args[4])
+
+
+def test_check_inputs_reads_device_offsets(device, monkeypatch):
+    """Device offsets are not read by default (no sync); ADS_CHECK_INPUTS=1 reads and checks them.
+    On the CPU the offsets are host data and always checked, so the switch is shown on the GPU."""
+    args, _ = _args(device, cu_k=torch.tensor([0, 2, 9], dtype=torch.int32, device=device))
+    monkeypatch.setenv("ADS_CHECK_INPUTS", "1")
+    with pytest.raises(ValueError, match="spans"):
+        jagged_flash_attention(*args)
