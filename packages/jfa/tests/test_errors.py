@@ -14,7 +14,8 @@ BF = torch.bfloat16
 
 def _args(device, **change):
     q = randn((8, 2, 16), dtype=change.pop("dtype", BF), device=device)
-    k = randn((change.pop("k_rows", 6), change.pop("kv_heads", 1), change.pop("kd", 16)), dtype=q.dtype, device=device)
+    shape = (change.pop("k_rows", 6), change.pop("kv_heads", 1), change.pop("kd", 16))
+    k = randn(shape, dtype=q.dtype, device=device)
     v = change.pop("v", None)
     v = k if v is None else v
     cu_q = change.pop("cu_q", lengths_to_offsets([3, 5], device=device))

@@ -105,7 +105,9 @@ def test_bad_inputs(change, match, device):
     k = randn((change.get("k_rows", 6), d), dtype=dtype, device=device)
     offsets = torch.tensor(change.get("offsets", [0, 2, 6]), device=device)
     with pytest.raises(ValueError, match=match):
-        jagged_flash_attention_basic(q, k, q, offsets, change.get("max_seq_len", 4), change.get("use_mask", False))
+        jagged_flash_attention_basic(
+            q, k, q, offsets, change.get("max_seq_len", 4), change.get("use_mask", False)
+        )
 
 
 def test_multi_head_needs_3d(device):

@@ -106,8 +106,8 @@ def test_flops_uniform_lengths_window(device):
 )
 def test_flops_exact_per_sequence_with_host_offsets(device):
     q, k, v, cu_q, cu_k = _inputs(device)
-    got = _counted(lambda: jagged_flash_attention(q, k, v, cu_q, cu_k, max(LQ), max(LK), window_size=2,
-                                                  query_offset_cpu=cu_q.cpu(), key_offset_cpu=cu_k.cpu()))  # fmt: skip
+    host = dict(query_offset_cpu=cu_q.cpu(), key_offset_cpu=cu_k.cpu())
+    got = _counted(lambda: jagged_flash_attention(q, k, v, cu_q, cu_k, 17, 16, window_size=2, **host))
     assert got == flops.attention_fwd(list(LQ), list(LK), 2, 32, symmetric_window=2)
 
 
