@@ -114,3 +114,10 @@ def test_leading_dims_and_empty() -> None:
     empty = torch.empty((0, 32), dtype=torch.bfloat16, device=DEVICE)
     assert linear_rmsnorm(empty, d["w"]).shape == (0, 48)
     assert rmsnorm_linear(empty, None, d["w"]).shape == (0, 48)
+
+
+def test_weight_grads_are_deterministic() -> None:
+    d = inputs(Case(70, 32, 48))
+    first = _run_ours("ln", d, 1e-5)[2]
+    second = _run_ours("ln", d, 1e-5)[2]
+    assert all(torch.equal(first[k], second[k]) for k in first)

@@ -160,7 +160,11 @@ def _run_providers(report, bench, op, shape, providers, leaves, dy) -> None:
         for name, fn in providers.items():
             with bench.peers.skip_on_error(f"{op} {name}"):
                 ms = _time(bench, fn, leaves, dy, mode)
-                report.add(bench.Row(op, name, mode, label, ms, flops / (ms * 1e9), None, "", {"N": n}))
+                report.add(
+                    bench.Row(
+                        op, name, mode, label, ms, flops / (ms * 1e9), None, "", {"M": m, "K": k, "N": n}
+                    )
+                )
 
 
 def sweep(bench) -> None:
@@ -311,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         report.write_json(args.json)
     if args.plot:
-        report.plot_png(args.plot, "N")
+        report.plot_png(args.plot, "M")
     return 0
 
 
