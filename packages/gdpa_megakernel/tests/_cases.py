@@ -54,7 +54,9 @@ def make_inputs(c: Case, device: str, seed: int = 0) -> dict:
     }
     wd = c.weight_dtype
     if c.ln != "off":
-        ins["ln_w"] = (1 + 0.2 * randn((n,), seed=seed + 3, **g)).to(wd) if c.ln in ("affine", "weight") else None
+        ins["ln_w"] = (
+            (1 + 0.2 * randn((n,), seed=seed + 3, **g)).to(wd) if c.ln in ("affine", "weight") else None
+        )
         ins["ln_b"] = (0.2 * randn((n,), seed=seed + 4, **g)).to(wd) if c.ln == "affine" else None
     if c.rms == "weight":
         ins["rms_w"] = (1 + 0.2 * randn((n,), seed=seed + 5, **g)).to(wd)

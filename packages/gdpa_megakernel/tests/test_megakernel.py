@@ -7,7 +7,6 @@ import pytest
 import torch
 from _cases import Case, check, make_inputs, run_ours, run_ref
 
-
 # every option on and off at least once, and each pair of neighbours together
 OPTIONS = {
     "all": dict(),

@@ -136,7 +136,14 @@ def _(*args):
     def stats(on: bool) -> Tensor:
         return a.q.new_empty((t,) if on else (0,), dtype=torch.float32)
 
-    return like_q(True), like_q(epi), like_q(a.layer_norm), stats(a.layer_norm), stats(a.layer_norm), stats(a.rms_norm)
+    return (
+        like_q(True),
+        like_q(epi),
+        like_q(a.layer_norm),
+        stats(a.layer_norm),
+        stats(a.layer_norm),
+        stats(a.rms_norm),
+    )
 
 
 def bwd_impl(

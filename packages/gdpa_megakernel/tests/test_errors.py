@@ -1,0 +1,80 @@
+"""Bad inputs raise a ValueError that says what is wrong, before any kernel runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ads_gdpa_megakernel import gdpa_megakernel
+from ads_kernel_tools.testing import lengths_to_offsets
+
+T, H, D = 6, 2, 16
+N = H * D
+
+
+def _base():
+    q = torch.zeros(T, H, D, dtype=torch.bfloat16)
+    cu = lengths_to_offsets([2, 4])
+    return dict(
+        q=q, k=q.clone(), v=q.clone(), cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4, max_seqlen_k=4
+    )
+
+
+W = torch.ones(N)
+BAD = {
+    "q_layernorm weight must have shape": dict(q_layernorm=(torch.ones(N + 1), None)),
+    "q_layernorm bias must have shape": dict(q_layernorm=(W, torch.ones(D))),
+    "q_layernorm must be None or a pair": dict(q_layernorm=W),
+    "rms_norm_weight must have shape": dict(rms_norm_weight=torch.ones(H, D)),
+    "rms_norm_weight must be float32": dict(rms_norm_weight=torch.ones(N, dtype=torch.int32)),
+    "rms_norm=False contradicts": dict(rms_norm_weight=W, rms_norm=False),
+    "rms_norm must be a bool": dict(rms_norm=1),
+    "residual must have q's shape": dict(residual=torch.zeros(T, H, D + 1, dtype=torch.bfloat16)),
+    "residual must have q's dtype": dict(residual=torch.zeros(T, H, D, dtype=torch.float16)),
+    "residual must be a torch.Tensor": dict(residual=1.0),
+    "q_residual must be a bool": dict(q_residual=1),
+    "eps must be a finite number": dict(eps=0.0),
+    "scale must be finite": dict(scale=float("inf")),
+    "unknown GDPA activation": dict(activation="softmax"),
+}
+
+
+@pytest.mark.parametrize("match", list(BAD))
+def test_bad_option(match):
+    kw = _base() | dict(activation="silu") | BAD[match]
+    with pytest.raises(ValueError, match=match):
+        gdpa_megakernel(**kw)
+
+
+def test_bad_tensors():
+    base = _base() | dict(activation="silu")
+    q = base["q"]
+    cases = {
+        "q must be bfloat16 or float16": dict(q=q.float(), k=q.float(), v=q.float()),
+        "share a dtype": dict(k=q.half()),
+        r"\(tokens, heads, head_dim\)": dict(q=q[0]),
+        "multiple of kv heads": dict(
+            k=torch.zeros(T, 3, D, dtype=q.dtype), v=torch.zeros(T, 3, D, dtype=q.dtype)
+        ),
+        "head dims must be equal": dict(v=torch.zeros(T, H, 32, dtype=q.dtype)),
+        "head dim 48 not supported": dict(
+            q=torch.zeros(T, H, 48, dtype=q.dtype),
+            k=torch.zeros(T, H, 48, dtype=q.dtype),
+            v=torch.zeros(T, H, 48, dtype=q.dtype),
+        ),  # fmt: skip
+        "contiguous in its last": dict(k=torch.zeros(T, H, 2 * D, dtype=q.dtype)[..., ::2]),
+        "cu_seqlens_q must be int32 or int64": dict(cu_seqlens_q=base["cu_seqlens_q"].float()),
+        "1-D tensor of B\\+1 offsets": dict(cu_seqlens_k=torch.zeros(0, dtype=torch.int32)),
+        "entries, cu_seqlens_k": dict(cu_seqlens_k=lengths_to_offsets([6])),
+        "max_seqlen_q and max_seqlen_k must be >= 0": dict(max_seqlen_q=-1),
+    }
+    for match, over in cases.items():
+        with pytest.raises(ValueError, match=match):
+            gdpa_megakernel(**(base | over))
+
+
+def test_bad_host_offsets_raise_from_ads_gdpa():
+    """Host offsets are checked against the tensors (ads-gdpa's validator, inside the op)."""
+    kw = _base() | dict(activation="silu", cu_seqlens_q_cpu=[0, 4, 2], cu_seqlens_k_cpu=[0, 4, 2])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        gdpa_megakernel(**kw)
