@@ -31,8 +31,8 @@ def _jobs() -> dict[str, dict]:
         kw, warps = _tile(n)
         jobs[f"ln_fwd_n{n}"] = dict(
             module=_MOD + "_layernorm", kernel="ln_fwd_kernel",
-            types=_types(("X", "W", "B", "Y", "MEAN", "RSTD", "eps")), constexprs=dict(HAS_W=True, HAS_B=True, **kw),
-            num_warps=warps,
+            types=_types(("X", "W", "B", "Y", "MEAN", "RSTD", "eps")),
+            constexprs=dict(HAS_W=True, HAS_B=True, **kw), num_warps=warps,
         )  # fmt: skip
         jobs[f"q_bwd_n{n}"] = dict(
             module=_MOD + "_layernorm", kernel="q_bwd_kernel",
