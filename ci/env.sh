@@ -20,9 +20,36 @@ ci_base_python() {
   ci_log "no python3 found"; return 1
 }
 
-# ci_setup_python FOLDER...  -> sets PY and CI_MODE (source|venv)
+# ci_with_deps FOLDER... -> the folders and, transitively, the sibling packages of this repository
+# their pyproject dependencies name (ads-jfa needs lp-fa4), one per line
+ci_with_deps() {
+  "$(ci_base_python)" - "$ROOT" "$@" <<'PYEOF'
+import re, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+sys.path.insert(0, str(root / "ci"))
+from packages import all_packages  # noqa: E402
+by_dist = {p.dist: p.folder for p in all_packages()}
+def deps(folder):
+    text = (root / folder / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.M | re.S)
+    names = re.findall(r'"\s*([A-Za-z0-9_.-]+)', block.group(1)) if block else []
+    return [by_dist[n] for n in names if n in by_dist]
+seen, todo = [], list(sys.argv[2:])
+while todo:
+    f = todo.pop(0).rstrip("/")
+    if f not in seen:
+        seen.append(f)
+        todo += deps(f)
+print("\n".join(seen))
+PYEOF
+}
+
+# ci_setup_python FOLDER...  -> sets PY and CI_MODE (source|venv); sibling dependencies come along
 ci_setup_python() {
   local base; base=$(ci_base_python) || return 1
+  mapfile -t _ci_folders < <(ci_with_deps "$@") || return 1
+  set -- "${_ci_folders[@]}"
   if "$base" -c "import torch, triton, pytest" >/dev/null 2>&1; then
     PY=$base; CI_MODE=source
     local paths=() f
