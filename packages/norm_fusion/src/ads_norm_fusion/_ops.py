@@ -63,18 +63,9 @@ def linear_layernorm_fwd(
     xhat = torch.empty((m, n) if save_xhat else _EMPTY, dtype=x.dtype, device=x.device)
     mean, rstd = _stat(x), _stat(x)
     launch_rownorm(
-        "ln_fwd",
-        x,
-        y,
-        rstd,
-        b=w,
-        bias=bias,
-        gamma=weight,
-        beta=norm_bias,
-        stat1=mean,
-        xhat=xhat if save_xhat else None,
-        eps=eps,
-    )
+        "ln_fwd", x, y, rstd, b=w, bias=bias, gamma=weight, beta=norm_bias, stat1=mean,
+        xhat=xhat if save_xhat else None, eps=eps,
+    )  # fmt: skip
     return y, mean, rstd, xhat
 
 
@@ -228,18 +219,9 @@ def gemm_norm_input_grad(
             (3, num_row_blocks(m, n, dy.shape[1], dy.device), n), dtype=torch.float32, device=dy.device
         )
     launch_rownorm(
-        "rms_bwd" if rms else "ln_bwd",
-        dy,
-        dz,
-        rstat,
-        b=w_next_t,
-        b_trans=False,
-        gamma=weight,
-        aux=aux,
-        part=part,
-        aux_raw=aux_raw,
-        weight_grads=weight_grads,
-    )
+        "rms_bwd" if rms else "ln_bwd", dy, dz, rstat, b=w_next_t, b_trans=False, gamma=weight, aux=aux,
+        part=part, aux_raw=aux_raw, weight_grads=weight_grads,
+    )  # fmt: skip
     pdtype = weight.dtype if weight is not None else dy.dtype
     dweight = _sums(part, 0, pdtype) if weight_grads else dy.new_empty(_EMPTY, dtype=pdtype)
     dnorm_bias = _sums(part, 1, pdtype) if weight_grads and not rms else dy.new_empty(_EMPTY, dtype=pdtype)

@@ -14,25 +14,10 @@ import triton.language as tl
 
 @triton.jit
 def rms_gemm_kernel(
-    A,
-    B,
-    BIAS,
-    OUT,
-    RRMS,
-    M,
-    N,
-    K,
-    eps,
-    stride_a,
-    stride_b,
-    stride_out,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    A, B, BIAS, OUT, RRMS, M, N, K, eps, stride_a, stride_b, stride_out, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-):
+):  # fmt: skip
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)

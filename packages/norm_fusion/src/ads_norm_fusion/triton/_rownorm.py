@@ -14,6 +14,7 @@ Modes (``MODE``):
   2 LayerNorm backward: g = A·B (or A itself without a GEMM); ĝ = g·γ;
     dz = rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)).
   3 RMSNorm backward: dz = rrms·(ĝ - x̂·mean(ĝ·x̂)); x̂ = AUX·rrms when ``AUX_RAW`` (AUX is the raw input).
+  4 plain GEMM (no norm; the benchmark's measure of this kernel's GEMM alone).
 Backward modes can write deterministic per-row-block partial sums: ``PART[0] = Σ_rows g·x̂`` (dγ),
 ``PART[1] = Σ_rows g`` (dβ), ``PART[2] = Σ_rows dz`` (the GEMM bias gradient), each (row blocks, N).
 Row and pointer offsets are int64: M·N passes 2^31 at the benchmark's largest shapes.
@@ -27,17 +28,9 @@ import triton.language as tl
 
 @triton.jit
 def _gemm_tile(
-    a_desc,
-    b_desc,
-    off_m,
-    off_n,
-    K,
-    B_TRANS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
+    a_desc, b_desc, off_m, off_n, K, B_TRANS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         a = a_desc.load([off_m, k])
@@ -63,27 +56,10 @@ def _vec_f32(ptr, cols, col_ok, HAS: tl.constexpr, default: tl.constexpr):
 
 @triton.jit
 def _tile_value(
-    A,
-    a_desc,
-    b_desc,
-    BIAS,
-    off_m,
-    off_n,
-    rows64,
-    cols,
-    col_ok,
-    mask,
-    K,
-    stride_a,
-    MODE: tl.constexpr,
-    HAS_GEMM: tl.constexpr,
-    B_TRANS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
+    A, a_desc, b_desc, BIAS, off_m, off_n, rows64, cols, col_ok, mask, K, stride_a, MODE: tl.constexpr,
+    HAS_GEMM: tl.constexpr, B_TRANS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
     """The fp32 tile the norm acts on: z = A·B + bias (forward), g = A·B or A (backward)."""
     if HAS_GEMM:
         v = _gemm_tile(a_desc, b_desc, off_m, off_n, K, B_TRANS, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES)
@@ -96,31 +72,10 @@ def _tile_value(
 
 @triton.jit
 def _update(
-    v,
-    mask,
-    cols,
-    col_ok,
-    rows64,
-    off_n,
-    is_first,
-    count,
-    mean,
-    acc1,
-    acc2,
-    shift,
-    rstat,
-    N,
-    GAMMA,
-    AUX,
-    PART_ROW,
-    part_plane,
-    stride_aux,
-    MODE: tl.constexpr,
-    HAS_GAMMA: tl.constexpr,
-    AUX_RAW: tl.constexpr,
-    WEIGHT_GRADS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+    v, mask, cols, col_ok, rows64, off_n, is_first, count, mean, acc1, acc2, shift, rstat, N, GAMMA, AUX,
+    PART_ROW, part_plane, stride_aux, MODE: tl.constexpr, HAS_GAMMA: tl.constexpr, AUX_RAW: tl.constexpr,
+    WEIGHT_GRADS: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
     """Merges one tile into the running row statistics; returns them and the tile to stage."""
     if MODE == 4:
         staged = v
@@ -157,32 +112,10 @@ def _update(
 
 @triton.jit
 def _emit(
-    w,
-    mask,
-    cols,
-    col_ok,
-    rows64,
-    mean,
-    shift,
-    rstat,
-    mean_g,
-    mean_gx,
-    GAMMA,
-    BETA,
-    AUX,
-    OUT,
-    XHAT,
-    PART_ROW,
-    part_plane,
-    stride_aux,
-    stride_out,
-    MODE: tl.constexpr,
-    HAS_GAMMA: tl.constexpr,
-    HAS_BETA: tl.constexpr,
-    SAVE_XHAT: tl.constexpr,
-    AUX_RAW: tl.constexpr,
-    BIAS_GRAD: tl.constexpr,
-):
+    w, mask, cols, col_ok, rows64, mean, shift, rstat, mean_g, mean_gx, GAMMA, BETA, AUX, OUT, XHAT,
+    PART_ROW, part_plane, stride_aux, stride_out, MODE: tl.constexpr, HAS_GAMMA: tl.constexpr,
+    HAS_BETA: tl.constexpr, SAVE_XHAT: tl.constexpr, AUX_RAW: tl.constexpr, BIAS_GRAD: tl.constexpr,
+):  # fmt: skip
     """Normalises one staged tile (forward: y and optionally x̂; backward: dz) and stores it."""
     out_ptrs = OUT + rows64[:, None] * stride_out + cols[None, :]
     if MODE == 4:
@@ -215,43 +148,13 @@ def _emit(
 
 @triton.jit
 def rownorm_kernel(
-    A,
-    B,
-    BIAS,
-    GAMMA,
-    BETA,
-    AUX,
-    OUT,
-    XHAT,
-    STAT1,
-    STAT2,
-    PART,
-    M,
-    N,
-    K,
-    eps,
-    part_plane,
-    stride_a,
-    stride_b,
-    stride_aux,
-    stride_out,
-    MODE: tl.constexpr,
-    HAS_GEMM: tl.constexpr,
-    B_TRANS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_GAMMA: tl.constexpr,
-    HAS_BETA: tl.constexpr,
-    SAVE_XHAT: tl.constexpr,
-    AUX_RAW: tl.constexpr,
-    WEIGHT_GRADS: tl.constexpr,
-    BIAS_GRAD: tl.constexpr,
-    SINGLE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    A, B, BIAS, GAMMA, BETA, AUX, OUT, XHAT, STAT1, STAT2, PART, M, N, K, eps, part_plane, stride_a,
+    stride_b, stride_aux, stride_out, MODE: tl.constexpr, HAS_GEMM: tl.constexpr, B_TRANS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr, SAVE_XHAT: tl.constexpr,
+    AUX_RAW: tl.constexpr, WEIGHT_GRADS: tl.constexpr, BIAS_GRAD: tl.constexpr, SINGLE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     FLATTEN: tl.constexpr,
-):
+):  # fmt: skip
     pid = tl.program_id(0)
     off_m = pid * BLOCK_M
     rows = off_m + tl.arange(0, BLOCK_M)
@@ -280,81 +183,19 @@ def rownorm_kernel(
         col_ok = cols < N
         mask = row_ok[:, None] & col_ok[None, :]
         v = _tile_value(
-            A,
-            a_desc,
-            b_desc,
-            BIAS,
-            off_m,
-            0,
-            rows64,
-            cols,
-            col_ok,
-            mask,
-            K,
-            stride_a,
-            MODE,
-            HAS_GEMM,
-            B_TRANS,
-            HAS_BIAS,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            NUM_STAGES,
-        )
+            A, a_desc, b_desc, BIAS, off_m, 0, rows64, cols, col_ok, mask, K, stride_a, MODE, HAS_GEMM,
+            B_TRANS, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES,
+        )  # fmt: skip
         count, mean, acc1, acc2, shift, w = _update(
-            v,
-            mask,
-            cols,
-            col_ok,
-            rows64,
-            0,
-            True,
-            count,
-            mean,
-            acc1,
-            acc2,
-            shift,
-            rstat,
-            N,
-            GAMMA,
-            AUX,
-            part_row,
-            part_plane,
-            stride_aux,
-            MODE,
-            HAS_GAMMA,
-            AUX_RAW,
-            WEIGHT_GRADS,
-            BLOCK_N,
-        )
+            v, mask, cols, col_ok, rows64, 0, True, count, mean, acc1, acc2, shift, rstat, N, GAMMA, AUX,
+            part_row, part_plane, stride_aux, MODE, HAS_GAMMA, AUX_RAW, WEIGHT_GRADS, BLOCK_N,
+        )  # fmt: skip
         rstat = _finish_stats(acc1, mean, rstat, rows, row_ok, nf, eps, STAT1, STAT2, MODE)
         _emit(
-            w,
-            mask,
-            cols,
-            col_ok,
-            rows64,
-            mean,
-            shift,
-            rstat,
-            acc1 / nf,
-            acc2 / nf,
-            GAMMA,
-            BETA,
-            AUX,
-            OUT,
-            XHAT,
-            part_row,
-            part_plane,
-            stride_aux,
-            stride_out,
-            MODE,
-            HAS_GAMMA,
-            HAS_BETA,
-            SAVE_XHAT,
-            AUX_RAW,
-            BIAS_GRAD,
-        )
+            w, mask, cols, col_ok, rows64, mean, shift, rstat, acc1 / nf, acc2 / nf, GAMMA, BETA, AUX, OUT,
+            XHAT, part_row, part_plane, stride_aux, stride_out, MODE, HAS_GAMMA, HAS_BETA, SAVE_XHAT,
+            AUX_RAW, BIAS_GRAD,
+        )  # fmt: skip
     else:
         # phase 1: statistics, tiles staged in OUT (except a backward without GEMM: dy is re-read)
         for j in tl.range(0, tl.cdiv(N, BLOCK_N), flatten=FLATTEN):
@@ -363,53 +204,14 @@ def rownorm_kernel(
             col_ok = cols < N
             mask = row_ok[:, None] & col_ok[None, :]
             v = _tile_value(
-                A,
-                a_desc,
-                b_desc,
-                BIAS,
-                off_m,
-                off_n,
-                rows64,
-                cols,
-                col_ok,
-                mask,
-                K,
-                stride_a,
-                MODE,
-                HAS_GEMM,
-                B_TRANS,
-                HAS_BIAS,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                NUM_STAGES,
-            )
+                A, a_desc, b_desc, BIAS, off_m, off_n, rows64, cols, col_ok, mask, K, stride_a, MODE,
+                HAS_GEMM, B_TRANS, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES,
+            )  # fmt: skip
             count, mean, acc1, acc2, shift, staged = _update(
-                v,
-                mask,
-                cols,
-                col_ok,
-                rows64,
-                off_n,
-                j == 0,
-                count,
-                mean,
-                acc1,
-                acc2,
-                shift,
-                rstat,
-                N,
-                GAMMA,
-                AUX,
-                part_row,
-                part_plane,
-                stride_aux,
-                MODE,
-                HAS_GAMMA,
-                AUX_RAW,
-                WEIGHT_GRADS,
+                v, mask, cols, col_ok, rows64, off_n, j == 0, count, mean, acc1, acc2, shift, rstat, N,
+                GAMMA, AUX, part_row, part_plane, stride_aux, MODE, HAS_GAMMA, AUX_RAW, WEIGHT_GRADS,
                 BLOCK_N,
-            )
+            )  # fmt: skip
             if MODE < 2 or HAS_GEMM:
                 tl.store(
                     OUT + rows64[:, None] * stride_out + cols[None, :],
@@ -433,32 +235,10 @@ def rownorm_kernel(
                         * _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)[None, :]
                     )
                 _emit(
-                    w,
-                    mask,
-                    cols,
-                    col_ok,
-                    rows64,
-                    mean,
-                    shift,
-                    rstat,
-                    acc1 / nf,
-                    acc2 / nf,
-                    GAMMA,
-                    BETA,
-                    AUX,
-                    OUT,
-                    XHAT,
-                    part_row,
-                    part_plane,
-                    stride_aux,
-                    stride_out,
-                    MODE,
-                    HAS_GAMMA,
-                    HAS_BETA,
-                    SAVE_XHAT,
-                    AUX_RAW,
-                    BIAS_GRAD,
-                )
+                    w, mask, cols, col_ok, rows64, mean, shift, rstat, acc1 / nf, acc2 / nf, GAMMA, BETA,
+                    AUX, OUT, XHAT, part_row, part_plane, stride_aux, stride_out, MODE, HAS_GAMMA,
+                    HAS_BETA, SAVE_XHAT, AUX_RAW, BIAS_GRAD,
+                )  # fmt: skip
 
 
 @triton.jit
