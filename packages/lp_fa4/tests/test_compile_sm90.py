@@ -30,6 +30,7 @@ JOBS = {
     "fwd-d64-causal-softcap-sink": _job(
         "fwd_kernel", FWD_T, 64, GPU_TILES["fwd"], **(FWD_EXTRA | dict(HAS_SINK=True)), SOFTCAP=True
     ),
+    "fwd-d128-tma": _job("fwd_kernel", FWD_T, 128, GPU_TILES["fwd"], **(FWD_EXTRA | dict(USE_TMA=True))),
     "fwd-d128-paged": _job(
         "fwd_kernel", FWD_T, 128, GPU_TILES["fwd"], **(FWD_EXTRA | dict(PAGED=True, PAGE_SIZE=64))
     ),
@@ -53,3 +54,5 @@ def test_compiles_for_sm90_with_wgmma(name, counts):
         assert c["local_memory"] == 0, f"{name}: {c['local_memory']} local-memory accesses (spills)"
     if name.endswith("atomic"):
         assert c["atomic_add"] > 0
+    if name.endswith("tma"):
+        assert c["tma"] > 0, f"{name}: no TMA loads"

@@ -6,12 +6,15 @@ Varlen: B = 1152, H = 4, D = 128, max length 512..2048, sparsity 1.0 / 0.5 (the 
 FLOPs = 4·H·D·Σ Lq·Lk forward (halved for causal, exact per sequence), x2.5 backward, for every
 provider, so padded peers are credited with useful work only.
 
-Providers: ours (the portable Triton kernels), FA4 CuTe (when ``flash_attn.cute`` imports), cuDNN and
-flash through torch SDPA (dense; padded for varlen).
+Providers: ours (the portable Triton kernels; ``--variants`` adds ours[tma], the forward with TMA
+descriptor loads, and ours[dq-atomic], the backward with atomic dQ), FA4 CuTe (when
+``flash_attn.cute`` imports), cuDNN and flash through torch SDPA (dense; padded for varlen).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 import torch
@@ -56,6 +59,15 @@ class Bench:
                 del out
         torch.cuda.empty_cache()
 
+    def variants(self, op, shape, ours, flop) -> None:
+        """--variants: ours[tma] (LP_FA4_TMA=1 forward) and ours[dq-atomic] (LP_FA4_DQ=atomic backward)."""
+        if not self.args.variants:
+            return
+        with _env(LP_FA4_TMA="1"):
+            self.fwd_bwd(op, "ours[tma]", shape, ours, flop, grad=False)
+        with _env(LP_FA4_DQ="atomic"):
+            self.fwd_bwd(op, "ours[dq-atomic]", shape, ours, flop)
+
     def dense(self, b: int, s: int, h: int, d: int, causal: bool) -> None:
         from ads_kernel_tools.bench import flops, peers
 
@@ -76,6 +88,7 @@ class Bench:
             return (out, ls) if grad else out
 
         self.fwd_bwd(op, "ours", shape, ours, flop)
+        self.variants(op, shape, ours, flop)
         fa4 = peers.fa4()
         if fa4 is not None:
 
@@ -122,6 +135,7 @@ class Bench:
             return (out, ls) if grad else out
 
         self.fwd_bwd(op, "ours", shape, ours, flop)
+        self.variants(op, shape, ours, flop)
         fa4 = peers.fa4()
         if fa4 is not None:
 
@@ -153,12 +167,28 @@ class Bench:
             self.fwd_bwd(op, "sdpa-cudnn(padded)", shape, padded, flop)
 
 
+@contextlib.contextmanager
+def _env(**values: str):
+    """Environment switches for one provider's rows, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main(argv: list[str] | None = None) -> int:
     from ads_kernel_tools.bench import cli, peers
 
     prog = "python -m lp_fa4.bench"
     ap = cli.parser(prog, __doc__.splitlines()[0])
     ap.add_argument("--dense-only", action="store_true", help="skip the varlen rows")
+    ap.add_argument("--variants", action="store_true", help="also time ours[tma] and ours[dq-atomic]")
     args = ap.parse_args(argv)
     if args.demo:
         from ._demo import demo

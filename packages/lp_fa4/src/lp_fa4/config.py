@@ -4,6 +4,8 @@ Env:
     LP_FA4_DQ=pass|atomic  how the backward forms dQ when ``deterministic=False``: ``pass`` (default) a
         second kernel per query tile (bitwise repeatable, recomputes P), ``atomic`` fp32 atomics from
         the dK/dV kernel plus a cast. ``deterministic=True`` always takes ``pass``.
+    LP_FA4_TMA=1  forward K/V loads through per-sequence TMA tensor descriptors (sm90+, not paged,
+        16-byte aligned rows) instead of pointer loads. Opt-in: not timed on a GPU yet.
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
         default: the hot path never syncs.
@@ -29,6 +31,10 @@ def interpreter_active() -> bool:
 
 def check_inputs() -> bool:
     return _flag("ADS_CHECK_INPUTS")
+
+
+def fwd_tma() -> bool:
+    return _flag("LP_FA4_TMA")
 
 
 def dq_mode(deterministic: bool) -> str:

@@ -17,6 +17,7 @@ def fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_USED_Q: tl.constexpr, HAS_USED_K: tl.constexpr, PAGED: tl.constexpr, HAS_SINK: tl.constexpr,
     SOFTCAP: tl.constexpr, TOP_LEFT: tl.constexpr, BROADCAST_Q: tl.constexpr, LSE_PER_SEQ: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
 ):  # fmt: skip
     """O (TO, H, D_V) and LSE: rows [rows, slot_q) of each sequence get 0 / -inf; rows past slot_q
     belong to the next sequence and are not touched. LSE_PER_SEQ: LSE row r of sequence b lives at
@@ -48,15 +49,24 @@ def fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    if USE_TMA:
+        # per-sequence descriptors: rows past k_len and columns past D read as zeros, so the
+        # descriptor itself keeps every load inside the sequence (not paged: PAGED is False here)
+        n_rows = tl.maximum(k_len, 1)
+        k_base = K + k0 * stride_kt + hk * stride_kh
+        v_base = V + k0 * stride_vt + hk * stride_vh
+        k_desc = tl.make_tensor_descriptor(k_base, [n_rows, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, [n_rows, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV])
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_ok = offs_n < k_len
-        koff = key_rows(K, PT, b, offs_n, k0, k_len, spt_b, stride_kp, stride_kt, NUM_PAGES, MAX_PAGES,
-                        PAGED, PAGE_SIZE)  # fmt: skip
-        voff = key_rows(V, PT, b, offs_n, k0, k_len, spt_b, stride_vp, stride_vt, NUM_PAGES, MAX_PAGES,
-                        PAGED, PAGE_SIZE)  # fmt: skip
-        kt = tl.load(K + koff[None, :] + hk * stride_kh + offs_d[:, None],
-                     mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
+        if USE_TMA:
+            kt = tl.trans(k_desc.load([start_n, 0]))
+        else:
+            koff = key_rows(K, PT, b, offs_n, k0, k_len, spt_b, stride_kp, stride_kt, NUM_PAGES, MAX_PAGES,
+                            PAGED, PAGE_SIZE)  # fmt: skip
+            kt = tl.load(K + koff[None, :] + hk * stride_kh + offs_d[:, None],
+                         mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
         s2, _t = scores(tl.dot(q, kt), qk_scale2, cap_in, cap_out2, SOFTCAP)
         if not tile_is_full(start_m, start_n, k_len, off, win_left, win_right, BLOCK_M, BLOCK_N):
             s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
@@ -66,8 +76,13 @@ def fwd_kernel(
         p = tl.exp2(s2 - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + voff[:, None] + hk * stride_vh + offs_dv[None, :],
-                    mask=k_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
+        if USE_TMA:
+            v = v_desc.load([start_n, 0])
+        else:
+            voff = key_rows(V, PT, b, offs_n, k0, k_len, spt_b, stride_vp, stride_vt, NUM_PAGES, MAX_PAGES,
+                            PAGED, PAGE_SIZE)  # fmt: skip
+            v = tl.load(V + voff[:, None] + hk * stride_vh + offs_dv[None, :],
+                        mask=k_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 

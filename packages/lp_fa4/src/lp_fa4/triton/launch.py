@@ -36,6 +36,25 @@ class Problem:
         return self.scale * LOG2E, cap_in, cap * LOG2E, self.win_left, self.win_right
 
 
+def _tma_ok(k: torch.Tensor, v: torch.Tensor, paged: bool) -> bool:
+    """Per-sequence TMA descriptors over K/V rows: opted in, not paged, on sm90+ (or the interpreter,
+    which runs descriptors in software), rows and head offsets 16-byte aligned."""
+    if not cfg.fwd_tma() or paged:
+        return False
+    if not cfg.interpreter_active():
+        if k.device.type != "cuda" or torch.cuda.get_device_capability(k.device)[0] < 9:
+            return False
+    for t in (k, v):
+        e = t.element_size()
+        if t.data_ptr() % 16 or (t.stride(0) * e) % 16 or (t.stride(1) * e) % 16 or (t.shape[-1] * e) % 16:
+            return False
+    return True
+
+
+def _scratch(size: int, align: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _pad(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
@@ -64,6 +83,11 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
     else:
         stride_lb, stride_lh = 0, lse.stride(0)
     dummy = cu_q
+    use_tma = _tma_ok(k, v, paged)
+    if use_tma and not cfg.interpreter_active():
+        # device-side descriptors need scratch from a Triton allocator; it lives in a ContextVar,
+        # so it is set per launch (autograd runs backward on another thread)
+        triton.set_allocator(_scratch)
     grid = (n_b * h, triton.cdiv(pb.max_q, tile.block_m))
     fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k if cu_k is not None else dummy,
@@ -75,7 +99,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
         D_QK=d, D_V=dv, BLOCK_D=_pad(d), BLOCK_DV=_pad(dv), PAGE_SIZE=page_size,
         HAS_USED_Q=used_q is not None, HAS_USED_K=used_k is not None, PAGED=paged,
         HAS_SINK=sink is not None, SOFTCAP=pb.softcap > 0, TOP_LEFT=pb.top_left,
-        BROADCAST_Q=pb.broadcast_q, LSE_PER_SEQ=lse_dense, **tile.launch(),
+        BROADCAST_Q=pb.broadcast_q, LSE_PER_SEQ=lse_dense, USE_TMA=use_tma, **tile.launch(),
     )  # fmt: skip
 
 
