@@ -122,7 +122,7 @@ def test_flop_formula(device):
 
 def test_traffic_estimate():
     """The numbers BENCHMARKS.md quotes (N = 512 bf16 features)."""
-    assert costs.traffic_per_token(512, fused=False, backward=False) == 20 * 1024 + 12
-    assert costs.traffic_per_token(512, fused=True, backward=False) == 12 * 1024 + 12
-    assert costs.traffic_per_token(512, fused=False, backward=True) == 18 * 1024 + 12
-    assert costs.traffic_per_token(512, fused=True, backward=True) == 16 * 1024 + 12
+    assert costs.traffic_per_token(512, fused=False, backward=False) == 10 * 1024 + 12
+    assert costs.traffic_per_token(512, fused=True, backward=False) == 6 * 1024 + 12
+    assert costs.traffic_per_token(512, fused=False, backward=True) == 9 * 1024 + 12
+    assert costs.traffic_per_token(512, fused=True, backward=True) == 8 * 1024 + 12

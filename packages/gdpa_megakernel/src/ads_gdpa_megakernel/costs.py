@@ -40,17 +40,17 @@ def flops(t: int, h: int, d: int, pairs: int, *, layer_norm: bool, q_residual: b
 
 def traffic_per_token(n: int, *, elem: int = 2, fused: bool, backward: bool) -> int:
     """Bytes per token moved outside the attention by the full chain (LayerNorm, + q, RMSNorm with
-    weight, + residual) in training: ``fused`` = this package's three kernels per direction, else the
-    unfused stack with one kernel per op (the eager lower bound: a composite norm launches more).
+    weight, + residual) in training, counted in passes over a (T, N) tensor of ``elem``-byte values
+    plus 12 B of fp32 statistics (LayerNorm mean/rstd, rrms; saved by both). ``fused`` = this
+    package's kernels, else the unfused stack with one kernel per op (the lower bound for eager
+    PyTorch, whose composite norms launch more).
 
-    Forward, unfused: LN (read q, write q_ln, 8 B stats) + add (read a, q_ln, write y) + RMSNorm
-    (read y, write z, 4 B) + add (read z, r, write out) = 20 N·elem + 12.
-    Forward, fused: LN prologue (read q, write q_ln, stats) + epilogue (read a, q_ln, r, write out,
-    rrms) = 12 N·elem + 12; y and z are never written.
-    Backward, unfused: RMSNorm bwd (read dz, y, write dy) + autograd's sum dq_gdpa + dy (read two,
-    write one) + LN bwd (read dq_ln, q, write dq) = 18 N·elem + 12 (the residual adds pass dout on).
-    Backward, fused: epilogue bwd (read dout, a, q_ln, write dy) + q bwd (read dq_gdpa, dy, q, write
-    dq) = 16 N·elem + 12.
+    Forward, unfused (10 passes): LN (read q, write q_ln) + add (read a, q_ln, write y) + RMSNorm
+    (read y, write z) + add (read z, r, write out). Fused (6): LN prologue (read q, write q_ln) +
+    epilogue (read a, q_ln, r, write out); y and z are never written.
+    Backward, unfused (9): RMSNorm bwd (read dz, y, write dy) + autograd's sum dq_gdpa + dy (read
+    two, write one) + LN bwd (read dq_ln, q, write dq); the residual adds pass dout on. Fused (8):
+    epilogue bwd (read dout, a, q_ln, write dy) + q bwd (read dq_gdpa, dy, q, write dq).
     """
-    units = (16 if fused else 18) if backward else (12 if fused else 20)
-    return units * n * elem + 12
+    passes = (8 if fused else 9) if backward else (6 if fused else 10)
+    return passes * n * elem + 12
