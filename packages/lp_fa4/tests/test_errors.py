@@ -138,3 +138,12 @@ def test_bad_jagged_inputs():
         jagged_attention(q, k, v, cu, cu, 5, window_size=-1)
     with pytest.raises(ValueError, match="2 entries"):
         jagged_attention(q, k, v, cu, cu, 5, broadcast_q=True)
+
+
+def test_cpu_tensors_without_interpreter(monkeypatch):
+    """Off the interpreter, CPU tensors are a ValueError, raised after every argument check."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="CUDA device"):
+        flash_attn_func(*_dense())
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        flash_attn_func(*_dense(h=3, hk=2))

@@ -54,10 +54,6 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, q_dims: int, kv_dims: int) -> No
         raise ValueError(f"lp_fa4: q must be bfloat16 or float16, got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"lp_fa4: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.device.type != "cuda" and not cfg.interpreter_active():
-        raise ValueError(
-            f"lp_fa4: tensors must be on a CUDA device (or run under TRITON_INTERPRET=1), got {q.device}"
-        )
     if not (q.device == k.device == v.device):
         raise ValueError(f"lp_fa4: q, k, v on different devices: {q.device}, {k.device}, {v.device}")
     d, dv = q.shape[-1], v.shape[-1]
@@ -73,6 +69,14 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, q_dims: int, kv_dims: int) -> No
         raise ValueError(f"lp_fa4: q heads ({h}) must be a multiple of kv heads ({hkv})")
     if k.shape[:-2] != v.shape[:-2]:
         raise ValueError(f"lp_fa4: k and v disagree on tokens: {tuple(k.shape)} vs {tuple(v.shape)}")
+
+
+def _check_runnable(q: Tensor) -> None:
+    """The last check before a launch (after every argument check, so those report first)."""
+    if q.device.type != "cuda" and not cfg.interpreter_active():
+        raise ValueError(
+            f"lp_fa4: tensors must be on a CUDA device (or run under TRITON_INTERPRET=1), got {q.device}"
+        )
 
 
 def _check_sink(sink: Tensor | None, h: int, device) -> None:

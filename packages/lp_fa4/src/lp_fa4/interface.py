@@ -20,6 +20,7 @@ from ._checks import (
     _check_pack_gqa,
     _check_paged,
     _check_qkv,
+    _check_runnable,
     _check_sink,
     _check_splits,
     _host_checks,
@@ -76,6 +77,7 @@ def _run(
     zero_fill=False,
     deterministic=False,
 ):
+    _check_runnable(q3)
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
     zero_fill = zero_fill or sink is not None
     return _ops.fwd_op(
