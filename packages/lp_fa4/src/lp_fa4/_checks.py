@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from ads_kernel_tools.offsets import validate_offsets
+
 from . import config as cfg
 from .triton.launch import BIG
 
@@ -155,21 +157,9 @@ def _host_checks(
     for name, cu, rows, mx in (("cu_seqlens_q", cu_q, q_rows, max_q), ("cu_seqlens_k", cu_k, k_rows, max_k)):
         if cu is None:
             continue
-        h = cu.detach().to("cpu", torch.int64)
-        lens = h[1:] - h[:-1]
-        if h.numel() and (int(h[0]) < 0 or int(h[-1]) > rows):
-            raise ValueError(
-                f"lp_fa4: {name} spans [{int(h[0])}, {int(h[-1])}] but the tensor has {rows} rows"
-            )
-        if lens.numel() and int(lens.min()) < 0:
-            raise ValueError(f"lp_fa4: {name} must be non-decreasing, got {h[:8].tolist()}")
-        if (
-            lens.numel()
-            and mx is not None
-            and int(lens.max()) > mx
-            and not (broadcast_q and name.endswith("q"))
-        ):
-            raise ValueError(f"lp_fa4: a sequence in {name} has {int(lens.max())} rows > max_seqlen {mx}")
+        bound = None if broadcast_q and name.endswith("q") else mx
+        max_name = "max_seqlen_" + name[-1]
+        validate_offsets(name, cu, rows, max_len=bound, max_name=max_name, prefix="lp_fa4: ")
     for name, used in (("seqused_q", used_q), ("seqused_k", used_k)):
         if used is not None and used.numel() and int(used.min()) < 0:
             raise ValueError(f"lp_fa4: {name} has negative entries")

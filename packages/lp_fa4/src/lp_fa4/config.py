@@ -30,7 +30,9 @@ def interpreter_active() -> bool:
 
 
 def check_inputs() -> bool:
-    return _flag("ADS_CHECK_INPUTS")
+    from ads_kernel_tools.offsets import check_inputs_enabled
+
+    return check_inputs_enabled()
 
 
 def fwd_tma() -> bool:
