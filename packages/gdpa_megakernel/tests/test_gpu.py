@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 LENS = jagged_lengths(6, 700, 0.5, seed=3) + [0, 1, 127, 128, 129]
 
 
-@pytest.mark.parametrize("act", ["fast_gelu", "silu", "gelu"])
+@pytest.mark.parametrize("act", ["fast_gelu", "silu"])
 def test_all_options_real_size(act):
     check(Case(lengths=LENS, heads=4, heads_kv=2, dim=128, activation=act, scale=1.0 / 256), "cuda")
 
