@@ -147,3 +147,13 @@ def test_cpu_tensors_without_interpreter(monkeypatch):
         flash_attn_func(*_dense())
     with pytest.raises(ValueError, match="multiple of kv heads"):
         flash_attn_func(*_dense(h=3, hk=2))
+
+
+def test_check_inputs_with_seqused(monkeypatch):
+    """With seqused, max_seqlen bounds the used prefixes, not the slots."""
+    monkeypatch.setenv("ADS_CHECK_INPUTS", "1")
+    q, k, v, cu = _varlen()  # slots of 3 and 5 rows
+    used = torch.tensor([2, 2], dtype=torch.int32)
+    flash_attn_varlen_func(q, k, v, cu, cu, 2, 2, seqused_q=used, seqused_k=used)
+    with pytest.raises(ValueError, match="seqused_q"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 1, 2, seqused_q=used, seqused_k=used)

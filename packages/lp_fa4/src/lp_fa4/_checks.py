@@ -157,12 +157,19 @@ def _host_checks(
     for name, cu, rows, mx in (("cu_seqlens_q", cu_q, q_rows, max_q), ("cu_seqlens_k", cu_k, k_rows, max_k)):
         if cu is None:
             continue
-        bound = None if broadcast_q and name.endswith("q") else mx
+        used = used_q if name.endswith("q") else used_k
+        # with seqused the sequences are the used prefixes: max_seqlen bounds those, not the slots
+        bound = None if (broadcast_q and name.endswith("q")) or used is not None else mx
         max_name = "max_seqlen_" + name[-1]
         validate_offsets(name, cu, rows, max_len=bound, max_name=max_name, prefix="lp_fa4: ")
-    for name, used in (("seqused_q", used_q), ("seqused_k", used_k)):
-        if used is not None and used.numel() and int(used.min()) < 0:
+    for name, used, mx in (("seqused_q", used_q, max_q), ("seqused_k", used_k, max_k)):
+        if used is None or not used.numel():
+            continue
+        lo, hi = int(used.min()), int(used.max())
+        if lo < 0:
             raise ValueError(f"lp_fa4: {name} has negative entries")
+        if mx is not None and hi > mx:
+            raise ValueError(f"lp_fa4: {name} has {hi} > max_seqlen_{name[-1]}={mx}")
     if page_table is not None and page_table.numel():
         lo, hi = int(page_table.min()), int(page_table.max())
         if lo < 0 or hi >= n_pages:

@@ -228,7 +228,8 @@ def flash_attn_varlen_func(
     ``page_table`` int32 (B, max_pages) (sequence b's key j lives in page page_table[b, j //
     page_size]; forward only; its length is seqused_k[b], else max_pages·page_size).
     ``seqused_q/k`` (B,) shorten each sequence to its first entries: query rows past seqused_q give
-    out 0 / lse -inf, keys past seqused_k are ignored and get zero dK/dV. ``max_seqlen_q/k`` bound the
+    out 0 / lse -inf (within the first max_seqlen_q rows of the slot; later slot rows are not
+    written), keys past seqused_k are ignored and get zero dK/dV. ``max_seqlen_q/k`` bound the
     longest sequence (omitted: read from the offsets, one device sync). ``broadcast_q``: the one query
     sequence (cu_seqlens_q = [0, Lq]) attends to each of the B kv sequences; out (B·Lq, H, Dv), dQ
     summed over the batch. Returns ``(out, lse)``: out (Tq, H, Dv), lse (H, Tq) fp32 natural log (for
