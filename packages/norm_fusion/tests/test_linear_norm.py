@@ -10,7 +10,8 @@ from _cases import DEVICE, Case, check, inputs, linear_norm_torch, ref_and_basel
 from ads_norm_fusion import linear_layernorm, linear_rmsnorm, rmsnorm_linear
 
 BF16, FP16 = torch.bfloat16, torch.float16
-# interpreter tiles are 32 wide: 80 and 1040 cross several column tiles with a masked tail, 16/32 fit one
+# interpreter tiles are 32 wide: 80 and 1040 cross several column tiles with a masked tail, 16/32 fit one;
+# the norm backward takes its register-row kernel up to N = 64 there, the two-phase fallback above
 CPU_CASES = [
     Case(37, 48, 80),
     Case(1, 32, 32, FP16),
@@ -26,6 +27,7 @@ GPU_CASES = [
     Case(1000, 768, 768),
     Case(777, 1040, 1040),
     Case(300, 256, 8192, BF16),
+    Case(70, 64, 16400, FP16),  # wider than the register-row norm backward: its two-phase fallback
     Case(129, 4096, 2048, FP16, bias=False),
     Case(513, 1024, 256, BF16, affine=False, norm_bias=False),
 ]
