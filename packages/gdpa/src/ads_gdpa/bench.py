@@ -6,7 +6,10 @@ dense (4, 16, 4096, 128). FLOPs = 4·H·D·Σ Lq·Lk forward, x2.5 backward (spe
 so padded peers are credited with useful work only.
 
 Providers: ours (default dispatch: the warp-specialised Gluon forward and backward on Hopper where
-they support the call, else Triton), ours[triton] (the portable Triton kernels); naive
+they support the call, else Triton), ours[triton] (the portable Triton kernels); ours[fp8] and
+ours[fp8,triton] (self-attention rows, forward only: e4m3 inputs quantised with per-head amax
+descales, bf16 out, scale 1/max_len as upstream; the note gives the relative error against the fp32
+GDPA of the dequantised inputs on the first sequences); naive
 PyTorch GDPA (padded, eager and torch.compile; skipped where the S×S scores would not fit); FA4
 CuTe varlen and cuDNN SDPA (softmax attention: speed references only).
 """
@@ -111,6 +114,8 @@ class Bench:
         self._fwd_bwd(op, "ours", shape, ours, flop)
         with _env(ADS_GDPA_BACKEND="triton"):
             self._fwd_bwd(op, "ours[triton]", shape, ours, flop)
+        if op.startswith("self"):
+            self._fp8_rows(op, shape, (q, k, v), (cu_q, cu_k, hq, hk), mq, mk, flop)
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
             with _env(ADS_GDPA_BWD_BACKEND="gluon"):
@@ -151,6 +156,42 @@ class Bench:
             why = "skipped: the padded S×S scores would not fit (or --quick)"
             peers.note(f"torch-naive {op} {shape}", why)
         self._softmax_peers(op, shape, q, k, v, lq, lk, cu_q, cu_k, flop)
+        torch.cuda.empty_cache()
+
+    def _fp8_rows(self, op, shape, qkv, offsets, mq, mk, flop) -> None:
+        """FP8 forward rows, each with its accuracy: quantised as users do (per-head amax / 448)."""
+        from ads_kernel_tools.bench import peers
+        from ads_kernel_tools.reference.gdpa import gdpa_ref
+        from ads_kernel_tools.tolerance import rel_norm_error
+
+        from . import gdpa_varlen
+
+        cu_q, cu_k, hq, hk = offsets
+        fp8, descale = [], []
+        for x in qkv:
+            ds = (x.float().abs().amax(dim=(0, 2)) / 448.0).clamp_min(1e-12)
+            fp8.append((x.float() / ds[None, :, None]).to(torch.float8_e4m3fn))
+            descale.append(ds)
+        scale = 1.0 / mq
+        # accuracy on the first sequences (the reference materialises their S×S scores)
+        n_seq = min(4, len(hq) - 1)
+        rq, rk = hq[n_seq], hk[n_seq]
+        deq = [
+            (x.float() * ds[None, :, None])[: (rq if i == 0 else rk)]
+            for i, (x, ds) in enumerate(zip(fp8, descale))
+        ]
+        sub_q, sub_k = cu_q[: n_seq + 1], cu_k[: n_seq + 1]
+        ref = gdpa_ref(*deq, sub_q, sub_k, mq, mk, activation="fast_gelu", scale=scale)
+
+        def run():
+            return gdpa_varlen(*fp8, cu_q, cu_k, mq, mk, activation="fast_gelu", scale=scale,
+                               q_descale=descale[0], k_descale=descale[1], v_descale=descale[2],
+                               cu_seqlens_q_cpu=hq, cu_seqlens_k_cpu=hk)  # fmt: skip
+
+        for provider, env in (("ours[fp8]", {}), ("ours[fp8,triton]", {"ADS_GDPA_BACKEND": "triton"})):
+            with _env(**env), peers.skip_on_error(provider):
+                err = rel_norm_error(run()[:rq], ref)
+                self._add(op, provider, "fwd", shape, self._time(run), flop, note=f"rel err {err:.3f}")
         torch.cuda.empty_cache()
 
     def _softmax_peers(self, op, shape, q, k, v, lq, lk, cu_q, cu_k, flop) -> None:

@@ -25,8 +25,6 @@ Rows of a sequence at or beyond min(Lq_b, max_seqlen_q) are written as zeros; no
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -318,15 +316,14 @@ def _ws_consumer(
                     mbarrier.arrive(k_empty.index(s), count=1)
                     mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k == 1)
                     if FP8:
-                        # Each step makes its P and issues that P·V: a P carried into the next step
-                        # lives as separate bytes there (repacked before the GEMM, ~200 instructions
-                        # a step), and Triton 3.6 cannot make 8-bit registers a wgmma wait's
-                        # dependency. So a step first retires the previous P·V (whose P registers the
-                        # new P overwrites; ptxas waits there anyway, see ``gdpa_fwd_gluon``).
+                        # Each step makes its P and issues that P·V with the next S: a P carried into
+                        # the next step lives as separate bytes there (repacked before the GEMM, ~200
+                        # instructions a step), and Triton 3.6 cannot make 8-bit registers a wgmma
+                        # wait's dependency, so the step retires its P·V before P is rewritten (the
+                        # 16-bit schedule's activation does not run under that GEMM either: ptxas
+                        # waits for it, see ``gdpa_fwd_gluon``).
+                        acc_t = warpgroup_mma_wait(0, deps=(acc,))
                         for j in range(n_k - 1):
-                            acc_t = warpgroup_mma_wait(0, deps=(acc,))
-                            prev = (it + j + STAGES - 1) % STAGES
-                            mbarrier.arrive(v_empty.index(prev), count=1, pred=j > 0)
                             y = _ws_mask_fp8(sacc, cols2, j, lk, d, BN, ACT)
                             p, m_row, alpha = row_scaled_p(y, m_row, p_layout, in_dtype, RELABEL)
                             # the sum so far into the units of the new row maximum
@@ -345,11 +342,12 @@ def _ws_consumer(
                             nturn += 1
                             sacc = warpgroup_mma_wait(1, deps=(sacc,))
                             mbarrier.arrive(k_empty.index(sk), count=1)
+                            # P_j·V retires inside its step: a wgmma still in flight across the loop's
+                            # back edge makes ptxas serialise every wgmma of the kernel
+                            acc_t = warpgroup_mma_wait(0, deps=(acc,))
+                            mbarrier.arrive(v_empty.index(sv), count=1)
                         mbarrier.arrive(q_empty.index(qb), count=1, pred=n_k > 1)
                         # Last step: its P·V only.
-                        acc_t = warpgroup_mma_wait(0, deps=(acc,))
-                        prev = (it + n_k + STAGES - 2) % STAGES
-                        mbarrier.arrive(v_empty.index(prev), count=1, pred=n_k > 1)
                         y = _ws_mask_fp8(sacc, cols2, n_k - 1, lk, d, BN, ACT)
                         p, m_row, alpha = row_scaled_p(y, m_row, p_layout, in_dtype, RELABEL)
                         alpha = gl.expand_dims(gl.convert_layout(alpha, o_row_layout), 1)
@@ -661,10 +659,9 @@ def _config(d: int, fp8: bool = False) -> tuple[int, int, int]:
     the bytes and its steps are shorter, so it keeps a deeper ring. ADS_GDPA_GLUON_CFG=
     "stages,qbuf,epilogue" overrides (tuning).
     """
-    env = os.environ.get("ADS_GDPA_GLUON_CFG")
-    if env:
-        st, qb, epi = (int(x) for x in env.split(","))
-        return st, qb, epi
+    tuned = cfg.gluon_cfg()
+    if tuned is not None:
+        return tuned
     if fp8:
         return (4, 2, 2) if d == 128 else (6, 2, 2)
     return (2, 2, 2) if d == 128 else (5, 2, 2)
@@ -696,7 +693,7 @@ def gdpa_fwd_gluon(
     (FP8 only) renumbers P's columns so P reaches the second GEMM without moving values between
     threads, and the copy puts V's keys in the same order.
 
-    ``variant`` (default from env ADS_GDPA_GLUON_VARIANT, else "ws"), see ``SCHEDULES``: "ws"
+    ``variant`` (default ``config.gluon_variant()``; "ws" for FP8), see ``SCHEDULES``: "ws"
     (ping-pong consumers with S_{j+1} overlapping P_j·V) or "ws_simple" (free-running).
     ``longest_q``: the longest query sequence when the caller knows it (host offsets); the launch
     that zeroes rows past the tiles' reach is skipped when no sequence has such rows.
@@ -726,7 +723,8 @@ def gdpa_fwd_gluon(
     assert out.dtype == (torch.bfloat16 if fp8 else q.dtype)
     cu_q = cu_seqlens_q.to(torch.int32).contiguous()
     cu_k = cu_seqlens_k.to(torch.int32).contiguous()
-    variant = variant or os.environ.get("ADS_GDPA_GLUON_VARIANT", "ws")
+    # FP8 has the ping-pong schedule only: the tuning knob does not apply to it, an explicit request does
+    variant = variant or ("ws" if fp8 else cfg.gluon_variant())
     if fp8 and variant != "ws":
         raise ValueError(f"FP8 runs the ping-pong schedule 'ws' only, not {variant!r}")
     gdt = _GL_DTYPES[q.dtype]
