@@ -36,6 +36,7 @@ class Case:
     # offsets that need not cover the tensor (rows owned by no sequence); default: from lengths
     offsets: list[int] | None = None
     total: int | None = None
+    lengths_k: list[int] | None = None  # cross attention (e.g. short KV); default: self attention
 
     def seq_lengths(self) -> list[int]:
         if self.offsets is None:
@@ -45,12 +46,13 @@ class Case:
 
 def make_inputs(c: Case, device: str, seed: int = 0) -> dict:
     t, n = (c.total if c.total is not None else sum(c.lengths)), c.heads * c.dim
+    tk = t if c.lengths_k is None else sum(c.lengths_k)
     dt = c.dtype
     g = dict(device=device)
     ins = {
         "q": randn((t, c.heads, c.dim), dtype=dt, seed=seed, **g),
-        "k": randn((t, c.heads_kv, c.dim), dtype=dt, seed=seed + 1, scale=0.5, **g),
-        "v": randn((t, c.heads_kv, c.dim), dtype=dt, seed=seed + 2, **g),
+        "k": randn((tk, c.heads_kv, c.dim), dtype=dt, seed=seed + 1, scale=0.5, **g),
+        "v": randn((tk, c.heads_kv, c.dim), dtype=dt, seed=seed + 2, **g),
     }
     wd = c.weight_dtype
     if c.ln != "off":
@@ -67,6 +69,7 @@ def make_inputs(c: Case, device: str, seed: int = 0) -> dict:
         ins["cu"] = torch.tensor(c.offsets, dtype=torch.int32, device=device)
     else:
         ins["cu"] = lengths_to_offsets(c.lengths, device=device)
+    ins["cu_k"] = ins["cu"] if c.lengths_k is None else lengths_to_offsets(c.lengths_k, device=device)
     return ins
 
 
@@ -75,17 +78,17 @@ def leaves(ins: dict) -> list[str]:
 
 
 def max_q(c: Case) -> int:
-    return c.max_q if c.max_q is not None else max_k(c)
+    return c.max_q if c.max_q is not None else max(max(c.seq_lengths()), 1)
 
 
 def max_k(c: Case) -> int:
-    return max(max(c.seq_lengths()), 1)
+    return max(max(c.seq_lengths() if c.lengths_k is None else c.lengths_k), 1)
 
 
 def run_ours(c: Case, ins: dict, **kw) -> torch.Tensor:
     cu, m = ins["cu"], max_q(c)
     return gdpa_megakernel(
-        ins["q"], ins["k"], ins["v"], cu, cu, m, max_k(c), activation=c.activation,
+        ins["q"], ins["k"], ins["v"], cu, ins["cu_k"], m, max_k(c), activation=c.activation,
         scale=c.scale, q_layernorm=(ins.get("ln_w"), ins.get("ln_b")) if c.ln != "off" else None,
         q_residual=c.q_residual, rms_norm_weight=ins.get("rms_w"), rms_norm=c.rms != "off",
         residual=ins.get("residual"), eps=c.eps, **kw,
@@ -104,7 +107,7 @@ def run_ref(c: Case, ins: dict, dtype: torch.dtype = torch.float32) -> torch.Ten
         x = layer_norm_ref(x, ins.get("ln_w"), ins.get("ln_b"), c.eps, dtype=dtype)
     else:
         x = x.to(dtype)
-    a = gdpa_ref(x.view(t, h, d), ins["k"], ins["v"], cu, cu, max_q(c), max_k(c),
+    a = gdpa_ref(x.view(t, h, d), ins["k"], ins["v"], cu, ins["cu_k"], max_q(c), max_k(c),
                  activation=c.activation, scale=c.scale, dtype=dtype).reshape(t, n)  # fmt: skip
     y = (a + x) if c.q_residual else a
     if c.rms != "off":

@@ -26,6 +26,13 @@ def test_options_real_size(opts):
     check(Case(lengths=LENS, heads=4, heads_kv=4, dim=128, scale=1.0 / 256, **opts), "cuda")
 
 
+def test_short_kv_real_size():
+    """Jagged queries against 256 keys per sequence: ads-gdpa's short-KV path inside the chain."""
+    check(
+        Case(lengths=LENS, lengths_k=[256] * len(LENS), heads=4, heads_kv=2, dim=128, scale=1.0 / 64), "cuda"
+    )
+
+
 def test_fp16_wide_token_chunks():
     """H·D = 16·128 = 2048 in one chunk, and 4096 (32 heads) in two."""
     check(Case(lengths=LENS[:4], heads=16, heads_kv=4, dim=128, dtype=torch.float16, scale=1.0 / 256), "cuda")

@@ -48,6 +48,11 @@ def test_column_chunks(ln, device, monkeypatch):
     check(Case(heads=3, heads_kv=1, ln=ln, lengths=[9, 1, 20]), device)
 
 
+def test_short_kv_cross_attention(device):
+    """Jagged queries against a fixed number of keys per sequence (the short-KV shape)."""
+    check(Case(lengths=[0, 1, 31, 33], lengths_k=[8, 8, 8, 8]), device)
+
+
 def test_rows_past_max_seqlen_q(device):
     """Rows past max_seqlen_q take the attention output as 0 (ads-gdpa zeroes them) and still get
     the rest of the chain, as the unfused stack computes it."""
