@@ -64,3 +64,19 @@ def test_compile_fullgraph(backend: str) -> None:
     torch.testing.assert_close(out_c, out_e, **tol)
     for a, b in zip(grads_c, grads_e):
         torch.testing.assert_close(a, b, **tol)
+
+
+def test_flop_formulas() -> None:
+    """FlopCounterMode sees the GEMM work of each fused op (2·M·N·K)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    d = inputs(Case(20, 32, 48))
+    gk = inputs(Case(20, 32, 48), norm_over="k")["gamma"]
+    for fn in (
+        lambda: linear_layernorm(d["x"], d["w"], d["bias"], d["gamma"], d["beta"]),
+        lambda: linear_rmsnorm(d["x"], d["w"]),
+        lambda: rmsnorm_linear(d["x"], gk, d["w"]),
+    ):
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        assert counter.get_total_flops() == 2 * 20 * 48 * 32

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from .costs import gemm_flops
 from .triton.launch import (
     launch_norm_bwd,
     launch_rms_gemm,
@@ -305,22 +306,22 @@ rmsnorm_linear_fwd.register_autograd(_rmsnorm_linear_backward, setup_context=_rm
 # ---------------------------------------------------------------- FLOP formulas (the GEMMs; norms are O(MN))
 @register_flop_formula(torch.ops.ads_norm_fusion.linear_layernorm_fwd)
 def _ln_fwd_flops(x_shape, w_shape, *args, **kwargs) -> int:
-    return 2 * x_shape[0] * x_shape[1] * w_shape[0]
+    return gemm_flops(x_shape[0], w_shape[0], x_shape[1])
 
 
 @register_flop_formula(torch.ops.ads_norm_fusion.linear_rmsnorm_fwd)
 def _rms_fwd_flops(x_shape, w_shape, *args, **kwargs) -> int:
-    return 2 * x_shape[0] * x_shape[1] * w_shape[0]
+    return gemm_flops(x_shape[0], w_shape[0], x_shape[1])
 
 
 @register_flop_formula(torch.ops.ads_norm_fusion.rmsnorm_linear_fwd)
 def _rmsnorm_linear_flops(x_shape, norm_weight_shape, w_shape, *args, **kwargs) -> int:
-    return 2 * x_shape[0] * x_shape[1] * w_shape[0]
+    return gemm_flops(x_shape[0], w_shape[0], x_shape[1])
 
 
 @register_flop_formula(torch.ops.ads_norm_fusion.gemm_norm_input_grad)
 def _input_grad_flops(dy_shape, w_shape, *args, **kwargs) -> int:
-    return 2 * dy_shape[0] * dy_shape[1] * w_shape[1]
+    return gemm_flops(dy_shape[0], w_shape[1], dy_shape[1])
 
 
 @register_flop_formula(torch.ops.ads_norm_fusion.norm_bwd)
