@@ -78,3 +78,21 @@ def test_bad_host_offsets_raise_from_ads_gdpa():
     kw = _base() | dict(activation="silu", cu_seqlens_q_cpu=[0, 4, 2], cu_seqlens_k_cpu=[0, 4, 2])
     with pytest.raises(ValueError, match="non-decreasing"):
         gdpa_megakernel(**kw)
+
+
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("ADS_GDPA_MK_TILE_ELEMS", "100"),
+        ("ADS_GDPA_MK_MAX_BLOCK_N", "x"),
+        ("ADS_GDPA_MK_REDUCE_PROGRAMS", "0"),
+    ],
+)
+def test_bad_env_knobs(var, value, monkeypatch):
+    from ads_gdpa_megakernel import config
+
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=var):
+        config.row_tile(512) if var != "ADS_GDPA_MK_REDUCE_PROGRAMS" else config.reduce_programs(
+            torch.device("cpu")
+        )
