@@ -36,6 +36,10 @@ JOBS = {
     ),
     "dkdv-d128-atomic": _job("dkdv_kernel", BWD_T | {"DQ": "*fp32"}, 128, GPU_TILES["dkdv"], DQ_ATOMIC=True),
     "dq-d128": _job("dq_kernel", DQ_T, 128, GPU_TILES["dq"]),
+    "dq-d128-tma": _job("dq_kernel", DQ_T, 128, GPU_TILES["dq"], USE_TMA=True),
+    "dkdv-d128-tma": _job(
+        "dkdv_kernel", BWD_T | {"DQ": "*fp32"}, 128, GPU_TILES["dkdv"], DQ_ATOMIC=False, USE_TMA=True
+    ),
 }
 MAY_SPILL: set[str] = set()  # none at the tiles config.py picks for D <= 128
 

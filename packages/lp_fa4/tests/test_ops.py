@@ -232,16 +232,24 @@ def test_custom_op_names():
 
 
 @pytest.mark.parametrize("d", [32, 96])
-def test_tma_forward_matches_pointer_loads(d, device, monkeypatch):
+def test_tma_matches_pointer_loads(d, device, monkeypatch):
     """LP_FA4_TMA=1 (per-sequence descriptors; head dim 96 pads the 128-wide block with zeros) gives
-    the same bits as the pointer loads on ragged GQA sequences, including an empty kv sequence."""
+    the same bits as the pointer loads on ragged GQA sequences, including an empty kv sequence,
+    forward and backward."""
     lq, lk = (17, 1, 16), (33, 0, 15)
     q = randn((sum(lq), 4, d), dtype=BF, device=device, seed=11)
     k = randn((sum(lk), 2, d), dtype=BF, device=device, seed=12)
     v = randn((sum(lk), 2, d), dtype=BF, device=device, seed=13)
+    do = randn((sum(lq), 4, d), dtype=BF, device=device, seed=14)
     cu_q, cu_k = lengths_to_offsets(list(lq), device=device), lengths_to_offsets(list(lk), device=device)
-    base = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=True, return_lse=True)
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lq), max(lk), causal=True, return_lse=True)
+        return (out, lse, *torch.autograd.grad(out, leaves, do))
+
+    base = run()
     monkeypatch.setenv("LP_FA4_TMA", "1")
-    assert launch._tma_ok(k, v, paged=False)
-    tma = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=True, return_lse=True)
-    assert torch.equal(base[0], tma[0]) and torch.equal(base[1], tma[1])
+    assert launch._tma_ok(q, k, v, do)
+    for got, want in zip(run(), base):
+        assert torch.equal(got, want)

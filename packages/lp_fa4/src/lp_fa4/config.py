@@ -4,8 +4,9 @@ Env:
     LP_FA4_DQ=pass|atomic  how the backward forms dQ when ``deterministic=False``: ``pass`` (default) a
         second kernel per query tile (bitwise repeatable, recomputes P), ``atomic`` fp32 atomics from
         the dK/dV kernel plus a cast. ``deterministic=True`` always takes ``pass``.
-    LP_FA4_TMA=1  forward K/V loads through per-sequence TMA tensor descriptors (sm90+, not paged,
-        16-byte aligned rows) instead of pointer loads. Opt-in: not timed on a GPU yet.
+    LP_FA4_TMA=1  loads through per-sequence TMA tensor descriptors instead of pointer loads (K/V in
+        the forward and the dQ pass, Q/dO in the dK/dV kernel; sm90+, not paged, 16-byte aligned
+        rows). Opt-in: not timed on a GPU yet.
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
         default: the hot path never syncs.
@@ -35,7 +36,7 @@ def check_inputs() -> bool:
     return check_inputs_enabled()
 
 
-def fwd_tma() -> bool:
+def use_tma() -> bool:
     return _flag("LP_FA4_TMA")
 
 

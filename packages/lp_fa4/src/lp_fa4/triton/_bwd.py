@@ -68,7 +68,7 @@ def dkdv_kernel(
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_USED_Q: tl.constexpr, HAS_USED_K: tl.constexpr, SOFTCAP: tl.constexpr, TOP_LEFT: tl.constexpr,
-    BROADCAST_Q: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, DQ_ATOMIC: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (sequence, kv head, BLOCK_N keys): dK, dV summed over the G query heads of the
     group on chip (no atomics, so bitwise repeatable); keys past k_len get zeros."""
@@ -99,15 +99,26 @@ def dkdv_kernel(
     lo = (lo // BLOCK_M) * BLOCK_M
     for g in range(0, G):
         h = hk * G + g
+        if USE_TMA:
+            # descriptors over the sequence's computed rows: rows past them read as zeros
+            n_q = tl.maximum(rows, 1)
+            q_base = Q + q0 * stride_qt + h * stride_qh
+            do_base = DO + o0 * stride_dot + h * stride_doh
+            q_desc = tl.make_tensor_descriptor(q_base, [n_q, D_QK], [stride_qt, 1], [BLOCK_M, BLOCK_D])
+            do_desc = tl.make_tensor_descriptor(do_base, [n_q, D_V], [stride_dot, 1], [BLOCK_M, BLOCK_DV])
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             q_rows = q0 + offs_m.to(tl.int64)
             lse2, delta, ok = _row_stats(LSE, DELTA, h, o0, offs_m, rows, TO)
-            q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                        mask=ok[:, None] & (offs_d[None, :] < D_QK), other=0.0)  # fmt: skip
-            o_rows = o0 + offs_m.to(tl.int64)
-            do = tl.load(DO + o_rows[:, None] * stride_dot + h * stride_doh + offs_dv[None, :],
-                         mask=ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
+            if USE_TMA:
+                q = q_desc.load([start_m, 0])
+                do = do_desc.load([start_m, 0])
+            else:
+                q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                            mask=ok[:, None] & (offs_d[None, :] < D_QK), other=0.0)  # fmt: skip
+                o_rows = o0 + offs_m.to(tl.int64)
+                do = tl.load(DO + o_rows[:, None] * stride_dot + h * stride_doh + offs_dv[None, :],
+                             mask=ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
             p, ds = _p_ds(q, kt, vt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right,
                           qk_scale2, cap_in, cap_out2, SOFTCAP, BLOCK_M, BLOCK_N)  # fmt: skip
             dv += tl.dot(tl.trans(p.to(do.dtype)), do)
@@ -133,7 +144,7 @@ def dq_kernel(
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_USED_Q: tl.constexpr, HAS_USED_K: tl.constexpr, SOFTCAP: tl.constexpr, TOP_LEFT: tl.constexpr,
-    BROADCAST_Q: tl.constexpr,
+    BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):  # fmt: skip
     """Deterministic dQ: one program per (sequence, head, BLOCK_M queries) walks its keys; under
     broadcast_q one program per (head, BLOCK_M) sums over all B kv sequences in a fixed order."""
@@ -173,14 +184,24 @@ def dq_kernel(
         hi = tl.minimum(last_m + off + win_right + 1, k_len)
         hi = tl.where(start_m < rows, hi, 0)
         lo = (lo // BLOCK_N) * BLOCK_N
+        if USE_TMA:
+            n_k = tl.maximum(k_len, 1)
+            k_base = K + k0 * stride_kt + hk * stride_kh
+            v_base = V + k0 * stride_vt + hk * stride_vh
+            k_desc = tl.make_tensor_descriptor(k_base, [n_k, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_D])
+            v_desc = tl.make_tensor_descriptor(v_base, [n_k, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV])
         for start_n in range(lo, hi, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k_ok = offs_n < k_len
-            k_rows = k0 + offs_n.to(tl.int64)
-            kt = tl.load(K + k_rows[None, :] * stride_kt + hk * stride_kh + offs_d[:, None],
-                         mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
-            vt = tl.load(V + k_rows[None, :] * stride_vt + hk * stride_vh + offs_dv[:, None],
-                         mask=k_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0)  # fmt: skip
+            if USE_TMA:
+                kt = tl.trans(k_desc.load([start_n, 0]))
+                vt = tl.trans(v_desc.load([start_n, 0]))
+            else:
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                k_ok = offs_n < k_len
+                k_rows = k0 + offs_n.to(tl.int64)
+                kt = tl.load(K + k_rows[None, :] * stride_kt + hk * stride_kh + offs_d[:, None],
+                             mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
+                vt = tl.load(V + k_rows[None, :] * stride_vt + hk * stride_vh + offs_dv[:, None],
+                             mask=k_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0)  # fmt: skip
             p, ds = _p_ds(q, kt, vt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right,
                           qk_scale2, cap_in, cap_out2, SOFTCAP, BLOCK_M, BLOCK_N)  # fmt: skip
             dq += tl.dot(ds.to(q.dtype), tl.trans(kt))

@@ -36,15 +36,15 @@ class Problem:
         return self.scale * LOG2E, cap_in, cap * LOG2E, self.win_left, self.win_right
 
 
-def _tma_ok(k: torch.Tensor, v: torch.Tensor, paged: bool) -> bool:
-    """Per-sequence TMA descriptors over K/V rows: opted in, not paged, on sm90+ (or the interpreter,
-    which runs descriptors in software), rows and head offsets 16-byte aligned."""
-    if not cfg.fwd_tma() or paged:
+def _tma_ok(*tensors: torch.Tensor, paged: bool = False) -> bool:
+    """Per-sequence TMA descriptors over rows of ``tensors``: opted in, not paged, on sm90+ (or the
+    interpreter, which runs descriptors in software), rows and head offsets 16-byte aligned."""
+    if not cfg.use_tma() or paged:
         return False
     if not cfg.interpreter_active():
-        if k.device.type != "cuda" or torch.cuda.get_device_capability(k.device)[0] < 9:
+        if tensors[0].device.type != "cuda" or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
             return False
-    for t in (k, v):
+    for t in tensors:
         e = t.element_size()
         if t.data_ptr() % 16 or (t.stride(0) * e) % 16 or (t.stride(1) * e) % 16 or (t.shape[-1] * e) % 16:
             return False
@@ -53,6 +53,13 @@ def _tma_ok(k: torch.Tensor, v: torch.Tensor, paged: bool) -> bool:
 
 def _scratch(size: int, align: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _allocator(use_tma: bool) -> None:
+    """Device-side descriptors need scratch from a Triton allocator. It lives in a ContextVar, so it
+    is set per launch (autograd runs the backward on another thread than the forward)."""
+    if use_tma and not cfg.interpreter_active():
+        triton.set_allocator(_scratch)
 
 
 def _pad(d: int) -> int:
@@ -83,11 +90,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
     else:
         stride_lb, stride_lh = 0, lse.stride(0)
     dummy = cu_q
-    use_tma = _tma_ok(k, v, paged)
-    if use_tma and not cfg.interpreter_active():
-        # device-side descriptors need scratch from a Triton allocator; it lives in a ContextVar,
-        # so it is set per launch (autograd runs backward on another thread)
-        triton.set_allocator(_scratch)
+    use_tma = _tma_ok(k, v, paged=paged)
+    _allocator(use_tma)
     grid = (n_b * h, triton.cdiv(pb.max_q, tile.block_m))
     fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k if cu_k is not None else dummy,
@@ -134,6 +138,9 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
         BROADCAST_Q=pb.broadcast_q,
     )  # fmt: skip
     dpad = max(_pad(d), _pad(dv_dim))
+    use_tma = _tma_ok(q, k, v, do)
+    _allocator(use_tma)
+    flags["USE_TMA"] = use_tma
     t1 = cfg.dkdv_tile(dpad)
     dkdv_kernel[(n_b * hkv, triton.cdiv(pb.max_k, t1.block_n))](
         q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, uq, uk,
