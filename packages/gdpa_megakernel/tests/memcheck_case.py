@@ -17,7 +17,7 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
     for cu in CASES:
-        for h, d in ((4, 128), (3, 96)):
+        for h, d in ((4, 128), (3, 128)):  # H·D = 384: masked columns of a 512-wide chunk
             n = h * d
             q = torch.randn(ROWS, h, d, device="cuda", generator=g).to(dt).requires_grad_()
             k = (0.3 * torch.randn(ROWS, 1, d, device="cuda", generator=g)).to(dt).requires_grad_()

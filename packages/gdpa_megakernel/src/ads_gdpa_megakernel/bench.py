@@ -5,9 +5,11 @@ upstream rule (B=1152, H=4, D=128, bf16, fast_gelu): max length 512/1024/2048 at
 0.5, and short KV (Lk = 256 per sequence); ``--quick``: max 2048 at sparsity 1.0 and 0.5 only.
 Providers in one run: ours (the fused chain), the same chain unfused (nn.LayerNorm, ads-gdpa,
 nn.RMSNorm and adds in eager PyTorch), that chain under torch.compile, and ``ours[gdpa only]``
-(ads-gdpa's attention alone, the floor the targets are relative to). TFLOP/s counts the attention's
-4·H·D per (query, key) pair forward and 2.5x that backward, for every provider, so rows compare as
-speeds. Backward timings use ``torch.autograd.grad`` on a retained graph.
+(ads-gdpa's attention alone, the floor the targets are relative to). TFLOP/s counts the
+attention's 4·H·D per (query, key) pair forward and 2.5x that backward, for every provider, so rows
+compare as speeds. Backward timings use ``torch.autograd.grad`` on a retained graph. First, the four
+row kernels alone as GB/s against the copy rate (``--sweep``: only those, over the tile and
+program knobs).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ def _unfused(ln, rms, gdpa_kw):
     return run
 
 
-def bench_shape(report, bench, batch: int, max_len: int, sparsity: float, short_kv: int | None) -> None:
+def bench_shape(
+    report, bench, batch: int, max_len: int, sparsity: float, short_kv: int | None, dev: str = "cuda"
+) -> None:
     from ads_gdpa import gdpa_varlen
     from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
 
@@ -43,7 +47,7 @@ def bench_shape(report, bench, batch: int, max_len: int, sparsity: float, short_
     lq = jagged_lengths(batch, max_len, sparsity, seed=0)
     lk = [short_kv] * batch if short_kv else lq
     tq, tk = sum(lq), sum(lk)
-    dev, dt = "cuda", torch.bfloat16
+    dt = torch.bfloat16
     host_q, host_k = lengths_to_offsets(lq, dtype=torch.int64), lengths_to_offsets(lk, dtype=torch.int64)
     cu_q, cu_k = host_q.to(dev, torch.int32), host_k.to(dev, torch.int32)
     max_k = short_kv or max_len
@@ -107,6 +111,38 @@ def bench_shape(report, bench, batch: int, max_len: int, sparsity: float, short_
                     )
                 )
     torch.cuda.empty_cache()
+
+
+def row_kernels(bench, tokens: int = 1152 * 2048, dev: str = "cuda") -> None:
+    """Our four row kernels alone at the production H·D = 512 (bf16), as GB/s of the bytes each must
+    move (``costs.traffic_per_token``'s passes), against the device-to-device copy rate: whether
+    they run at the memory ceiling. With ``ADS_GDPA_MK_*`` knobs set it measures those settings."""
+    from .triton import launch
+
+    n = H * D
+    x, a, r, dout, dq = (torch.randn(tokens, n, device=dev, dtype=torch.bfloat16) for _ in range(5))
+    w, b = torch.ones(n, device=dev), torch.zeros(n, device=dev)
+    cu = torch.tensor([0, tokens], dtype=torch.int32, device=dev)
+    y, mean, rstd = launch.ln_fwd(x, w, b, 1e-5)
+    _, rrms = launch.epilogue_fwd(a, y, w, r, cu, 1e-5, rms=True)
+    dy, _ = launch.epilogue_bwd(dout, a, y, w, rrms, cu, want_w=True)
+    pass_bytes = tokens * n * 2
+    cases = {
+        "LN prologue fwd (2 passes)": (2, lambda: launch.ln_fwd(x, w, b, 1e-5)),
+        "epilogue fwd (4 passes)": (4, lambda: launch.epilogue_fwd(a, y, w, r, cu, 1e-5, rms=True)),
+        "epilogue bwd (4 passes)": (4, lambda: launch.epilogue_bwd(dout, a, y, w, rrms, cu, want_w=True)),
+        "LN bwd + q-residual grad (4 passes)": (
+            4, lambda: launch.q_bwd(dq, dy, x, w, mean, rstd, want_w=True, want_b=True),
+        ),
+    }  # fmt: skip
+    src = torch.empty(pass_bytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    copy = 2 * pass_bytes / (bench.time_fn(lambda: dst.copy_(src))["ms"] * 1e6)
+    print(f"\n# row kernels alone, T={tokens}, H·D={n} bf16 (copy: {copy:.0f} GB/s)")
+    for name, (passes, fn) in cases.items():
+        ms = bench.time_fn(fn)["ms"]
+        gbps = passes * pass_bytes / (ms * 1e6)
+        print(f"{name:<40} {ms:8.3f} ms {gbps:7.0f} GB/s = {gbps / copy:.0%} of copy", flush=True)
 
 
 def _summary(report) -> None:
@@ -188,12 +224,25 @@ def main(argv: list[str] | None = None) -> int:
 
     prog = "python -m ads_gdpa_megakernel.bench"
     parser = cli.parser(prog, __doc__.splitlines()[0])
+    parser.add_argument("--sweep", action="store_true", help="only the row kernels, over tile/program knobs")
     args = parser.parse_args(argv)
     if args.demo:
         return demo()
     if not cli.gpu_present(prog):
         return 0
     from ads_kernel_tools import bench
+
+    if args.sweep:
+        import os
+
+        for elems in ("2048", "4096", "8192"):
+            for progs in ("264", "528", "1056"):
+                os.environ["ADS_GDPA_MK_TILE_ELEMS"], os.environ["ADS_GDPA_MK_REDUCE_PROGRAMS"] = elems, progs
+                print(f"\nADS_GDPA_MK_TILE_ELEMS={elems} ADS_GDPA_MK_REDUCE_PROGRAMS={progs}")
+                row_kernels(bench)
+        return 0
+    row_kernels(bench)
+    torch.cuda.empty_cache()
 
     report = bench.Report("GDPA + Q LayerNorm + residuals + RMSNorm (bf16, fast_gelu, jagged)", progress=True)
     shapes = [(2048, 1.0, None), (2048, 0.5, None)]
