@@ -243,9 +243,9 @@ def test_gluon_backward_compiles_for_sm90(ptx, d):
 @pytest.mark.xfail(
     strict=True,
     reason="Triton 3.6 / its ptxas: the wait for the second GEMM lands before the activation (0-1 of the "
-    "step's MUFU.TANH run under it; BENCHMARKS.md, fourth session). A forward build that forced the "
-    "overlap ran 11 % slower (fifth session), so this is no longer a lead; passing means the "
-    "compiler changed: time it before dropping this mark.",
+    "step's MUFU.TANH run under it). A forward build that forced the overlap was slower on the H200 "
+    "(BENCHMARKS.md), so this is no longer a lead; passing means the compiler changed: time it "
+    "before dropping this mark.",
 )
 def test_gluon_activation_runs_under_the_second_gemm(ptx, job):
     if job not in ptx:
