@@ -41,6 +41,18 @@ def test_hopper_takes_gluon_where_the_table_covers_the_call(hopper):
     assert dispatch.backend_for("bwd", CUDA, _call(deterministic=True)) == "triton"
 
 
+def test_fp8_forward_takes_gluon_for_its_tested_activations_only(hopper):
+    fp8 = dict(dtype=torch.float8_e4m3fn)
+    for act in (Activation.RAW, Activation.GELU, Activation.FAST_GELU, Activation.RELU, Activation.SILU,
+                Activation.RELU_SQUARE):  # fmt: skip
+        assert dispatch.backend_for("fwd", CUDA, _call(act=int(act), **fp8)) == "gluon", act
+    for act in (Activation.GELU_APPROX, Activation.LEAKY_RELU, Activation.FAST_SILU, Activation.HARDSWISH):
+        assert dispatch.backend_for("fwd", CUDA, _call(act=int(act), **fp8)) == "triton", act
+    assert dispatch.backend_for("fwd", CUDA, _call(d_qk=96, d_v=96, **fp8)) == "triton"
+    assert dispatch.backend_for("fwd", CUDA, _call(mask=MaskMode.TOP_LEFT, **fp8)) == "triton"
+    assert dispatch.backend_for("bwd", CUDA, _call(**fp8)) == "triton"  # no FP8 backward row
+
+
 def test_backend_switch_and_other_architectures(hopper, monkeypatch):
     monkeypatch.setenv("ADS_GDPA_BACKEND", "triton")
     assert dispatch.backend_for("fwd", CUDA, _call()) == "triton"
@@ -78,3 +90,15 @@ def test_a_failing_fast_path_is_an_error_not_a_fallback(hopper, monkeypatch):
     cu = torch.tensor([0, 8], dtype=torch.int32)
     with pytest.raises(RuntimeError, match="fast path bug"):
         gdpa_varlen(q, q, q, cu, cu, 8, 8)
+
+
+def test_negative_or_nonfinite_descales_raise():
+    """The Hopper FP8 kernel folds q_descale·k_descale into the activation: descales must be >= 0."""
+    from ads_gdpa import gdpa_varlen
+
+    q = torch.zeros(8, 2, 32).to(torch.float8_e4m3fn)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    ones = torch.ones(2)
+    for bad in (torch.tensor([1.0, -0.5]), torch.tensor([float("nan"), 1.0])):
+        with pytest.raises(ValueError, match="k_descale must be finite and >= 0"):
+            gdpa_varlen(q, q, q, cu, cu, 8, 8, q_descale=ones, k_descale=bad, v_descale=ones)

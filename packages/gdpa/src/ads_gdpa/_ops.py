@@ -23,7 +23,17 @@ from torch.utils.flop_counter import register_flop_formula
 from ads_kernel_tools.bench.flops import valid_pairs
 
 from . import dispatch
-from .problem import BIG, MaskMode, Problem, check_offsets, grad_buffers, out_rows, safe_offsets, spans
+from .problem import (
+    BIG,
+    MaskMode,
+    Problem,
+    check_descales,
+    check_offsets,
+    grad_buffers,
+    out_rows,
+    safe_offsets,
+    spans,
+)
 from .triton import launch
 
 Tensor = torch.Tensor
@@ -134,6 +144,8 @@ def fwd_impl(
         (out_rows(q, cu_k, broadcast_q), q.shape[1], v.shape[2]), dtype=out_dtype, device=q.device
     )
     descale = (q_descale, k_descale, v_descale) if fp8 else None
+    if fp8:
+        check_descales(descale)
     if dispatch.backend_for("fwd", q.device, _call(a, q.dtype)) == "gluon":
         kernel = dispatch.kernel("gluon", q.device, "fwd")
         extra = {"descale": descale} if fp8 else {}

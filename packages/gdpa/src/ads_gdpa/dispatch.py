@@ -39,10 +39,12 @@ class Support:
     broadcast_q: bool = False
     per_head: bool = False  # per-head activation lists
     deterministic: bool = False  # backward only: a bitwise-repeatable mode
+    fp8_activations: frozenset[int] = frozenset()  # with float8_e4m3fn inputs (tested subset)
 
     def covers(self, call: Call) -> bool:
+        acts = self.fp8_activations if call.dtype in _FP8 else self.activations
         return (
-            call.act in self.activations
+            call.act in acts
             and (call.d_qk, call.d_v) in self.head_dims
             and call.dtype in self.dtypes
             and call.mask in self.masks
@@ -72,10 +74,15 @@ _GLUON_ACTS = frozenset(
               A.HARDSWISH, A.RELU_SQUARE)
 )  # fmt: skip
 _HALF = frozenset({torch.bfloat16, torch.float16})
+_FP8 = frozenset({torch.float8_e4m3fn})
+# FP8 through the Gluon forward: the activations its GPU tests cover against the dequantised reference
+_GLUON_FP8_ACTS = frozenset(int(a) for a in (A.RAW, A.GELU, A.FAST_GELU, A.RELU, A.SILU, A.RELU_SQUARE))
 
 # (backend, arch major, direction) -> what its kernel handles
 SUPPORT: dict[tuple[str, int, str], Support] = {
-    ("gluon", 9, "fwd"): Support(_GLUON_ACTS, frozenset({(64, 64), (128, 128)}), _HALF),
+    ("gluon", 9, "fwd"): Support(
+        _GLUON_ACTS, frozenset({(64, 64), (128, 128)}), _HALF | _FP8, fp8_activations=_GLUON_FP8_ACTS
+    ),
     ("gluon", 9, "bwd"): Support(_GLUON_ACTS, frozenset({(64, 64), (128, 128)}), _HALF),
 }
 

@@ -92,6 +92,17 @@ def check_offsets(
     return longest[0], longest[1]
 
 
+def check_descales(descales: tuple[torch.Tensor, ...]) -> None:
+    """FP8 descales must be positive (amax scaling gives amax / 448 >= 0; the Hopper kernel folds
+    q_descale·k_descale into the activation's constants, which needs its sign). Their values are read
+    where they are host data, and for device tensors only under ``ADS_CHECK_INPUTS=1`` (a sync)."""
+    for name, t in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if t.device.type == "cpu" or check_inputs_enabled():
+            values = t.detach().to("cpu", torch.float32)
+            if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
+                raise ValueError(f"ads_gdpa: {name} must be finite and >= 0, got {values.tolist()}")
+
+
 def safe_offsets(
     q: torch.Tensor,
     k: torch.Tensor,
