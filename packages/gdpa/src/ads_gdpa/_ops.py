@@ -432,10 +432,10 @@ def _plain_eager(tensors) -> bool:
 def gdpa_fwd(*inputs) -> Tensor:
     """``ads_gdpa::fwd`` with autograd; arguments as the op's (``FwdArgs``). Plain eager calls take
     ``_EagerGDPA``, the rest the registered custom op (same kernels, same results)."""
-    a = FwdArgs(*inputs)
+    a = FwdArgs(*inputs)  # every field, defaults filled: the eager backward returns one gradient each
     if _plain_eager([getattr(a, name) for name in _FWD_TENSORS]):
-        return _EagerGDPA.apply(*inputs)
-    return torch.ops.ads_gdpa.fwd(*inputs)
+        return _EagerGDPA.apply(*a)
+    return torch.ops.ads_gdpa.fwd(*a)
 
 
 def pair_count(
