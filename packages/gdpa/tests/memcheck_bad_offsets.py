@@ -44,6 +44,34 @@ def run(backend: str, d: int, mask: MaskMode, deterministic: bool, fp8: bool, cu
     torch.cuda.synchronize()
 
 
+def run_upstream_extras(cu: list[int]) -> None:
+    """The upstream extras on bad device data: ad_to_request_offset out of range, start/end spans
+    and output offsets past their tensors, bucket values outside the tables (all clamped on the
+    device), forward and backward."""
+    from ads_gdpa import generalized_dot_product_attention
+
+    os.environ["ADS_GDPA_BACKEND"] = "auto"
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = (torch.randn(ROWS, 4, 128, device="cuda", generator=g) * 0.3).bfloat16().requires_grad_()
+    kv = (torch.randn(ROWS, 2, 256, device="cuda", generator=g) * 0.3).bfloat16().requires_grad_()
+    table = torch.randn(16, 4, 128, device="cuda", generator=g).requires_grad_()
+    bkt = torch.randint(-50, 50, (ROWS,), device="cuda", generator=g)
+    offs = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    a2r = torch.tensor([7, -2, 1], dtype=torch.int32, device="cuda")
+    out = generalized_dot_product_attention(
+        q, kv, None, offs, offs, 1024, 1024, a2r, ts_encoding_params=table, ts_encoding_bucket_values=bkt,
+        output_offset=offs.flip(0).contiguous(),
+    )  # fmt: skip
+    torch.autograd.grad(out.float().sum(), (q, kv, table))
+    pairs = torch.tensor(cu + [cu[-1], cu[0]], dtype=torch.int32, device="cuda")
+    out = generalized_dot_product_attention(
+        q, kv[..., :128], kv[..., 128:], pairs, pairs.flip(0).contiguous(), 1024, 1024, output_offset=pairs,
+        use_start_end_offsets=True, total_num_objects=ROWS // 2,
+    )  # fmt: skip
+    torch.autograd.grad(out.float().sum(), (q, kv))
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     for cu in CASES:
         for backend in ("auto", "triton"):
@@ -53,6 +81,7 @@ def main() -> None:
         run("triton", 128, MaskMode.TOP_LEFT, False, False, cu)
         run("triton", 128, MaskMode.BOTTOM_RIGHT, False, False, cu)
         run("auto", 128, MaskMode.NONE, False, True, cu)
+        run_upstream_extras(cu)
     print("memcheck_bad_offsets: all paths ran")
 
 

@@ -14,6 +14,8 @@ from ads_kernel_tools.compile_check import ptx_counts_batch
 from ads_kernel_tools.reference.gdpa import ACTIVATIONS
 
 _INDEX = {"CU_Q": "*i32", "CU_K": "*i32", "ACT_TBL": "*i32", "TILE_MAP": "*i32", "scale": "fp32"}
+# the upstream encodings' tables, bucket values and metadata (unused slots still need a type)
+_INDEX |= {f"E{i}": "*fp32" for i in range(5)} | {f"B{i}": "*i64" for i in range(5)} | {"ENC_META": "*i64"}
 FWD_TYPES = {n: "*bf16" for n in "QKVO"} | _INDEX | {f"{n}_DESCALE": "*fp32" for n in "QKV"}
 BWD_TYPES = {n: "*bf16" for n in ("Q", "K", "V", "DO", "DK", "DV")} | {"DQ": "*fp32"} | _INDEX
 DQ_TYPES = {n: "*bf16" for n in ("Q", "K", "V", "DO", "DQ")} | _INDEX
@@ -21,14 +23,16 @@ DQ_TYPES = {n: "*bf16" for n in ("Q", "K", "V", "DO", "DQ")} | _INDEX
 FWD = dict(
     D_QK=128, D_V=128, BLOCK_DQK=128, BLOCK_DV=128, BLOCK_M=128, BLOCK_N=64, ACT=3, PER_HEAD=False,
     FAST=True, HAS_WINDOW=False, BOTTOM_RIGHT=False, BROADCAST_Q=False, FP8=False, USE_TMA=True,
-    HAS_TILE_MAP=True,
+    HAS_TILE_MAP=True, SPANS=False, N_ENC=0,
 )  # fmt: skip
 BWD = dict(
     D_QK=128, D_V=128, BLOCK_DQK=128, BLOCK_DV=128, BLOCK_M=64, BLOCK_N=128, ACT=3, PER_HEAD=False,
     FAST=True, HAS_WINDOW=False, BOTTOM_RIGHT=False, BROADCAST_Q=False, DQ_ATOMIC=True, HAS_TILE_MAP=True,
-    USE_TMA=False, DQ_TMA=False,
+    USE_TMA=False, DQ_TMA=False, SPANS=False, N_ENC=0, DKV_ATOMIC=False,
 )  # fmt: skip
-_DKDV_ONLY = ("DQ_ATOMIC", "DQ_TMA")
+_DKDV_ONLY = ("DQ_ATOMIC", "DQ_TMA", "DKV_ATOMIC")
+# upstream extras: spans table (ad_to_request / start-end / output offsets) and all five encodings
+EXTRAS = dict(SPANS=True, N_ENC=5, HAS_TILE_MAP=False)
 DQ = {k: v for k, v in dict(BWD, BLOCK_M=128, BLOCK_N=64).items() if k not in _DKDV_ONLY}
 OPTIONS = {
     "per_head": dict(PER_HEAD=True),
@@ -134,6 +138,9 @@ def _jobs() -> dict[str, dict]:
     ]
     jobs["bwd_dq_per_head"] = dict(jobs["bwd_dq"], constexprs=dict(DQ, PER_HEAD=True, HAS_WINDOW=True),
                                    num_stages=1, divisible=aligned)  # fmt: skip
+    jobs["fwd_upstream_extras"] = _fwd(**dict(FWD, **EXTRAS))
+    jobs["bwd_dkdv_upstream_extras"] = dict(jobs["bwd_dkdv"], constexprs=dict(BWD, DKV_ATOMIC=True, **EXTRAS))
+    jobs["bwd_dq_upstream_extras"] = dict(jobs["bwd_dq"], constexprs=dict(DQ, **EXTRAS))
     try:
         jobs |= {f"gluon_d{d}": _gluon_job(d) for d in (64, 128)}
         jobs["gluon_d128_skip_dead"] = _gluon_job(128, skip_dead=True)
@@ -179,6 +186,13 @@ def test_forward_compiles_for_every_activation(ptx, name):
 @pytest.mark.parametrize("name", OPTIONS)
 def test_forward_options_compile(ptx, name):
     _ok(ptx, f"fwd_{name}")
+
+
+@pytest.mark.parametrize(
+    "name", ["fwd_upstream_extras", "bwd_dkdv_upstream_extras", "bwd_dq_upstream_extras"]
+)
+def test_upstream_extras_compile_with_wgmma(ptx, name):
+    assert _ok(ptx, name)["wgmma"] > 0
 
 
 def test_fp8_forward_uses_wgmma(ptx):

@@ -203,7 +203,7 @@ def test_fast_path_backward_gets_the_buffers_and_safe_offsets(monkeypatch):
     monkeypatch.setattr(dispatch, "backend_for", lambda direction, device, call: "gluon")
     monkeypatch.setattr(dispatch, "kernel", lambda backend, device, direction: fake_backward)
     hq, hk = lengths_to_offsets(LQ, dtype=torch.int64), lengths_to_offsets(LK, dtype=torch.int64)
-    dq, dk, dv = torch.ops.ads_gdpa.bwd(
+    dq, dk, dv, _ = torch.ops.ads_gdpa.bwd(
         do, q, k, v, cu_q.long(), cu_k.long(), max(LQ), max(LK), int(Activation.FAST_GELU), None, 1.0,
         int(MaskMode.NONE), BIG, BIG, False, False, hq, hk,
     )  # fmt: skip

@@ -99,18 +99,6 @@ def test_flops_uniform_lengths_window(device):
         assert got == flops.attention_fwd([12, 12], [12, 12], 2, 32, symmetric_window=w), w
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lp-fa4: jagged_attention takes no host offsets, so lp_fa4::fwd's FLOP formula counts "
-    "B x max_q x max_k (the bound), not sum over sequences; needs cu_seqlens_q_cpu/cu_seqlens_k_cpu",
-)
-def test_flops_exact_per_sequence_with_host_offsets(device):
-    q, k, v, cu_q, cu_k = _inputs(device)
-    host = dict(query_offset_cpu=cu_q.cpu(), key_offset_cpu=cu_k.cpu())
-    got = _counted(lambda: jagged_flash_attention(q, k, v, cu_q, cu_k, 17, 16, window_size=2, **host))
-    assert got == flops.attention_fwd(list(LQ), list(LK), 2, 32, symmetric_window=2)
-
-
 def test_deterministic_backward_repeatable(device):
     q, k, v, cu_q, cu_k = _inputs(device, heads=4, kv_heads=2, d=16)
     do = randn((sum(LQ), 4, 16), dtype=BF, device=device, seed=5)

@@ -13,7 +13,9 @@ FWD_T = {n: "*bf16" for n in ("Q", "K", "V", "OUT", "SINK")} | {"LSE": "*fp32", 
 _BWD = {n: "*bf16" for n in ("Q", "K", "V", "DO")} | {"LSE": "*fp32", "DELTA": "*fp32", "sm_scale": "fp32"}
 BWD_T = _BWD | {"DK": "*bf16", "DV": "*bf16"} | _IDX | _F32
 DQ_T = _BWD | {"DQ": "*bf16"} | _IDX | _F32
-FLAGS = dict(HAS_USED_Q=False, HAS_USED_K=False, SOFTCAP=False, TOP_LEFT=False, BROADCAST_Q=False)
+FLAGS = dict(
+    HAS_USED_Q=False, HAS_USED_K=False, SOFTCAP=False, TOP_LEFT=False, BROADCAST_Q=False, USE_TMA=False
+)
 GPU_TILES = {"fwd": (128, 64, 4, 3), "dkdv": (64, 128, 8, 2), "dq": (128, 64, 8, 2)}  # config.py, D <= 128
 
 

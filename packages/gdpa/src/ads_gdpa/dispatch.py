@@ -40,6 +40,9 @@ class Support:
     per_head: bool = False  # per-head activation lists
     deterministic: bool = False  # backward only: a bitwise-repeatable mode
     fp8_activations: frozenset[int] = frozenset()  # with float8_e4m3fn inputs (tested subset)
+    # the upstream Triton interface's extras: ad_to_request_offset, start/end or output offsets,
+    # fused QKV/KV views, learned encodings added to Q
+    upstream_extras: bool = False
 
     def covers(self, call: Call) -> bool:
         acts = self.fp8_activations if call.dtype in _FP8 else self.activations
@@ -51,6 +54,7 @@ class Support:
             and (self.broadcast_q or not call.broadcast_q)
             and (self.per_head or not call.per_head)
             and (self.deterministic or not call.deterministic)
+            and (self.upstream_extras or not call.upstream_extras)
         )
 
 
@@ -66,6 +70,7 @@ class Call:
     broadcast_q: bool
     per_head: bool
     deterministic: bool
+    upstream_extras: bool = False
 
 
 _GLUON_ACTS = frozenset(

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ._act import act_fwd_bwd, act_fwd_bwd_dyn
-from ._common import band, band_mask, load_rows, row_desc, seq_bounds, tile_count
+from ._common import add_encodings, band, band_mask, load_rows, row_desc, seq_bounds, tile_count
 from ._fwd import _tile_coords
 
 
@@ -24,18 +24,22 @@ def gdpa_bwd_dkdv_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
     max_q, max_k, B, H_KV, G, n_map_tiles, scale, win_left, win_right, TUNE_KEY,
+    E0, E1, E2, E3, E4, B0, B1, B2, B3, B4, ENC_META,
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PER_HEAD: tl.constexpr,
     FAST: tl.constexpr, HAS_WINDOW: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     BROADCAST_Q: tl.constexpr, DQ_ATOMIC: tl.constexpr, HAS_TILE_MAP: tl.constexpr,
     USE_TMA: tl.constexpr = False, DQ_TMA: tl.constexpr = False,
+    SPANS: tl.constexpr = False, N_ENC: tl.constexpr = 0, DKV_ATOMIC: tl.constexpr = False,
 ):  # fmt: skip
     """Q (Tq, H, D_QK), K/DK (Tk, H_KV, D_QK), V/DV (Tk, H_KV, D_V), DO (To, H, D_V),
     DQ fp32 (Tq, H, D_QK) zeroed when DQ_ATOMIC. Program p takes tiles p, p+P, ...
     USE_TMA (sm90+, aligned tensors): Q/dO tiles arrive by TMA, which Triton software-pipelines (the
     masked pointer loads are not: they go through registers each step). DQ_TMA (with USE_TMA): each
     dQ tile is added by one bulk TMA reduction (cp.reduce.async.bulk) instead of BLOCK_M x D scalar
-    fp32 atomics.
+    fp32 atomics. SPANS / N_ENC as in the forward (the encoded Q enters S and dK); DKV_ATOMIC: dK/dV
+    are added to zeroed fp32 DK/DV, for sequences that share key rows (ad_to_request_offset,
+    overlapping start/end spans).
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -46,7 +50,7 @@ def gdpa_bwd_dkdv_kernel(
     n_tiles = tile_count(n_map_tiles, B * H_KV, n_n_tiles, HAS_TILE_MAP)
     for t in range(pid, n_tiles, nprog):
         b, hk, n_first = _tile_coords(TILE_MAP, t, n_tiles, n_n_tiles, H_KV, HAS_TILE_MAP)
-        q_start, o_start, Lq, Lq_eff, k_start, Lk = seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q)
+        q_start, o_start, Lq, Lq_eff, k_start, Lk = seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q, SPANS, B)
         diag = band(Lq, Lk, win_left, win_right, BOTTOM_RIGHT)
         k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh
         v_base = V + k_start * stride_vt + hk.to(tl.int64) * stride_vh
@@ -86,6 +90,11 @@ def gdpa_bwd_dkdv_kernel(
                     else:
                         q = load_rows(q_base, offs_m, Lq_eff, stride_qt, offs_dq, D_QK)
                         do = load_rows(do_base, offs_m, Lq_eff, stride_dot, offs_dv, D_V)
+                    if N_ENC > 0:
+                        q = add_encodings(
+                            q, E0, E1, E2, E3, E4, B0, B1, B2, B3, B4, ENC_META, q_start, offs_m, Lq_eff, h,
+                            offs_dq, D_QK, N_ENC,
+                        )  # fmt: skip
                     s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M)
                     if PER_HEAD:
                         p_t, g_t = act_fwd_bwd_dyn(s_t, act_id, FAST)
@@ -114,16 +123,30 @@ def gdpa_bwd_dkdv_kernel(
                             )
             dk_base = DK + k_start * stride_dkt + hk.to(tl.int64) * stride_dkh
             dv_base = DV + k_start * stride_dvt + hk.to(tl.int64) * stride_dvh
-            tl.store(
-                dk_base + offs_n[:, None] * stride_dkt + offs_dq[None, :],
-                dk.to(DK.dtype.element_ty),
-                mask=kv_rows & (offs_dq[None, :] < D_QK),
-            )
-            tl.store(
-                dv_base + offs_n[:, None] * stride_dvt + offs_dv[None, :],
-                dv.to(DV.dtype.element_ty),
-                mask=kv_rows & (offs_dv[None, :] < D_V),
-            )
+            if DKV_ATOMIC:
+                tl.atomic_add(
+                    dk_base + offs_n[:, None] * stride_dkt + offs_dq[None, :],
+                    dk,
+                    mask=kv_rows & (offs_dq[None, :] < D_QK),
+                    sem="relaxed",
+                )
+                tl.atomic_add(
+                    dv_base + offs_n[:, None] * stride_dvt + offs_dv[None, :],
+                    dv,
+                    mask=kv_rows & (offs_dv[None, :] < D_V),
+                    sem="relaxed",
+                )
+            else:
+                tl.store(
+                    dk_base + offs_n[:, None] * stride_dkt + offs_dq[None, :],
+                    dk.to(DK.dtype.element_ty),
+                    mask=kv_rows & (offs_dq[None, :] < D_QK),
+                )
+                tl.store(
+                    dv_base + offs_n[:, None] * stride_dvt + offs_dv[None, :],
+                    dv.to(DV.dtype.element_ty),
+                    mask=kv_rows & (offs_dv[None, :] < D_V),
+                )
 
 
 @triton.jit
@@ -132,10 +155,12 @@ def gdpa_bwd_dq_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dqt, stride_dqh,
     max_q, B, H, G, n_map_tiles, scale, win_left, win_right, TUNE_KEY,
+    E0, E1, E2, E3, E4, B0, B1, B2, B3, B4, ENC_META,
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PER_HEAD: tl.constexpr,
     FAST: tl.constexpr, HAS_WINDOW: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     BROADCAST_Q: tl.constexpr, HAS_TILE_MAP: tl.constexpr, USE_TMA: tl.constexpr = False,
+    SPANS: tl.constexpr = False, N_ENC: tl.constexpr = 0,
 ):  # fmt: skip
     """Deterministic dQ (Tq, H, D_QK) in Q's dtype. With BROADCAST_Q the tiles are (0, h, m) and each
     sums over all B kv sequences. Rows in [max_q, Lq) are written as zeros. USE_TMA: K/V tiles by
@@ -152,13 +177,18 @@ def gdpa_bwd_dq_kernel(
     for t in range(pid, n_tiles, nprog):
         b, h, m = _tile_coords(TILE_MAP, t, n_tiles, n_m_tiles, H, HAS_TILE_MAP)
         hk = h // G
-        q_start, o_start, Lq, Lq_eff, k_start, Lk = seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q)
+        q_start, o_start, Lq, Lq_eff, k_start, Lk = seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q, SPANS, B)
         m0 = m * BLOCK_M
         offs_m = m0 + tl.arange(0, BLOCK_M)
         dq_base = DQ + q_start * stride_dqt + h.to(tl.int64) * stride_dqh
         if m0 < Lq_eff:
             q_base = Q + q_start * stride_qt + h.to(tl.int64) * stride_qh
             q = load_rows(q_base, offs_m, Lq_eff, stride_qt, offs_dq, D_QK)
+            if N_ENC > 0:  # S from the encoded q, as in the forward (upstream's dQ pass omits it)
+                q = add_encodings(
+                    q, E0, E1, E2, E3, E4, B0, B1, B2, B3, B4, ENC_META, q_start, offs_m, Lq_eff, h, offs_dq,
+                    D_QK, N_ENC,
+                )  # fmt: skip
             if PER_HEAD:
                 act_id = tl.load(ACT_TBL + h)
             acc = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
@@ -168,7 +198,9 @@ def gdpa_bwd_dq_kernel(
                 b_lo = 0
                 b_hi = B
             for bb in range(b_lo, b_hi):
-                _qs, o_start, _lq, _lqe, k_start, Lk = seq_bounds(CU_Q, CU_K, bb, max_q, BROADCAST_Q)
+                _qs, o_start, _lq, _lqe, k_start, Lk = seq_bounds(
+                    CU_Q, CU_K, bb, max_q, BROADCAST_Q, SPANS, B
+                )
                 do_base = DO + o_start * stride_dot + h.to(tl.int64) * stride_doh
                 do = load_rows(do_base, offs_m, Lq_eff, stride_dot, offs_dv, D_V)
                 k_base = K + k_start * stride_kt + hk.to(tl.int64) * stride_kh

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ._act import act_fwd, act_fwd_dyn
-from ._common import band, band_mask, load_rows, row_desc, seq_bounds, tile_count
+from ._common import add_encodings, band, band_mask, load_rows, row_desc, seq_bounds, tile_count
 
 
 @triton.jit
@@ -47,14 +47,18 @@ def gdpa_fwd_kernel(
     Q, K, V, O, CU_Q, CU_K, ACT_TBL, Q_DESCALE, K_DESCALE, V_DESCALE, TILE_MAP,  # noqa: E741
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_vd, stride_ot, stride_oh,
     max_q, B, H, G, n_map_tiles, scale, win_left, win_right, TUNE_KEY,
+    E0, E1, E2, E3, E4, B0, B1, B2, B3, B4, ENC_META,
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PER_HEAD: tl.constexpr,
     FAST: tl.constexpr, HAS_WINDOW: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     BROADCAST_Q: tl.constexpr, FP8: tl.constexpr, USE_TMA: tl.constexpr, HAS_TILE_MAP: tl.constexpr,
+    SPANS: tl.constexpr = False, N_ENC: tl.constexpr = 0,
 ):  # fmt: skip
     """Q (Tq, H, D_QK), K (Tk, H/G, D_QK), V (Tk, H/G, D_V) or a (H/G, D_V, Tk) transposed copy
     (FP8), O (To, H, D_V). TILE_MAP (3, n_map_tiles) int32 (batch, head, m) or unused.
     Grid: any number of programs; program p takes tiles p, p+P, ...
+    SPANS: CU_Q is the spans table (``seq_bounds``). N_ENC: encodings E_i[B_i[row]] added to each Q
+    tile as it is loaded (``add_encodings``; unused slots take any tensor).
     """
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -67,7 +71,7 @@ def gdpa_fwd_kernel(
     for t in range(pid, n_tiles, nprog):
         b, h, m = _tile_coords(TILE_MAP, t, n_tiles, n_m_tiles, H, HAS_TILE_MAP)
         hk = h // G
-        q_start, o_start, Lq, Lq_eff, k_start, Lk = seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q)
+        q_start, o_start, Lq, Lq_eff, k_start, Lk = seq_bounds(CU_Q, CU_K, b, max_q, BROADCAST_Q, SPANS, B)
         m0 = m * BLOCK_M
         offs_m = m0 + tl.arange(0, BLOCK_M)
         o_base = O + o_start * stride_ot + h.to(tl.int64) * stride_oh
@@ -88,6 +92,11 @@ def gdpa_fwd_kernel(
                 q = q_desc.load([m0, 0])
             else:
                 q = load_rows(q_base, offs_m, Lq_eff, stride_qt, offs_dq, D_QK)
+            if N_ENC > 0:
+                q = add_encodings(
+                    q, E0, E1, E2, E3, E4, B0, B1, B2, B3, B4, ENC_META, q_start, offs_m, Lq_eff, h, offs_dq,
+                    D_QK, N_ENC,
+                )  # fmt: skip
             s_scale = 1.0
             if FP8:
                 s_scale = tl.load(Q_DESCALE + h) * tl.load(K_DESCALE + hk)

@@ -11,7 +11,7 @@ import triton
 from ads_kernel_tools.capability import num_sms
 
 from .. import config as cfg
-from ..problem import Problem, grad_buffers, spans
+from ..problem import Encodings, Problem, grad_buffers, spans
 from ..scheduler import tile_map
 from ._bwd import gdpa_bwd_dkdv_kernel, gdpa_bwd_dq_kernel
 from ._fwd import gdpa_fwd_kernel
@@ -89,13 +89,17 @@ def fwd(
     out: torch.Tensor,
     act_tbl: torch.Tensor | None = None,
     descale: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    span_tbl: torch.Tensor | None = None,
+    enc: Encodings | None = None,
 ) -> torch.Tensor:
-    """Launch the forward into ``out`` (To, H, D_V). q (Tq, H, D_QK); k, v (Tk, H_KV, D).
+    """Launch the forward into ``out`` (To, H, D_V). q (Tq, H, D_QK); k, v (Tk, H_KV, D), any
+    token/head strides (fused layouts are views).
 
     FP8 (``descale`` given): q/k/v e4m3, out bf16; V is copied K-major (H_KV, D_V, Tk) because
-    Hopper fp8 wgmma wants the B operand contiguous along the reduction dim.
+    Hopper fp8 wgmma wants the B operand contiguous along the reduction dim. ``span_tbl``: the
+    (5, B) table of ``problem.spans_table`` (pb.spans); ``enc``: encodings added to Q.
     """
-    B = cu_k.shape[0] - 1
+    B = span_tbl.shape[1] if span_tbl is not None else cu_k.shape[0] - 1
     H, H_KV, D_QK, D_V = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
     if B == 0 or out.numel() == 0:
         return out
@@ -127,7 +131,7 @@ def fwd(
         space, pinned = cfg.fit(space, pinned, cfg.fwd_smem, _block_d(D_QK), _block_d(D_V))
     # tile map (workload-sorted) only when host offsets exist: building it needs lengths on the CPU
     tmap = None
-    if pb.host_q is not None and pb.host_k is not None and not pb.broadcast_q:
+    if pb.host_q is not None and pb.host_k is not None and not pb.broadcast_q and span_tbl is None:
         lq, lk = _lengths(pb.host_q), _lengths(pb.host_k)
         bm = pinned.block_m if cfg.autotune_disabled() else space[0].block_m
         space = [c for c in space if c.block_m == bm]
@@ -147,6 +151,8 @@ def fwd(
         return (max(n, 1),)
 
     qd, kd, vd = descale if fp8 else (dummy, dummy, dummy)
+    if span_tbl is not None:
+        cu_q = cu_k = span_tbl
     args = (
         q, k, v_arg, out, cu_q, cu_k, act_tbl if act_tbl is not None else dummy, qd, kd, vd,
         tmap if tmap is not None else dummy,
@@ -155,14 +161,31 @@ def fwd(
         pb.max_q, B, H, H // H_KV, n_map, pb.scale, pb.win_left, pb.win_right,
         cfg.seqlen_bucket(pb.max_q) * 4096 + cfg.seqlen_bucket(pb.max_k),
     )  # fmt: skip
+    args += _enc_args(enc, dummy)
     kwargs = dict(
         D_QK=D_QK, D_V=D_V, BLOCK_DQK=_block_d(D_QK), BLOCK_DV=_block_d(D_V), ACT=pb.act,
         PER_HEAD=act_tbl is not None, FAST=_fast_math(q.device), HAS_WINDOW=pb.has_window,
         BOTTOM_RIGHT=pb.bottom_right, BROADCAST_Q=pb.broadcast_q, FP8=fp8, USE_TMA=use_tma,
         HAS_TILE_MAP=tmap is not None,
     )  # fmt: skip
+    kwargs.update(_extra_consts(span_tbl, enc))
     _launch("fwd", pinned, space, grid, args, kwargs)
     return out
+
+
+def _enc_args(enc: Encodings | None, dummy: torch.Tensor) -> tuple:
+    return enc.kernel_args(dummy) if enc is not None else (dummy,) * 11
+
+
+def _extra_consts(span_tbl: torch.Tensor | None, enc: Encodings | None) -> dict:
+    """Constexprs of the upstream extras, only when used: the common path's kernels keep their
+    specialisation (and cache key) unchanged."""
+    extra = {}
+    if span_tbl is not None:
+        extra["SPANS"] = True
+    if enc is not None:
+        extra["N_ENC"] = len(enc.tables)
+    return extra
 
 
 def bwd(
@@ -175,15 +198,38 @@ def bwd(
     pb: Problem,
     act_tbl: torch.Tensor | None = None,
     deterministic: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) shaped like (q, k, v). do (To, H, D_V)."""
-    B = cu_k.shape[0] - 1
+    span_tbl: torch.Tensor | None = None,
+    enc: Encodings | None = None,
+    dst: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dq, dk, dv, dq32): gradients shaped like (q, k, v), and with ``enc`` the fp32 dQ the table
+    gradients are scattered from (else None). do (To, H, D_V).
+
+    ``dst``: zeroed tensors (views of one fused gradient, any strides) that receive dq, dk, dv
+    instead of new buffers. ``span_tbl`` / ``enc`` as in ``fwd``; ``pb.dkv_atomic`` accumulates dK/dV
+    in fp32 (sequences sharing key rows).
+    """
+    B = span_tbl.shape[1] if span_tbl is not None else cu_k.shape[0] - 1
     H, H_KV, D_QK, D_V = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
     G = H // H_KV
-    covered = (spans(pb.host_q, q.shape[0]), spans(pb.host_k, k.shape[0]))
-    dq_acc, dk, dv = grad_buffers(q, k, v, covered, deterministic)
+    if dst is not None:
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if not deterministic else dst[0]
+        dk, dv = dst[1], dst[2]
+    else:
+        covered = (False, False)
+        if span_tbl is None:
+            covered = (spans(pb.host_q, q.shape[0]), spans(pb.host_k, k.shape[0]))
+        dq_acc, dk, dv = grad_buffers(q, k, v, covered, deterministic)
+    if deterministic and enc is not None:  # the table gradients want dQ before its rounding
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     if B == 0 or q.shape[0] == 0:
-        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+        dq = dst[0] if dst is not None else torch.zeros_like(q)
+        dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if enc is not None else None
+        return dq, dk.zero_(), dv.zero_(), dq32
+    dk_out, dv_out = dk, dv
+    if pb.dkv_atomic:
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     do = do.contiguous() if do.stride(-1) != 1 else do
     atomic = not deterministic
     dummy = cu_q
@@ -191,8 +237,11 @@ def bwd(
     consts = dict(
         D_QK=D_QK, D_V=D_V, BLOCK_DQK=_block_d(D_QK), BLOCK_DV=_block_d(D_V), ACT=pb.act,
         PER_HEAD=act_tbl is not None, FAST=fast, HAS_WINDOW=pb.has_window, BOTTOM_RIGHT=pb.bottom_right,
-        BROADCAST_Q=pb.broadcast_q,
+        BROADCAST_Q=pb.broadcast_q, **_extra_consts(span_tbl, enc),
     )  # fmt: skip
+    enc_args = _enc_args(enc, dummy)
+    if span_tbl is not None:
+        cu_q = cu_k = span_tbl
     tune_key = cfg.seqlen_bucket(pb.max_q) * 4096 + cfg.seqlen_bucket(pb.max_k)
     tbl = act_tbl if act_tbl is not None else dummy
 
@@ -202,7 +251,7 @@ def bwd(
     if q.device.type == "cuda" and not cfg.interpreter_active():
         space, pinned = cfg.fit(space, pinned, cfg.bwd_smem, _block_d(D_QK), _block_d(D_V))
     tmap = None
-    if pb.host_q is not None and pb.host_k is not None and not pb.broadcast_q:
+    if pb.host_q is not None and pb.host_k is not None and not pb.broadcast_q and span_tbl is None:
         lq, lk = _lengths(pb.host_q), _lengths(pb.host_k)
         bn = pinned.block_n if cfg.autotune_disabled() else space[0].block_n
         space = [c for c in space if c.block_n == bn]
@@ -218,7 +267,7 @@ def bwd(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1),
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_acc.stride(0), dq_acc.stride(1),
-        pb.max_q, pb.max_k, B, H_KV, G, n_map, pb.scale, pb.win_left, pb.win_right, tune_key,
+        pb.max_q, pb.max_k, B, H_KV, G, n_map, pb.scale, pb.win_left, pb.win_right, tune_key, *enc_args,
     )  # fmt: skip
     # head dims up to 128 only: a 256-wide fp32 dQ box would pass TMA's 256-byte swizzle span
     use_tma = cfg.bwd_tma() and max(D_QK, D_V) <= 128 and _tma_ok(q, k, v) and _tma_ok(do, dq_acc)
@@ -226,9 +275,15 @@ def bwd(
         _ensure_allocator()
     dq_tma = use_tma and cfg.dq_tma()
     kw = dict(consts, DQ_ATOMIC=atomic, HAS_TILE_MAP=tmap is not None, USE_TMA=use_tma, DQ_TMA=dq_tma)
+    if pb.dkv_atomic:
+        kw["DKV_ATOMIC"] = True
     _launch("dkdv", pinned, space, grid_kv, args, kw)
+    if pb.dkv_atomic:
+        dk_out.copy_(dk)
+        dv_out.copy_(dv)
+    dk, dv = dk_out, dv_out
     if atomic:
-        return dq_acc.to(q.dtype), dk, dv
+        return _dq_out(dq_acc, q, dst), dk, dv, dq_acc if enc is not None else None
 
     # deterministic dQ: a second pass over query tiles (S and dP recomputed), fixed summation order
     pinned = cfg.FWD_PINNED_INTERP if cfg.interpreter_active() else cfg.DQ_SPACE[0]
@@ -251,7 +306,16 @@ def bwd(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1),
         dq_acc.stride(0), dq_acc.stride(1),
-        pb.max_q, B, H, G, 0, pb.scale, pb.win_left, pb.win_right, tune_key,
+        pb.max_q, B, H, G, 0, pb.scale, pb.win_left, pb.win_right, tune_key, *enc_args,
     )  # fmt: skip
     _launch("dq", pinned, dq_space, grid_q, args, dict(consts, HAS_TILE_MAP=False, USE_TMA=use_tma))
-    return dq_acc, dk, dv
+    if dq_acc.dtype != q.dtype or (dst is not None and dq_acc is not dst[0]):
+        return _dq_out(dq_acc, q, dst), dk, dv, dq_acc if enc is not None else None
+    return dq_acc, dk, dv, None
+
+
+def _dq_out(dq32: torch.Tensor, q: torch.Tensor, dst) -> torch.Tensor:
+    """dQ in q's dtype: into dst's dq view when given (fused gradient), else a new tensor."""
+    if dst is None:
+        return dq32.to(q.dtype)
+    return dst[0].copy_(dq32)
