@@ -99,7 +99,8 @@ def test_max_seq_len_zero_gives_zeros(device):
         (dict(use_mask=1), "bools"),
     ],
 )
-def test_bad_inputs(change, match, device):
+def test_bad_inputs(change, match, device, monkeypatch):
+    monkeypatch.setenv("ADS_CHECK_INPUTS", "1")  # device offsets (on a GPU) checked too
     dtype, d = change.get("dtype", torch.bfloat16), change.get("d", 16)
     q = randn((6, d), dtype=dtype, device=device)
     k = randn((change.get("k_rows", 6), d), dtype=dtype, device=device)
