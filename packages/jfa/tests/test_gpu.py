@@ -130,3 +130,33 @@ def test_bad_offsets_are_memcheck_clean():
     report = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0 and "all paths ran" in done.stdout, report
     assert "ERROR SUMMARY: 0 errors" in done.stdout + done.stderr, report
+
+
+def test_int64_index_math_past_2_31_elements():
+    """q/k/v of 2^21 rows x 8 heads x 128 = 2^31 elements: the last sequences sit past int32 element
+    offsets; they must match the reference computed on their slices alone, forward and backward."""
+    from ads_kernel_tools.reference.attention import jagged_attention_ref
+    from ads_kernel_tools.testing import lengths_to_offsets
+    from ads_kernel_tools.tolerance import assert_close_vs_baseline
+
+    n_seq, length, h, d = 8192, 256, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(n_seq * length, h, d, device="cuda", generator=g, dtype=torch.bfloat16)
+               for _ in range(3))  # fmt: skip
+    assert q.numel() >= 2**31
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    cu = lengths_to_offsets([length] * n_seq, device="cuda")
+    out = jagged_flash_attention(*leaves, cu, cu, length, length, window_size=64)
+    do = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    grads = torch.autograd.grad(out, leaves, do)
+    last = slice((n_seq - 2) * length, n_seq * length)  # the last two sequences
+    cu2 = lengths_to_offsets([length, length], device="cuda")
+    truth = [t.detach()[last].double().requires_grad_() for t in (q, k, v)]
+    base = [t.detach()[last].clone().requires_grad_() for t in (q, k, v)]
+    r_out, _ = jagged_attention_ref(*truth, cu2, cu2, length, window_size=64, dtype=torch.float64)
+    b_out, _ = jagged_attention_ref(*base, cu2, cu2, length, window_size=64, dtype=torch.bfloat16)
+    assert_close_vs_baseline(out[last], r_out, b_out, name="out (past 2^31)")
+    r_g = torch.autograd.grad(r_out, truth, do[last].double())
+    b_g = torch.autograd.grad(b_out, base, do[last])
+    for name, a, r, b in zip(("dq", "dk", "dv"), grads, r_g, b_g):
+        assert_close_vs_baseline(a[last], r, b, name=f"{name} (past 2^31)")
