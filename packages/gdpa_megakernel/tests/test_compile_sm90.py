@@ -3,6 +3,9 @@ offline compiler in one child process; see ads_kernel_tools.compile_check)."""
 
 from __future__ import annotations
 
+import os
+from unittest import mock
+
 import pytest
 
 from ads_gdpa_megakernel import config
@@ -19,7 +22,11 @@ def _types(ptrs: tuple[str, ...], weights: tuple[str, ...] = ("W", "B")) -> dict
 
 
 def _tile(n: int) -> dict:
-    tile = config.row_tile(n)
+    """The tile the GPU runs (the interpreter's smaller test tiles, set in conftest, left out)."""
+    with mock.patch.dict(os.environ):
+        for knob in ("ADS_GDPA_MK_TILE_ELEMS", "ADS_GDPA_MK_MAX_BLOCK_N"):
+            os.environ.pop(knob, None)
+        tile = config.row_tile(n)
     kw = tile.kwargs()
     warps = kw.pop("num_warps")
     return kw, warps
@@ -66,6 +73,12 @@ def ptx(request) -> dict[str, dict]:
 
 
 CASES = [c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow) for c in _jobs()]
+
+
+def test_production_tile() -> None:
+    """What the compile jobs check is the GPU's tile at H·D = 512: 8 tokens x 512 features, 8 warps."""
+    assert _tile(512) == (dict(BLOCK_T=8, BLOCK_N=512, CHUNKS=1), 8)
+    assert _tile(4096) == (dict(BLOCK_T=2, BLOCK_N=2048, CHUNKS=2), 8)
 
 
 @pytest.mark.parametrize("case", CASES)
