@@ -179,3 +179,26 @@ def jagged_case(
     bg = torch.autograd.grad(b_out, base, do)
     for n, a, r, b in zip(("dq", "dk", "dv"), g, rg, bg):
         assert_close_vs_baseline(a, r, b, name=f"{n}[{name}]")
+
+
+def paged_cache(k, v, cu_k, page_size, extra_pages=3, seed=0):
+    """K/V scattered into shuffled pages of a cache, and the page table that finds them again."""
+    lens = (cu_k[1:] - cu_k[:-1]).tolist()
+    per_seq = [-(-n // page_size) for n in lens]
+    width = max(max(per_seq), 1)
+    n_pages = sum(per_seq) + extra_pages
+    perm = torch.randperm(n_pages, generator=torch.Generator().manual_seed(seed))
+    kc = randn((n_pages, page_size, *k.shape[1:]), dtype=k.dtype, device=k.device, seed=seed + 11)
+    vc = randn((n_pages, page_size, *v.shape[1:]), dtype=v.dtype, device=v.device, seed=seed + 12)
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    nxt = 0
+    starts = cu_k.tolist()
+    for b, n in enumerate(lens):
+        for p in range(per_seq[b]):
+            page = int(perm[nxt])
+            nxt += 1
+            table[b, p] = page
+            rows = slice(starts[b] + p * page_size, starts[b] + min((p + 1) * page_size, n))
+            m = rows.stop - rows.start
+            kc[page, :m], vc[page, :m] = k[rows], v[rows]
+    return kc, vc, table.to(k.device)

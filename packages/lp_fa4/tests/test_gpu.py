@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fa4_testlib import Case, run_case
+from fa4_testlib import Case, compare_lse, paged_cache, run_case
 
 from ads_kernel_tools.reference.attention import softmax_attention_varlen_ref
 from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets, randn
@@ -86,3 +86,26 @@ def test_int64_indexing_past_2_31(device):
     dq, dk, dv = torch.autograd.grad(out, leaves, torch.ones_like(out))
     assert torch.isfinite(dq[last]).all() and dq[last].abs().sum() > 0
     assert torch.isfinite(dk[last]).all() and dk[last].abs().sum() > 0
+
+
+@pytest.mark.parametrize("page_size", [64, 128, 256])
+def test_paged_kv_real_sizes(page_size, device):
+    """Paged KV at serving sizes equals the same call on contiguous K/V, and the reference."""
+    lq = jagged_lengths(16, 512, 0.5, seed=page_size)
+    lk = jagged_lengths(16, 4096, 0.5, seed=page_size + 1)
+    q = randn((sum(lq), 8, 128), dtype=torch.bfloat16, device=device, seed=1)
+    k = randn((sum(lk), 2, 128), dtype=torch.bfloat16, device=device, seed=2)
+    v = randn((sum(lk), 2, 128), dtype=torch.bfloat16, device=device, seed=3)
+    cu_q, cu_k = lengths_to_offsets(lq, device=device), lengths_to_offsets(lk, device=device)
+    kc, vc, table = paged_cache(k, v, cu_k, page_size)
+    used_k = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
+    kw = dict(causal=True, return_lse=True)
+    with torch.no_grad():
+        out, lse = flash_attn_varlen_func(q, kc, vc, cu_q, None, max(lq), max(lk), seqused_k=used_k,
+                                          page_table=table, **kw)  # fmt: skip
+        flat, flat_lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), **kw)
+    assert torch.equal(out, flat) and torch.equal(lse, flat_lse)
+    ref, rlse = softmax_attention_varlen_ref(q.float(), k.float(), v.float(), cu_q, cu_k, causal=True)
+    base, _ = softmax_attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True, dtype=torch.bfloat16)
+    assert_close_vs_baseline(out, ref, base, name=f"paged out (page {page_size})")
+    compare_lse(lse, rlse, "paged lse")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fa4_testlib import Case, compare_lse, run_case
+from fa4_testlib import Case, compare_lse, paged_cache, run_case
 
 from ads_kernel_tools.reference.attention import softmax_attention_varlen_ref
 from ads_kernel_tools.testing import lengths_to_offsets, randn
@@ -103,29 +103,6 @@ def test_seqused_with_4d_q_and_k(device):
     assert (out[1, 4:] == 0).all() and torch.isneginf(lse[1, :, 4:]).all()
 
 
-def _paged(k, v, cu_k, page_size, extra_pages=3, seed=0):
-    """K/V scattered into shuffled pages of a cache, and the page table that finds them again."""
-    lens = (cu_k[1:] - cu_k[:-1]).tolist()
-    per_seq = [-(-n // page_size) for n in lens]
-    width = max(max(per_seq), 1)
-    n_pages = sum(per_seq) + extra_pages
-    perm = torch.randperm(n_pages, generator=torch.Generator().manual_seed(seed))
-    kc = randn((n_pages, page_size, *k.shape[1:]), dtype=k.dtype, device=k.device, seed=seed + 11)
-    vc = randn((n_pages, page_size, *v.shape[1:]), dtype=v.dtype, device=v.device, seed=seed + 12)
-    table = torch.zeros(len(lens), width, dtype=torch.int32)
-    nxt = 0
-    starts = cu_k.tolist()
-    for b, n in enumerate(lens):
-        for p in range(per_seq[b]):
-            page = int(perm[nxt])
-            nxt += 1
-            table[b, p] = page
-            rows = slice(starts[b] + p * page_size, starts[b] + min((p + 1) * page_size, n))
-            m = rows.stop - rows.start
-            kc[page, :m], vc[page, :m] = k[rows], v[rows]
-    return kc, vc, table.to(k.device)
-
-
 @pytest.mark.parametrize("page_size", [16, 5])
 @pytest.mark.parametrize(
     "opts", [dict(causal=True), dict(window=(4, 4), softcap=2.0)], ids=["causal", "local"]
@@ -134,7 +111,7 @@ def test_paged_kv_matches_gathered(page_size, opts, device):
     """Paged KV (3-D q) equals the same call on contiguous K/V, and the reference."""
     lq, lk = (3, 17, 1), (20, 33, 0)
     q, k, v, cu_q, cu_k = _inputs(lq, lk, device, seed=3)
-    kc, vc, table = _paged(k, v, cu_k, page_size)
+    kc, vc, table = paged_cache(k, v, cu_k, page_size)
     used_k = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
     kw = dict(
         causal=opts.get("causal", False),
@@ -195,7 +172,7 @@ def test_paged_kv_4d_q_without_seqused(device):
 
 def test_paged_kv_refuses_backward(device):
     q, k, v, cu_q, cu_k = _inputs((3,), (8,), device)
-    kc, vc, table = _paged(k, v, cu_k, 4)
+    kc, vc, table = paged_cache(k, v, cu_k, 4)
     with pytest.raises(NotImplementedError, match="page_table"):
         flash_attn_varlen_func(q.requires_grad_(), kc, vc, cu_q, None, 3, 8, page_table=table)
 
