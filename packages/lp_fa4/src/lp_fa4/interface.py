@@ -80,7 +80,7 @@ def _run(
     _check_runnable(q3)
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
     zero_fill = zero_fill or sink is not None
-    return _ops.fwd_op(
+    return _ops.attention(
         q3,
         k,
         v,
