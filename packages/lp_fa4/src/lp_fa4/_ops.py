@@ -72,11 +72,14 @@ def fwd_impl(
     lse_dense: bool,
     zero_fill: bool,
     deterministic: bool,
+    host_q: Tensor | None = None,
+    host_k: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse): out like the query rows (broadcast_q: B·Lq rows), lse fp32 natural log, (B, H, S)
     when ``lse_dense`` else (H, rows). ``zero_fill`` pre-fills out 0 / lse -inf for rows no kernel
     program reaches (jagged rows past max_seqlen_q; the sink gradient reads every LSE row).
-    ``deterministic`` is the backward's (the forward is always deterministic)."""
+    ``deterministic`` is the backward's (the forward is always deterministic). ``host_q/k``: optional
+    CPU copies of the offsets, read only by the FLOP formula (exact per-sequence counts)."""
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
     if zero_fill:
         out = q.new_zeros(out_shape, dtype=q.dtype)
@@ -115,6 +118,8 @@ def _(
     lse_dense,
     zero_fill,
     deterministic,
+    host_q=None,
+    host_k=None,
 ):
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
@@ -149,6 +154,8 @@ def bwd_impl(
     rows_cap: int,
     lse_dense: bool,
     deterministic: bool,
+    host_q: Tensor | None = None,
+    host_k: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dsink); dsink is empty when there is no sink."""
     pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
@@ -196,6 +203,8 @@ def _(
     rows_cap,
     lse_dense,
     deterministic,
+    host_q=None,
+    host_k=None,
 ):
     dsink = torch.empty_like(sink) if sink is not None else q.new_empty(_EMPTY)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsink
@@ -208,6 +217,8 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink)
     ctx.opts = inputs[9:19]  # max_q .. lse_dense
     ctx.deterministic = inputs[20]
+    ctx.host = tuple(inputs[21:23]) + (None,) * (23 - max(len(inputs), 21))
+    ctx.n_inputs = len(inputs)
 
 
 def _backward(ctx, dout, dlse):
@@ -243,8 +254,10 @@ def _backward(ctx, dout, dlse):
         rows_cap,
         lse_dense,
         ctx.deterministic,
+        *ctx.host,
     )
-    return (dq, dk, dv) + (None,) * 5 + (dsink if sink is not None else None,) + (None,) * 12
+    grads = (dq, dk, dv) + (None,) * 5 + (dsink if sink is not None else None,)
+    return grads + (None,) * (ctx.n_inputs - len(grads))
 
 
 torch.library.register_autograd("lp_fa4::fwd", _backward, setup_context=_setup_context)
@@ -305,66 +318,60 @@ def _pairs(max_q, max_k, n_b, win_left, win_right, top_left) -> int:
     return n_b * valid_pairs(max_q, max_k, window=(left, right))
 
 
-def fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q) -> int:
-    n_b = _batches(cu_q, cu_k, broadcast_q)
-    return (
-        2
-        * q.shape[1]
-        * (q.shape[-1] + v.shape[-1])
-        * _pairs(max_q, max_k, n_b, win_left, win_right, top_left)
-    )
+def _readable(host) -> list[int] | None:
+    """Host offsets as ints, or None where they are not real CPU data (fake or meta tensors)."""
+    if host is None or not isinstance(host, Tensor) or host.device.type != "cpu":
+        return None
+    try:
+        return [int(x) for x in host.tolist()]
+    except Exception:  # fake tensors raise on data access: the caller falls back to the bound
+        return None
+
+
+def _exact_pairs(hq, hk, max_q, max_k, win_left, win_right, top_left, broadcast_q) -> int:
+    """Σ_b pairs the kernels compute, per sequence (rows capped at max_q, keys at max_k)."""
+    from ads_kernel_tools.bench.flops import valid_pairs
+
+    lk = [min(b - a, max_k) for a, b in zip(hk[:-1], hk[1:])]
+    lq = [hq[1] - hq[0]] * len(lk) if broadcast_q else [b - a for a, b in zip(hq[:-1], hq[1:])]
+    left = None if win_left >= launch.BIG else win_left
+    right = None if win_right >= launch.BIG else win_right
+    total = 0
+    for a, c in zip(lq, lk):
+        if a <= 0 or c <= 0:
+            continue
+        if left is None and right is None:
+            total += min(a, max_q) * c
+        elif top_left and left == right:
+            total += valid_pairs(a, c, symmetric_window=left, q_rows=max_q)
+        else:
+            total += valid_pairs(a, c, window=(left, right), q_rows=max_q)
+    return total
+
+
+def fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q, host_q=None,
+              host_k=None) -> int:  # fmt: skip
+    """2·H·(D + Dv)·pairs: exact per sequence with host offsets, else the B x max_q x max_k bound."""
+    hq, hk = _readable(host_q), _readable(host_k)
+    if hq is not None and hk is not None:
+        pairs = _exact_pairs(hq, hk, max_q, max_k, win_left, win_right, top_left, broadcast_q)
+    else:
+        pairs = _pairs(max_q, max_k, _batches(cu_q, cu_k, broadcast_q), win_left, win_right, top_left)
+    return 2 * q.shape[1] * (q.shape[-1] + v.shape[-1]) * pairs
 
 
 @register_flop_formula(torch.ops.lp_fa4.fwd, get_raw=True)
-def _flops_fwd(
-    q,
-    k,
-    v,
-    cu_q,
-    cu_k,
-    used_q,
-    used_k,
-    page_table,
-    sink,
-    max_q,
-    max_k,
-    scale,
-    softcap,
-    win_left,
-    win_right,
-    top_left,
-    broadcast_q,
-    *rest,
-    out_val=None,
-    **kw,
-) -> int:
-    return fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q)
+def _flops_fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, max_q, max_k, scale, softcap,
+               win_left, win_right, top_left, broadcast_q, *rest, out_val=None, **kw) -> int:  # fmt: skip
+    host_q, host_k = (rest[4], rest[5]) if len(rest) > 5 else (kw.get("host_q"), kw.get("host_k"))
+    return fwd_flops(
+        q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q, host_q, host_k
+    )
 
 
 @register_flop_formula(torch.ops.lp_fa4.bwd, get_raw=True)
-def _flops_bwd(
-    do,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    dlse,
-    cu_q,
-    cu_k,
-    used_q,
-    used_k,
-    sink,
-    max_q,
-    max_k,
-    scale,
-    softcap,
-    win_left,
-    win_right,
-    top_left,
-    broadcast_q,
-    *rest,
-    out_val=None,
-    **kw,
-) -> int:
-    return int(2.5 * fwd_flops(q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q))
+def _flops_bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, sink, max_q, max_k, scale, softcap,
+               win_left, win_right, top_left, broadcast_q, *rest, out_val=None, **kw) -> int:  # fmt: skip
+    host_q, host_k = (rest[3], rest[4]) if len(rest) > 4 else (kw.get("host_q"), kw.get("host_k"))
+    args = (q, v, cu_q, cu_k, max_q, max_k, win_left, win_right, top_left, broadcast_q, host_q, host_k)
+    return int(2.5 * fwd_flops(*args))

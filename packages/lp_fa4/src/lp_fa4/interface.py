@@ -48,6 +48,17 @@ def _dense_offsets(n_b: int, s: int, device) -> Tensor:
     return _dense_offsets_cached(n_b, s, str(device))
 
 
+def _host_copy(name: str, host, entries: int) -> Tensor | None:
+    """A CPU int64 copy of host offsets (a list or a CPU tensor) with ``entries`` entries, or None."""
+    if host is None:
+        return None
+    t = torch.as_tensor(host)
+    if t.device.type != "cpu" or t.dim() != 1 or t.shape[0] != entries or t.is_floating_point():
+        raise ValueError(f"lp_fa4: {name} must be {entries} integer offsets on the CPU, got {t.dtype} "
+                         f"{tuple(t.shape)} on {t.device}")  # fmt: skip
+    return t.to(torch.int64)
+
+
 def _longest(cu: Tensor) -> int:
     """max(cu[b+1] - cu[b]): a device sync, only when the caller omitted max_seqlen."""
     return int((cu[1:] - cu[:-1]).max().item()) if cu.shape[0] > 1 else 0
@@ -76,6 +87,8 @@ def _run(
     lse_dense=False,
     zero_fill=False,
     deterministic=False,
+    host_q=None,
+    host_k=None,
 ):
     _check_runnable(q3)
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
@@ -102,6 +115,8 @@ def _run(
         lse_dense,
         zero_fill,
         bool(deterministic),
+        host_q,
+        host_k,
     )
 
 
@@ -230,7 +245,9 @@ def flash_attn_varlen_func(
     ``seqused_q/k`` (B,) shorten each sequence to its first entries: query rows past seqused_q give
     out 0 / lse -inf (within the first max_seqlen_q rows of the slot; later slot rows are not
     written), keys past seqused_k are ignored and get zero dK/dV. ``max_seqlen_q/k`` bound the
-    longest sequence (omitted: read from the offsets, one device sync). ``broadcast_q``: the one query
+    longest sequence (omitted: read from the offsets, one device sync); of a longer one only the
+    first max_seqlen_q rows are computed and the first max_seqlen_k keys attended, in the forward
+    and the backward alike (keys past it get zero dK/dV). ``broadcast_q``: the one query
     sequence (cu_seqlens_q = [0, Lq]) attends to each of the B kv sequences; out (B·Lq, H, Dv), dQ
     summed over the batch. Returns ``(out, lse)``: out (Tq, H, Dv), lse (H, Tq) fp32 natural log (for
     4-D q: (B, Sq, H, Dv) and (B, H, Sq)) when ``return_lse``, else None. Rows before cu_seqlens_q[0]
@@ -305,8 +322,7 @@ def flash_attn_varlen_func(
         if max_seqlen_k is not None:
             max_k = max_seqlen_k
         elif cpu_cu_seqlens_k is not None:
-            host = torch.as_tensor(cpu_cu_seqlens_k)
-            max_k = int((host[1:] - host[:-1]).max()) if host.numel() > 1 else 0
+            max_k = _longest(_host_copy("cpu_cu_seqlens_k", cpu_cu_seqlens_k, cu_k.shape[0]))
         else:
             max_k = _longest(cu_k)
     if paged and v.shape[:2] != k.shape[:2]:
@@ -372,6 +388,8 @@ def jagged_attention(
     window_size: int | None = None,
     broadcast_q: bool = False,
     deterministic: bool = False,
+    cu_seqlens_q_cpu: Tensor | None = None,
+    cu_seqlens_k_cpu: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Jagged softmax attention (the semantics ads-jfa builds on; not an FA4 name).
 
@@ -380,8 +398,10 @@ def jagged_attention(
     top-left symmetric band |i - j| <= W with i, j counted from each sequence's start. Query rows
     i >= ``max_seqlen_q`` are zeros (and get zero dQ); an empty kv sequence gives 0 / -inf.
     ``broadcast_q``: q is one sequence (cu_seqlens_q = [0, Lq]) attending to each of the B kv
-    sequences; out (B·Lq, H, Dv), dQ summed over the batch. ``max_seqlen_k`` bounds the longest kv
-    sequence (omitted: read from the offsets, one device sync). Returns (out, lse): lse (H, rows) fp32
+    sequences; out (B·Lq, H, Dv), dQ summed over the batch. Keys past ``max_seqlen_k`` are ignored
+    (zero dK/dV; omitted: the longest kv sequence, from ``cu_seqlens_k_cpu`` or else read from the
+    offsets with one device sync). ``cu_seqlens_q_cpu/k_cpu``: optional CPU copies of the offsets
+    (the FLOP formula then counts each sequence exactly). Returns (out, lse): lse (H, rows) fp32
     natural log (the upstream TLX kernel stores lse / ln 2); both differentiable.
     """
     _check_qkv(q, k, v, 3, 3)
@@ -396,12 +416,17 @@ def jagged_attention(
         isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0
     ):
         raise ValueError(f"lp_fa4: window_size must be None or an int >= 0, got {window_size!r}")
-    max_k = max_seqlen_k if max_seqlen_k is not None else _longest(cu_seqlens_k)
+    host_q = _host_copy("cu_seqlens_q_cpu", cu_seqlens_q_cpu, cu_seqlens_q.shape[0])
+    host_k = _host_copy("cu_seqlens_k_cpu", cu_seqlens_k_cpu, cu_seqlens_k.shape[0])
+    if max_seqlen_k is not None:
+        max_k = max_seqlen_k
+    else:
+        max_k = _longest(host_k if host_k is not None else cu_seqlens_k)
     w = BIG if window_size is None else min(window_size, BIG)
     scale = _scale(softmax_scale, q.shape[-1])
     if cfg.check_inputs():
         _host_checks(
-            q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, None, None, None, 0, None, max_k, broadcast_q
+            q.shape[0], k.shape[0], cu_seqlens_q, cu_seqlens_k, None, None, None, 0, None, None, broadcast_q
         )
     return _run(
         q,
@@ -424,4 +449,6 @@ def jagged_attention(
         rows_cap=max_seqlen_q,
         zero_fill=True,
         deterministic=deterministic,
+        host_q=host_q,
+        host_k=host_k,
     )

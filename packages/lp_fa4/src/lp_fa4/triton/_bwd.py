@@ -63,7 +63,7 @@ def dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, DK, DV, CU_Q, CU_K, USED_Q, USED_K,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dqt, stride_dqh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    TQ, TK, TO, ROWS_CAP, H_KV, G, sm_scale,
+    TQ, TK, TO, K_CAP, ROWS_CAP, H_KV, G, sm_scale,
     qk_scale2, cap_in, cap_out2, win_left, win_right,
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -77,7 +77,7 @@ def dkdv_kernel(
     hk = pid % H_KV
     start_n = tl.program_id(1) * BLOCK_N
     q0, slot_q, q_len, rows, o0, k0, k_len = seq_extent(
-        b, CU_Q, CU_K, USED_Q, USED_K, TQ, TK, 0, ROWS_CAP, HAS_USED_Q, HAS_USED_K, BROADCAST_Q, False
+        b, CU_Q, CU_K, USED_Q, USED_K, TQ, TK, K_CAP, ROWS_CAP, HAS_USED_Q, HAS_USED_K, BROADCAST_Q, False
     )
     if start_n >= k_len:
         return
@@ -139,7 +139,7 @@ def dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, USED_Q, USED_K,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
     stride_dqt, stride_dqh,
-    TQ, TK, TO, ROWS_CAP, B, H, G, sm_scale,
+    TQ, TK, TO, K_CAP, ROWS_CAP, B, H, G, sm_scale,
     qk_scale2, cap_in, cap_out2, win_left, win_right,
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -164,7 +164,19 @@ def dq_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     q0, slot_q, q_len, rows, o0, k0, k_len = seq_extent(
-        b_first, CU_Q, CU_K, USED_Q, USED_K, TQ, TK, 0, ROWS_CAP, HAS_USED_Q, HAS_USED_K, BROADCAST_Q, False
+        b_first,
+        CU_Q,
+        CU_K,
+        USED_Q,
+        USED_K,
+        TQ,
+        TK,
+        K_CAP,
+        ROWS_CAP,
+        HAS_USED_Q,
+        HAS_USED_K,
+        BROADCAST_Q,
+        False,
     )
     q_rows = q0 + offs_m.to(tl.int64)
     q_ok = offs_m < rows
@@ -172,7 +184,7 @@ def dq_kernel(
                 mask=q_ok[:, None] & (offs_d[None, :] < D_QK), other=0.0)  # fmt: skip
     for b in range(b_first, b_end):
         q0, slot_q, q_len, rows, o0, k0, k_len = seq_extent(
-            b, CU_Q, CU_K, USED_Q, USED_K, TQ, TK, 0, ROWS_CAP, HAS_USED_Q, HAS_USED_K, BROADCAST_Q, False
+            b, CU_Q, CU_K, USED_Q, USED_K, TQ, TK, K_CAP, ROWS_CAP, HAS_USED_Q, HAS_USED_K, BROADCAST_Q, False
         )
         lse2, delta, ok = _row_stats(LSE, DELTA, h, o0, offs_m, rows, TO)
         o_rows = o0 + offs_m.to(tl.int64)

@@ -20,7 +20,9 @@ def seq_extent(
     Returns (q0, slot_q, q_len, rows, o0, k0, k_len): query rows [q0, q0 + slot_q) of q, of which the
     first q_len are the sequence (seqused_q) and the first ``rows`` (q_len capped at ROWS_CAP, the
     jagged max_seqlen_q) are computed; output rows start at o0 (b·Lq under broadcast_q); keys
-    [k0, k0 + k_len). Paged keys are numbered inside the sequence (k0 = 0, at most K_CAP of them).
+    [k0, k0 + k_len), at most K_CAP of them (max_seqlen_k: forward and backward ignore the same
+    keys of a sequence longer than that). Paged keys are numbered inside the sequence (k0 = 0; without
+    seqused_k there are exactly K_CAP).
     """
     if BROADCAST_Q:
         q0 = tl.load(CU_Q).to(tl.int64)
@@ -47,7 +49,7 @@ def seq_extent(
         k1 = tl.load(CU_K + b + 1).to(tl.int64)
         k0 = tl.minimum(tl.maximum(k0, 0), TK)
         k1 = tl.minimum(tl.maximum(k1, k0), TK)
-        k_len = (k1 - k0).to(tl.int32)
+        k_len = tl.minimum((k1 - k0).to(tl.int32), K_CAP)
     if HAS_USED_K:
         k_len = tl.minimum(tl.maximum(tl.load(USED_K + b), 0), k_len)
     return q0, slot_q, q_len, rows, o0, k0, k_len

@@ -30,6 +30,11 @@ class Problem:
     broadcast_q: bool
     rows_cap: int  # BIG, or the jagged max_seqlen_q past which query rows are zeros
 
+    def caps(self) -> tuple[int, int]:
+        """(rows, keys) of a sequence the kernels compute: at most max_q query rows (and the jagged
+        cap) and max_k keys, so that forward and backward agree on a sequence longer than its bound."""
+        return min(self.rows_cap, self.max_q), self.max_k
+
     def score_args(self) -> tuple[float, float, float, int, int]:
         cap = self.softcap
         cap_in = self.scale / cap if cap > 0 else 0.0
@@ -92,6 +97,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
     dummy = cu_q
     use_tma = _tma_ok(k, v, paged=paged)
     _allocator(use_tma)
+    k_cap = min(pb.max_k, max_pages * page_size) if paged else pb.max_k
     grid = (n_b * h, triton.cdiv(pb.max_q, tile.block_m))
     fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k if cu_k is not None else dummy,
@@ -99,7 +105,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
         page_table if paged else dummy, sink if sink is not None else dummy,
         q.stride(0), q.stride(1), *sk, *sv, out.stride(0), out.stride(1), stride_lb, stride_lh, spt_b,
         q.shape[0], 0 if paged else k.shape[0], out.shape[0], n_pages, max_pages,
-        max_pages * page_size if paged else 0, pb.rows_cap, h, h // hkv, *pb.score_args(),
+        k_cap, pb.caps()[0], h, h // hkv, *pb.score_args(),
         D_QK=d, D_V=dv, BLOCK_D=_pad(d), BLOCK_DV=_pad(dv), PAGE_SIZE=page_size,
         HAS_USED_Q=used_q is not None, HAS_USED_K=used_k is not None, PAGED=paged,
         HAS_SINK=sink is not None, SOFTCAP=pb.softcap > 0, TOP_LEFT=pb.top_left,
@@ -146,7 +152,7 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
         q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, uq, uk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1),
-        dv.stride(0), dv.stride(1), q.shape[0], k.shape[0], to, pb.rows_cap, hkv, g, pb.scale, *sa,
+        dv.stride(0), dv.stride(1), q.shape[0], k.shape[0], to, pb.max_k, pb.caps()[0], hkv, g, pb.scale, *sa,
         DQ_ATOMIC=mode == "atomic", **flags, **t1.launch(),
     )  # fmt: skip
     if mode == "atomic":
@@ -157,6 +163,6 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
         q, k, v, do, lse, delta, dq, cu_q, cu_k, uq, uk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-        q.shape[0], k.shape[0], to, pb.rows_cap, n_b, h, g, pb.scale, *sa, **flags, **t2.launch(),
+        q.shape[0], k.shape[0], to, pb.max_k, pb.caps()[0], n_b, h, g, pb.scale, *sa, **flags, **t2.launch(),
     )  # fmt: skip
     return dq, dk, dv, delta
