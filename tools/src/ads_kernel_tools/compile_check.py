@@ -142,6 +142,8 @@ def _run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     except Exception as e:  # reported per job so one failure does not hide the others
         return {"error": f"{type(e).__name__}: {e}"[:4000]}
     result: dict[str, Any] = dict(ptx_counts(compiled))
+    # what the launch will ask for: a build over the SM's 227 KB fails only at run time
+    result["shared_bytes"] = int(getattr(compiled.metadata, "shared", 0) or 0)
     between = job.get("sass_between", {})
     if between:
         text = sass(compiled)

@@ -250,6 +250,12 @@ def bwd(
     space = cfg.BWD_SPACE
     if q.device.type == "cuda" and not cfg.interpreter_active():
         space, pinned = cfg.fit(space, pinned, cfg.bwd_smem, _block_d(D_QK), _block_d(D_V))
+        if enc is not None:
+            # the gathered encoding rows are multi-buffered with the Q tiles: at two stages the dK/dV
+            # kernel asks for more shared memory than an SM has (262 KB at 64x128, D=128;
+            # tests/test_compile_sm90.py), unpipelined it needs 98 KB
+            space = list(dict.fromkeys(replace(c, num_stages=1) for c in space))
+            pinned = replace(pinned, num_stages=1)
     tmap = None
     if pb.host_q is not None and pb.host_k is not None and not pb.broadcast_q and span_tbl is None:
         lq, lk = _lengths(pb.host_q), _lengths(pb.host_k)
