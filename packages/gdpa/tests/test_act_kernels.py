@@ -80,7 +80,7 @@ try:  # Gluon is optional (a Triton without it runs the portable kernels only)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from ads_gdpa.gluon._common import act_and_grad_scaled, act_scaled
+    from ads_gdpa.gluon._act import act_and_grad_scaled, act_scaled
 
     @gluon.jit
     def _gluon_act_kernel(X, Y, YG, G, n, scale, ACT: gl.constexpr, BLOCK: gl.constexpr):

@@ -102,3 +102,13 @@ def test_negative_or_nonfinite_descales_raise():
     for bad in (torch.tensor([1.0, -0.5]), torch.tensor([float("nan"), 1.0])):
         with pytest.raises(ValueError, match="k_descale must be finite and >= 0"):
             gdpa_varlen(q, q, q, cu, cu, 8, 8, q_descale=ones, k_descale=bad, v_descale=ones)
+
+
+def test_gluon_tables_stay_within_the_kernels_own_list():
+    pytest.importorskip("triton.experimental.gluon")
+    from ads_gdpa.gluon import fwd_sm90
+
+    for direction in ("fwd", "bwd"):
+        row = dispatch.SUPPORT[("gluon", 9, direction)]
+        assert row.activations <= fwd_sm90.SUPPORTED_ACTIVATIONS
+        assert row.fp8_activations <= fwd_sm90.SUPPORTED_ACTIVATIONS

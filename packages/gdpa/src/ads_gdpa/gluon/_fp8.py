@@ -13,7 +13,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..activations import Activation
-from ._common import _tanh, act_scaled
+from ._act import _tanh, act_scaled
 
 _RAW = gl.constexpr(int(Activation.RAW))
 _FAST_GELU = gl.constexpr(int(Activation.FAST_GELU))

@@ -37,18 +37,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ads_kernel_tools.kernels.tile_list import schedule
-
-from ._common import (
-    act_and_grad_scaled,
+from ads_kernel_tools.capability import num_sms as sm_count
+from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords
+from ads_kernel_tools.kernels.gluon_hopper import (
     red_add_v4,
-    sm_count,
     smem_layout,
     stage_for_tma,
     store_rows,
-    tile_coords,
     tma_reduce_add,
 )
+from ads_kernel_tools.kernels.tile_list import schedule
+
+from ._act import act_and_grad_scaled
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup

@@ -38,49 +38,31 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ads_kernel_tools.kernels.tile_list import schedule
-
-from .. import config as cfg
-from ..triton._transpose import v_kmajor, v_kmajor_relabel
-from ._common import (
-    DEFERRED_GAIN,
-    act_deferred,
-    act_scaled,
+from ads_kernel_tools.capability import num_sms as sm_count
+from ads_kernel_tools.kernels.gluon_hopper import (
     coalesced_rows_layout,
     masked_row_store,
-    sm_count,
     smem_layout,
     stage_for_tma,
     store_rows,
-    tile_coords,
 )
+from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords
+from ads_kernel_tools.kernels.tile_list import schedule
+
+from .. import config as cfg
+from ..activations import Activation
+from ..triton._transpose import v_kmajor, v_kmajor_relabel
+from ._act import DEFERRED_GAIN, act_deferred, act_scaled
 from ._fp8 import act_fp8, fp8_gain, row_scaled_p
 
-# Activation ids (spec §1.4 enum) with a kernel path here.
-ACT_RAW = 0
-ACT_GELU = 1
-ACT_GELU_APPROX = 2
-ACT_FAST_GELU = 3
-ACT_LEAKY_RELU = 4
-ACT_RELU = 5
-ACT_SILU = 7
-ACT_FAST_SILU = 8
-ACT_HARDSWISH = 9
-ACT_RELU_SQUARE = 10
+# The activations with a kernel path here (``dispatch.SUPPORT`` routes calls by its own table,
+# which tests/test_dispatch.py keeps within this one).
+_A = Activation
 SUPPORTED_ACTIVATIONS = frozenset(
-    {
-        ACT_RAW,
-        ACT_GELU,
-        ACT_GELU_APPROX,
-        ACT_FAST_GELU,
-        ACT_LEAKY_RELU,
-        ACT_RELU,
-        ACT_SILU,
-        ACT_FAST_SILU,
-        ACT_HARDSWISH,
-        ACT_RELU_SQUARE,
-    }
-)
+    int(a)
+    for a in (_A.RAW, _A.GELU, _A.GELU_APPROX, _A.FAST_GELU, _A.LEAKY_RELU, _A.RELU, _A.SILU, _A.FAST_SILU,
+              _A.HARDSWISH, _A.RELU_SQUARE)
+)  # fmt: skip
 
 BLOCK_M = 128  # query rows per tile (two 64-row consumer warpgroups)
 BLOCK_N = 128  # keys per step

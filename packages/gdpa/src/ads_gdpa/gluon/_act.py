@@ -1,7 +1,7 @@
 """GDPA's activation math for the sm_90 Gluon kernels: f(x) scaled, its deferred form, and (f, f').
 
-The kernel-agnostic Gluon helpers (layouts, tile decoding, row stores, reductions, TMA staging) live
-in ``ads_kernel_tools.kernels.gluon_hopper``; they are re-exported here for the kernel modules.
+The kernel-agnostic Gluon helpers (layouts, tile decoding, row stores, reductions, TMA staging) are
+``ads_kernel_tools.kernels.gluon_hopper``; the hardware approximations ``kernels.hw_math``.
 """
 
 from __future__ import annotations
@@ -9,18 +9,6 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ads_kernel_tools.capability import num_sms as sm_count  # noqa: F401
-from ads_kernel_tools.kernels.gluon_hopper import (  # noqa: F401  (re-exported for the kernels)
-    acc_layout,
-    coalesced_rows_layout,
-    masked_row_store,
-    red_add_v4,
-    smem_layout,
-    stage_for_tma,
-    store_rows,
-    tma_reduce_add,
-)
-from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords  # noqa: F401
 from ads_kernel_tools.kernels.hw_math import rcp_approx
 from ads_kernel_tools.kernels.hw_math import tanh_approx as _tanh
 
