@@ -266,7 +266,7 @@ class Report:
         """
         self._fill_ratios()
         unit = METRICS[self.metric]
-        out = [f"{self.title}", "", describe_environment(self.environment)]
+        out = [f"*{self.title}*", "", f"Run: {describe_environment(self.environment)}"]
         for op in _ordered(r.op for r in self.rows):
             rows = [r for r in self.rows if r.op == op]
             modes = _ordered((r.mode for r in rows), MODE_ORDER)
