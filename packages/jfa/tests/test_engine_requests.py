@@ -1,9 +1,8 @@
-"""What ads-jfa needs from lp-fa4's engine and does not get yet, each shown by a strict xfail (it
-starts failing, as a reminder to wire the feature in, once the engine has it)."""
+"""What ads-jfa needs from lp-fa4's engine: exact per-sequence FLOP counts from host offsets, and keys
+past max_seqlen_k ignored by forward and backward alike (both once strict xfails, now provided)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import lp_fa4
@@ -16,11 +15,6 @@ from ads_kernel_tools.tolerance import assert_close_vs_baseline
 BF = torch.bfloat16
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lp-fa4: jagged_attention takes no host offsets, so lp_fa4::fwd's FLOP formula counts "
-    "B x max_q x max_k (the bound), not the sum over sequences; needs cu_seqlens_q_cpu/cu_seqlens_k_cpu",
-)
 def test_flops_exact_per_sequence_with_host_offsets(device):
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -34,13 +28,6 @@ def test_flops_exact_per_sequence_with_host_offsets(device):
     assert fc.get_total_flops() == flops.attention_fwd(list(lq), list(lk), 2, 32, symmetric_window=2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lp-fa4: a kv sequence longer than max_seqlen_k is attended in full by the forward, while the "
-    "backward's key tiles stop at cdiv(max_seqlen_k, BLOCK_N), so the two disagree; wanted: k_len "
-    "clamped at max_seqlen_k in both (keys past it ignored, zero dK/dV), which also gives ads_jfa.fbgemm "
-    "its truncation in one call",
-)
 def test_keys_past_max_seqlen_k_are_ignored(device):
     """Called on the engine directly: our API rejects such offsets wherever it can see them."""
     lq, lk, max_k = (6,), (40,), 8

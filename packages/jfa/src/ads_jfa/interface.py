@@ -225,5 +225,7 @@ def jagged_flash_attention(
         window_size=window_size,
         broadcast_q=broadcast_q,
         deterministic=deterministic,
+        cu_seqlens_q_cpu=None if hq is None else torch.from_numpy(hq),
+        cu_seqlens_k_cpu=None if hk is None else torch.from_numpy(hk),
     )
     return (out, lse) if return_lse else out
