@@ -1,18 +1,11 @@
-"""GPU checks and benchmark for the Gluon sm_90 GDPA forward (ads_gdpa.gluon.fwd_sm90).
-
-pytest:   pytest -m gpu packages/gdpa/tests/test_gluon_fwd.py
-script:   python packages/gdpa/tests/test_gluon_fwd.py [--variant ws|ws_simple] [--bench] [--quick]
+"""GPU checks of the Gluon sm_90 GDPA forward (ads_gdpa.gluon.fwd_sm90); its speed is measured by
+``python -m ads_gdpa.bench`` (``--variants`` for the schedules and tuning knobs).
 
 The reference is ads_kernel_tools' fp32 ``gdpa_ref``; the tolerance is the shared rule:
 max|out - ref| <= 2 * max|base - ref| + floor, where ``base`` is ``gdpa_ref`` in the input precision.
 """
 
 from __future__ import annotations
-
-import argparse
-import os
-import sys
-import time
 
 import pytest
 import torch
@@ -27,14 +20,7 @@ def _load_fwd():
     return fwd_sm90
 
 
-def _cuda_sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _cuda_sm90(), reason="needs a CUDA sm_90 GPU"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 
 
 def _make_case(lens_q, lens_k, H, H_kv, D, dtype, seed, pad_rows=0):
@@ -143,65 +129,6 @@ def test_gluon_fwd_dead_half_skip_forced(skip, case):
     """Both builds on every quick case: the default picks one by max_seqlen_q, so forcing each
     covers the dead-half skip on long maxima and its absence on short ones."""
     _check(_load_fwd(), skip_dead_halves=skip, **_cases(True)[case])
-
-
-def _bench(fwd, variant, sparsity_half: bool, B=1152, H=4, D=128, max_len=2048):
-    import triton
-
-    g = torch.Generator().manual_seed(123)
-    if sparsity_half:
-        lens = torch.randint(1, max_len + 1, (B,), generator=g).tolist()
-    else:
-        lens = [max_len] * B
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    T = int(cu[-1])
-    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * D**-0.25
-    k = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) * D**-0.25
-    v = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty_like(q)
-    fn = lambda: fwd.gdpa_fwd_gluon(q, k, v, cu, cu, max_len, max_len, 3, 1.0, out, variant=variant)
-    fn()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(fn, warmup=100, rep=600, return_mode="median")
-    flops = 4 * H * D * sum(L * L for L in lens)
-    return ms, flops / ms / 1e9
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--variant", default="ws", choices=["ws", "ws_simple"])
-    ap.add_argument("--bench", action="store_true")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument(
-        "--cfgs", default="", help="';'-separated ADS_GDPA_GLUON_CFG values to bench (stages,qbuf,epilogue)"
-    )
-    args = ap.parse_args()
-    fwd = _load_fwd()
-    failed = 0
-    t0 = time.time()
-    for c in _cases(args.quick):
-        try:
-            print("PASS", _check(fwd, variant=args.variant, **c), flush=True)
-        except AssertionError as e:
-            failed += 1
-            print("FAIL", args.variant, c.get("act"), c.get("D", 128), e, flush=True)
-    print(f"{args.variant}: {failed} failed, {time.time() - t0:.1f}s", flush=True)
-    if args.bench and failed == 0:
-        for cfg in [c for c in args.cfgs.split(";") if c] or [None]:
-            if cfg:
-                os.environ["ADS_GDPA_GLUON_CFG"] = cfg
-            for sp in (False, True):
-                ms, tf = _bench(fwd, args.variant, sp)
-                print(
-                    f"BENCH {args.variant} cfg={cfg or 'default'} B=1152 H=4 D=128 len=2048 "
-                    f"{'uniform[1,2048]' if sp else 'full'} fast_gelu: {ms:.3f} ms  {tf:.1f} TFLOP/s",
-                    flush=True,
-                )
-    sys.exit(1 if failed else 0)
-
-
-if __name__ == "__main__":
-    main()
 
 
 def test_dispatch_routes_to_gluon_when_asked(monkeypatch):
