@@ -16,11 +16,11 @@ CuTe varlen and cuDNN SDPA (softmax attention: speed references only).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 
 import torch
+
+from ads_kernel_tools.bench.cli import env as cli_env
 
 TARGETS = {"fwd": 600.0, "bwd": 420.0}
 _NAIVE_MAX_SCORE_ELEMS = 6e9  # B·H·Sq·Sk above which the naive S×S buffers (x ~8 bf16 copies) would OOM
@@ -112,17 +112,17 @@ class Bench:
             return (out, leaves) if grad else out
 
         self._fwd_bwd(op, "ours", shape, ours, flop)
-        with _env(ADS_GDPA_BACKEND="triton"):
+        with cli_env(ADS_GDPA_BACKEND="triton"):
             self._fwd_bwd(op, "ours[triton]", shape, ours, flop)
         if op.startswith("self"):
             self._fp8_rows(op, shape, (q, k, v), (cu_q, cu_k, hq, hk), mq, mk, flop)
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
-            with _env(ADS_GDPA_BWD_BACKEND="gluon"):
+            with cli_env(ADS_GDPA_BWD_BACKEND="gluon"):
                 self._fwd_bwd(op, "ours[gluon-bwd]", shape, ours, flop)
-            with _env(ADS_GDPA_BWD_BACKEND="triton", ADS_GDPA_BWD_TMA="1"):
+            with cli_env(ADS_GDPA_BWD_BACKEND="triton", ADS_GDPA_BWD_TMA="1"):
                 self._fwd_bwd(op, "ours[triton-bwd-tma-loads]", shape, ours, flop)
-            with _env(ADS_GDPA_BACKEND="triton", ADS_GDPA_PERSISTENT="1"):
+            with cli_env(ADS_GDPA_BACKEND="triton", ADS_GDPA_PERSISTENT="1"):
                 self._fwd_bwd(op, "ours[triton-persistent]", shape, ours, flop, make_grad=False)
 
         # padded dense peers
@@ -189,7 +189,7 @@ class Bench:
                                cu_seqlens_q_cpu=hq, cu_seqlens_k_cpu=hk)  # fmt: skip
 
         for provider, env in (("ours[fp8]", {}), ("ours[fp8,triton]", {"ADS_GDPA_BACKEND": "triton"})):
-            with _env(**env), peers.skip_on_error(provider):
+            with cli_env(**env), peers.skip_on_error(provider):
                 err = rel_norm_error(run()[:rq], ref)
                 self._add(op, provider, "fwd", shape, self._time(run), flop, note=f"rel err {err:.3f}")
         torch.cuda.empty_cache()
@@ -218,21 +218,6 @@ class Bench:
                 return (out, leaves) if grad else out
 
             self._fwd_bwd(op, "cudnn-sdpa(softmax,padded)", shape, cudnn_run, flop)
-
-
-@contextlib.contextmanager
-def _env(**values: str):
-    """Environment switches for one provider's rows, restored afterwards."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main(argv: list[str] | None = None) -> int:

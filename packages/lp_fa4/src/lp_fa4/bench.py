@@ -13,11 +13,11 @@ descriptor loads, and ours[dq-atomic], the backward with atomic dQ), FA4 CuTe (w
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 
 import torch
+
+from ads_kernel_tools.bench.cli import env as cli_env
 
 # H200 targets from the issue (FA4 4.0.0b36 measured 708 / 577 TFLOP/s at (4, 16, 4096, 128))
 FA4_DENSE = {"fwd": 708.0, "bwd": 577.0}
@@ -63,9 +63,9 @@ class Bench:
         """--variants: ours[tma] (LP_FA4_TMA=1 forward) and ours[dq-atomic] (LP_FA4_DQ=atomic backward)."""
         if not self.args.variants:
             return
-        with _env(LP_FA4_TMA="1"):
+        with cli_env(LP_FA4_TMA="1"):
             self.fwd_bwd(op, "ours[tma]", shape, ours, flop, grad=False)
-        with _env(LP_FA4_DQ="atomic"):
+        with cli_env(LP_FA4_DQ="atomic"):
             self.fwd_bwd(op, "ours[dq-atomic]", shape, ours, flop)
 
     def dense(self, b: int, s: int, h: int, d: int, causal: bool) -> None:
@@ -165,21 +165,6 @@ class Bench:
                 return (out, ls) if grad else out
 
             self.fwd_bwd(op, "sdpa-cudnn(padded)", shape, padded, flop)
-
-
-@contextlib.contextmanager
-def _env(**values: str):
-    """Environment switches for one provider's rows, restored afterwards."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,8 @@ returned parser and can hand the finished report to ``save``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 
 import torch
 
@@ -39,3 +41,18 @@ def save(report: Report, args: argparse.Namespace, *, x_key: str, x_label: str |
         print(f"wrote {args.json} (tables: python -m ads_kernel_tools.bench {args.json} --markdown)")
     if args.plot and report.plot_png(args.plot, x_key, x_label=x_label) is not None:
         print(f"wrote {args.plot}")
+
+
+@contextlib.contextmanager
+def env(**values: str):
+    """Environment switches for one provider's rows (a backend or tuning knob), restored afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
