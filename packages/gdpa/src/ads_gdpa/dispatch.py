@@ -13,6 +13,7 @@ Extension checklist for a new architecture (e.g. an sm100 forward): write
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -98,8 +99,10 @@ KERNELS: dict[tuple[str, int, str], tuple[str, str]] = {
 }
 
 
+@functools.cache
 def _gluon_importable() -> bool:
-    """Triton's Gluon exists in this install (triton >= 3.5). Asked without importing it."""
+    """Triton's Gluon exists in this install (triton >= 3.5). Asked without importing it, once: the
+    lookup costs host time every call would pay."""
     return importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
