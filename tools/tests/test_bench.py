@@ -269,3 +269,16 @@ def test_report_progress_prints_each_row_as_it_lands(capsys):
     live.add(Row("gdpa", "fa4", "fwd", "L=1", None, note="unavailable"))
     out = capsys.readouterr().out.splitlines()
     assert out == ["  . gdpa fwd L=1 ours: 12.3 tflops", "  . gdpa fwd L=1 fa4: - tflops"]
+
+
+def test_time_fn_leaves_default_bound_arguments_alone():
+    """``lambda fn=fn: fn()`` binds a loop variable; the counter must not replace it."""
+    calls = []
+
+    def work():
+        calls.append(1)
+
+    time_fn(lambda fn=work: fn(), rep_ms=1.0, max_reps=3)
+    seen = []
+    time_fn(lambda i, tag="x": seen.append((i, tag)), rep_ms=1.0, max_reps=3)
+    assert calls and all(isinstance(i, int) and tag == "x" for i, tag in seen)

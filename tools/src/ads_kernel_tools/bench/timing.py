@@ -22,7 +22,12 @@ def _takes_index(fn: Callable) -> bool:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return len(params) >= 1
+    # a lambda's default-bound loop variables (``lambda fn=fn: ...``) are not a counter slot
+    return any(
+        p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for p in params.values()
+    )
 
 
 def _quantiles(samples: list[float]) -> dict[str, float]:
