@@ -6,5 +6,19 @@
 
 from .__about__ import __version__
 from .interface import flash_attn_func, flash_attn_varlen_func, jagged_attention
+from .mxfp8 import (
+    Mxfp8VarlenMeta,
+    Mxfp8VarlenTensor,
+    mxfp8_flash_attn_varlen_backward,
+    mxfp8_flash_attn_varlen_forward,
+    quantize_mxfp8_varlen,
+)
 
 __all__ = ["__version__", "flash_attn_func", "flash_attn_varlen_func", "jagged_attention"]
+__all__ += [
+    "Mxfp8VarlenMeta",
+    "Mxfp8VarlenTensor",
+    "mxfp8_flash_attn_varlen_backward",
+    "mxfp8_flash_attn_varlen_forward",
+    "quantize_mxfp8_varlen",
+]
