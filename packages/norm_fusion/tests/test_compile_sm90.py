@@ -62,11 +62,22 @@ def _jobs() -> dict[str, dict]:
             module="ads_norm_fusion.triton._rownorm", kernel="rownorm_kernel", types=ROWNORM_TYPES,
             constexprs=_FLAGS | kw, num_warps=warps,
         )  # fmt: skip
+    gemm_types = {p: "*bf16" for p in ("A", "B", "GAMMA", "BIAS", "AUX", "OUT")} | {
+        "ALPHA": "*fp32", "COEF": "*fp32", "PART": "*fp32",
+    }  # fmt: skip
+    gemm_flags = dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, NUM_PROGS=132, FLATTEN=True)
+    # the tiles config.rms_gemm_config picks: forward (TMA store) and the dx backward (x tile, dγ partials)
     jobs["rms_gemm"] = dict(
-        module="ads_norm_fusion.triton._rms_gemm", kernel="rms_gemm_kernel",
-        types={"A": "*bf16", "B": "*bf16", "BIAS": "*bf16", "OUT": "*bf16", "RRMS": "*fp32", "eps": "fp32"},
-        constexprs=dict(HAS_BIAS=True, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_STAGES=3),
-        num_warps=8,
+        module="ads_norm_fusion.triton._rms_gemm", kernel="scaled_gemm_kernel", types=gemm_types,
+        constexprs=gemm_flags | dict(B_TRANS=True, HAS_GAMMA=False, HAS_BIAS=True, HAS_AUX=False,
+                                     PART_GRADS=False, TMA_STORE=True, BLOCK_N=256),
+        num_warps=8, num_stages=3,
+    )  # fmt: skip
+    jobs["rms_gemm_dx"] = dict(
+        module="ads_norm_fusion.triton._rms_gemm", kernel="scaled_gemm_kernel", types=gemm_types,
+        constexprs=gemm_flags | dict(B_TRANS=False, HAS_GAMMA=True, HAS_BIAS=False, HAS_AUX=True,
+                                     PART_GRADS=True, TMA_STORE=False, BLOCK_N=128),
+        num_warps=8, num_stages=3,
     )  # fmt: skip
     jobs["norm_bwd"] = dict(
         module="ads_norm_fusion.triton._norm_bwd", kernel="norm_bwd_kernel",
@@ -87,10 +98,10 @@ def ptx(request) -> dict[str, dict]:
 
 
 # each compile costs 10-20 s of CPU: four representative kernels by default, the rest with --run-slow
-_DEFAULT = ("ln_fwd_n1024", "rms_input_grad_raw", "rms_gemm", "norm_bwd")
+_DEFAULT = ("ln_fwd_n1024", "rms_input_grad_raw", "rms_gemm", "rms_gemm_dx", "norm_bwd")
 CASES = [
     c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
-    for c in [*ROWNORM_CASES, "rms_gemm", "norm_bwd"]
+    for c in [*ROWNORM_CASES, "rms_gemm", "rms_gemm_dx", "norm_bwd"]
 ]
 
 

@@ -23,6 +23,7 @@ def _args():
         "rmsnorm_linear_fwd": (x, gk, w, b, 1e-6),
         "gemm_norm_input_grad": (dy_next, w_next_t, d["dy"].clone(), rstat, g, False, False, True),
         "row_col_scale": (x, rstat, gk),
+        "rmsnorm_linear_dx": (d["dy"], w, x, d["dy"].clone(), rstat, gk, b, True),
     }
 
 

@@ -8,7 +8,7 @@ import torch
 from _cases import DEVICE
 
 from ads_kernel_tools.testing import poisoned_empty, randn
-from ads_norm_fusion.triton.launch import launch_rms_gemm, launch_rownorm
+from ads_norm_fusion.triton.launch import launch_rms_gemm, launch_rownorm, launch_scaled_gemm, rms_gemm_blocks
 
 
 def _guarded(m, n, dtype):
@@ -66,6 +66,26 @@ def test_rms_gemm_writes_all() -> None:
     launch_rms_gemm(x, w, y, rf[3 : 3 + m], eps=1e-6)
     _assert_written(yf, m, "y")
     _assert_written(rf[:, None], m, "rrms")
+
+
+@pytest.mark.parametrize("m,k,n", [(37, 48, 80), (1, 16, 112)])
+def test_rms_gemm_dx_writes_all(m, k, n) -> None:
+    """The rmsnorm_linear dx GEMM (x tile and dγ partials in the epilogue) writes all of dx and every
+    partial-sum row, nothing outside."""
+    dt = torch.bfloat16
+    dy, w = randn((m, n), dtype=dt, device=DEVICE), randn((n, k), dtype=dt, device=DEVICE, seed=1)
+    x, gamma = randn((m, k), dtype=dt, device=DEVICE, seed=2), randn((k,), dtype=dt, device=DEVICE, seed=3)
+    r, coef = torch.rand(m, device=DEVICE) + 0.5, torch.randn(m, device=DEVICE)
+    dxf, dx = _guarded(m, k, dt)
+    blocks = rms_gemm_blocks(m, k, n, backward=True)
+    pf, part = _guarded(blocks, k, torch.float32)
+    launch_scaled_gemm(dy, w, dx, r, b_trans=False, gamma=gamma, aux=x, coef=coef, part=part)
+    _assert_written(dxf, m, "dx")
+    _assert_written(pf, blocks, "dgamma partials")
+    acc = dy.float() @ w.float()
+    want = acc * r[:, None] * gamma.float()[None, :] - x.float() * coef[:, None]
+    torch.testing.assert_close(dx.float(), want, atol=3e-2, rtol=1e-2)
+    torch.testing.assert_close(part.sum(0), (acc * x.float() * r[:, None]).sum(0), atol=1e-2, rtol=1e-3)
 
 
 def test_gemm_mode_is_the_plain_gemm() -> None:

@@ -10,7 +10,10 @@ Ops (all 2-D; the public API flattens leading dims):
   parameters: y is x̂ then, and is saved instead).
 - ``norm_bwd(dy, xhat, rstat, weight, rms, weight_grads, bias_grad) -> (dz, dweight, dnorm_bias, dbias)``
   the row-wise norm backward; dweight/dnorm_bias/dbias are (0,) unless asked for.
-- ``rmsnorm_linear_fwd(x, norm_weight, w, bias, eps) -> (y, rrms)``
+- ``rmsnorm_linear_fwd(x, norm_weight, w, bias, eps) -> (y, rrms)``: one row pass for rrms, then a
+  persistent GEMM with W·γ and the per-row scale in its epilogue.
+- ``rmsnorm_linear_dx(dy, w, x, y, rrms, norm_weight, bias, weight_grad) -> (dx, dnorm_weight)``:
+  its input gradient from the saved output (a row pass for the coefficient, then a GEMM epilogue).
 - ``gemm_norm_input_grad(dy, w_next_t, aux, rstat, weight, rms, aux_raw, weight_grads)
   -> (dz, dweight, dnorm_bias)``: ``dy @ w_next_t`` with the norm backward in its epilogue.
 Statistics outputs are fp32 and carry no gradient. Weight and bias gradients come from per-row-block
@@ -28,8 +31,11 @@ from .triton.launch import (
     launch_norm_bwd,
     launch_rms_gemm,
     launch_row_col_scale,
+    launch_row_stat,
     launch_rownorm,
+    launch_scaled_gemm,
     num_row_blocks,
+    rms_gemm_blocks,
 )
 
 _EMPTY = (0,)
@@ -266,17 +272,17 @@ def _rmsnorm_linear_setup(ctx, inputs, output) -> None:
     x, norm_weight, w, bias, _eps = inputs
     ctx.mark_non_differentiable(output[1])
     ctx.has_weight, ctx.has_bias = norm_weight is not None, bias is not None
-    ctx.save_for_backward(x, norm_weight, w, output[1])
+    # y itself is saved: Σ_n dy·(y − b) is the backward's mean_K(ĝ·x̂) (see rmsnorm_linear_dx)
+    ctx.save_for_backward(x, norm_weight, w, bias, output[0], output[1])
 
 
 def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms):
-    x, norm_weight, w, rrms = ctx.saved_tensors
+    x, norm_weight, w, bias, y, rrms = ctx.saved_tensors
     needs = ctx.needs_input_grad
     want_gamma = ctx.has_weight and needs[1]
     dx = dgamma = dw = dbias = None
     if needs[0] or want_gamma:
-        # du = dy @ w, then the RMSNorm backward over K in the same kernel's epilogue (x̂ = x·rrms)
-        dx, dgamma, _ = gemm_norm_input_grad(dy, w, x, rrms, norm_weight, True, True, want_gamma)
+        dx, dgamma = rmsnorm_linear_dx(dy, w, x, y, rrms, norm_weight, bias, want_gamma)
         dx = dx if needs[0] else None
         dgamma = dgamma if want_gamma else None
     if needs[2]:
@@ -284,6 +290,43 @@ def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms):
     if ctx.has_bias and needs[3]:
         dbias = dy.sum(dim=0)
     return dx, dgamma, dw, dbias, None
+
+
+@torch.library.custom_op("ads_norm_fusion::rmsnorm_linear_dx", mutates_args=())
+def rmsnorm_linear_dx(
+    dy: Tensor,
+    w: Tensor,
+    x: Tensor,
+    y: Tensor,
+    rrms: Tensor,
+    norm_weight: Tensor | None,
+    bias: Tensor | None,
+    weight_grad: bool,
+) -> tuple[Tensor, Tensor]:
+    """dx (and dγ) of y = RMSNorm(x)·wᵀ + b: with ĝ = γ·(dy·w) and x̂ = x·rrms,
+    dx = rrms·(ĝ − x̂·mean_K(ĝ·x̂)) and mean_K(ĝ·x̂) = Σ_n dy·(y − b) / K, so one row pass over dy and
+    y gives the per-row coefficient and dx is an output-tiled GEMM with a per-row epilogue.
+    dγ = Σ_rows (dy·w)·x̂ from per-row-block partials added in a fixed order."""
+    dy, w, x, y = _aligned(dy), _aligned(w), x.contiguous(), y.contiguous()
+    m, k = x.shape
+    coef = _stat(x)
+    launch_row_stat(dy, coef, b=y, bias=bias, r=rrms, divisor=k)
+    dx = torch.empty_like(x)
+    part = None
+    if weight_grad:
+        part = torch.empty(
+            (rms_gemm_blocks(m, k, dy.shape[1], backward=True), k), dtype=torch.float32, device=x.device
+        )
+    launch_scaled_gemm(dy, w, dx, rrms, b_trans=False, gamma=norm_weight, aux=x, coef=coef, part=part)
+    pdtype = norm_weight.dtype if norm_weight is not None else x.dtype
+    dgamma = part.sum(dim=0).to(pdtype) if weight_grad else x.new_empty(_EMPTY, dtype=pdtype)
+    return dx, dgamma
+
+
+@rmsnorm_linear_dx.register_fake
+def _(dy, w, x, y, rrms, norm_weight, bias, weight_grad):
+    pdtype = norm_weight.dtype if norm_weight is not None else x.dtype
+    return x.new_empty(x.shape), x.new_empty((x.shape[1],) if weight_grad else _EMPTY, dtype=pdtype)
 
 
 @torch.library.custom_op("ads_norm_fusion::row_col_scale", mutates_args=())
@@ -321,6 +364,11 @@ def _rmsnorm_linear_flops(x_shape, norm_weight_shape, w_shape, *args, **kwargs) 
 
 @register_flop_formula(torch.ops.ads_norm_fusion.gemm_norm_input_grad)
 def _input_grad_flops(dy_shape, w_shape, *args, **kwargs) -> int:
+    return gemm_flops(dy_shape[0], w_shape[1], dy_shape[1])
+
+
+@register_flop_formula(torch.ops.ads_norm_fusion.rmsnorm_linear_dx)
+def _rmsnorm_linear_dx_flops(dy_shape, w_shape, *args, **kwargs) -> int:
     return gemm_flops(dy_shape[0], w_shape[1], dy_shape[1])
 
 

@@ -7,7 +7,8 @@ how many row blocks the grid gets: below two row blocks per SM the rows are cut 
 Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_BLOCK_M``, ``ADS_NORM_FUSION_BLOCK_N``, ``ADS_NORM_FUSION_BLOCK_K``,
 ``ADS_NORM_FUSION_WARPS``, ``ADS_NORM_FUSION_STAGES`` (row-norm kernels) and
-``ADS_NORM_FUSION_RMS_BLOCK_N`` (the ``rmsnorm_linear`` GEMM's tile width); and
+``ADS_NORM_FUSION_RMS_BLOCK_N``, ``ADS_NORM_FUSION_RMS_STAGES`` (the ``rmsnorm_linear`` GEMM); and
+``ADS_NORM_FUSION_RMS_FLATTEN`` (0/1, see ``rms_flatten``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``).
 """
 
@@ -69,12 +70,27 @@ def rownorm_config(m: int, n: int, k: int, num_sms: int) -> TileConfig:
     )
 
 
-def rms_gemm_config(m: int, n: int, k: int) -> TileConfig:
-    """Tiles for ``rmsnorm_linear``: a plain output-tiled GEMM (the norm is a per-row scale)."""
+def rms_gemm_config(m: int, n: int, k: int, *, backward: bool = False) -> TileConfig:
+    """Tiles for ``rmsnorm_linear``'s persistent GEMM (the norm is a per-row scale in the epilogue).
+
+    Forward: 128×256×64, 8 warps, 3 stages (the shape of Triton's persistent TMA matmul on Hopper; 3
+    stages of A and B tiles plus the halved TMA-store tile fit shared memory). Backward dx (the epilogue
+    also reads an x tile): 128×128, so acc, x and the result stay in registers.
+    """
     if interpreter_active():
         return TileConfig(*_INTERP)
-    bn = _env_int("ADS_NORM_FUSION_RMS_BLOCK_N") or (256 if n >= 256 else _pow2_at_least(n))
-    return TileConfig(128, bn, 64, 8, 3)
+    if backward:
+        bn = 128 if n >= 128 else _pow2_at_least(n)
+    else:
+        bn = 256 if n >= 256 else _pow2_at_least(n)
+    bn = _env_int("ADS_NORM_FUSION_RMS_BLOCK_N") or bn
+    return TileConfig(128, bn, 64, 8, _env_int("ADS_NORM_FUSION_RMS_STAGES") or 3)
+
+
+def rms_flatten() -> bool:
+    """``ADS_NORM_FUSION_RMS_FLATTEN=0`` turns off the flattened (tile × K) pipeline of the
+    ``rmsnorm_linear`` GEMM (on by default, as Triton's persistent TMA matmul)."""
+    return os.environ.get("ADS_NORM_FUSION_RMS_FLATTEN", "1") == "1"
 
 
 # "gemm" (4) is the same kernel without the norm: the benchmark's measure of our GEMM alone

@@ -11,9 +11,16 @@ import triton
 
 from ads_kernel_tools.capability import num_sms
 
-from ..config import ROWNORM_MODES, flatten_loops, norm_bwd_config, rms_gemm_config, rownorm_config
+from ..config import (
+    ROWNORM_MODES,
+    flatten_loops,
+    norm_bwd_config,
+    rms_flatten,
+    rms_gemm_config,
+    rownorm_config,
+)
 from ._norm_bwd import norm_bwd_kernel
-from ._rms_gemm import rms_gemm_kernel
+from ._rms_gemm import row_stat_kernel, scaled_gemm_kernel
 from ._rownorm import rownorm_kernel
 from ._scale import row_col_scale_kernel
 
@@ -114,6 +121,81 @@ def launch_rownorm(
     )
 
 
+def launch_row_stat(
+    a: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    eps: float = 0.0,
+    b: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    r: torch.Tensor | None = None,
+    divisor: int | None = None,
+) -> None:
+    """One pass over the rows of a (M, N): out (M,) fp32 = rsqrt(mean(a²) + eps) when b is None,
+    else r²·Σ a·(b − bias) / divisor (``rmsnorm_linear``'s backward coefficient)."""
+    m, n = a.shape
+    if m == 0:
+        return
+    block_n = min(_pow2(n), 1024)
+    block_m = max(1, 8192 // block_n)
+    if a.device.type != "cuda":
+        block_m = min(block_m, 16)
+    grid = (triton.cdiv(m, block_m),)
+    row_stat_kernel[grid](
+        a, b if b is not None else a, bias if bias is not None else a, r if r is not None else out, out,
+        m, n, a.stride(0), b.stride(0) if b is not None else 0, 1.0 / float(divisor or n), float(eps),
+        MODE=0 if b is None else 1, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=4 if block_m * block_n <= 4096 else 8,
+    )  # fmt: skip
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 1).bit_length()
+
+
+def launch_scaled_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    alpha: torch.Tensor,
+    *,
+    b_trans: bool,
+    gamma: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    aux: torch.Tensor | None = None,
+    coef: torch.Tensor | None = None,
+    part: torch.Tensor | None = None,
+) -> None:
+    """out (M, N) = alpha[m]·(a·b)·gamma[n] (+ bias) (− aux·coef[m]); a (M, K), b (N, K) if b_trans
+    else (K, N). part (cdiv(M, block_m), N) fp32 (see ``rms_gemm_blocks``) gets Σ_rows (a·b)·aux·alpha."""
+    m, n = out.shape
+    k = a.shape[1]
+    if m == 0:
+        return
+    cfg = rms_gemm_config(m, n, k, backward=aux is not None)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    sms = num_sms(a.device) if a.device.type == "cuda" else 4
+    progs = max(1, min(tiles, sms))
+    tma_store = aux is None and part is None and out.data_ptr() % 16 == 0 and out.stride(0) % 8 == 0
+    _ensure_allocator(a)
+    dummy = alpha
+    scaled_gemm_kernel[(progs,)](
+        a, b, alpha, gamma if gamma is not None else dummy, bias if bias is not None else dummy,
+        aux if aux is not None else out, coef if coef is not None else dummy, out,
+        part if part is not None else dummy, m, n, k, a.stride(0), b.stride(0),
+        aux.stride(0) if aux is not None else 0, out.stride(0),
+        B_TRANS=b_trans, HAS_GAMMA=gamma is not None, HAS_BIAS=bias is not None, HAS_AUX=aux is not None,
+        PART_GRADS=part is not None, TMA_STORE=tma_store, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, NUM_PROGS=progs, FLATTEN=rms_flatten(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def rms_gemm_blocks(m: int, n: int, k: int, *, backward: bool) -> int:
+    """Row blocks of ``launch_scaled_gemm``: the rows of its partial-sum buffer."""
+    return triton.cdiv(m, rms_gemm_config(m, n, k, backward=backward).block_m)
+
+
 def launch_rms_gemm(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -123,35 +205,12 @@ def launch_rms_gemm(
     bias: torch.Tensor | None = None,
     eps: float,
 ) -> None:
-    """out (M, N) = diag(rrms(x)) · (x @ wᵀ) (+ bias); x (M, K), w (N, K) with the norm weight folded in."""
-    m, k = x.shape
-    n = w.shape[0]
-    if m == 0:
+    """out (M, N) = diag(rrms(x)) · (x @ wᵀ) (+ bias); x (M, K), w (N, K) with the norm weight folded in.
+    rrms (M,) fp32 is written first by one row pass over x."""
+    if x.shape[0] == 0:
         return
-    cfg = rms_gemm_config(m, n, k)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-    _ensure_allocator(x)
-    rms_gemm_kernel[grid](
-        x,
-        w,
-        bias if bias is not None else out,
-        out,
-        rrms,
-        m,
-        n,
-        k,
-        float(eps),
-        x.stride(0),
-        w.stride(0),
-        out.stride(0),
-        HAS_BIAS=bias is not None,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=_GROUP_M,
-        NUM_STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps,
-    )
+    launch_row_stat(x, rrms, eps=eps)
+    launch_scaled_gemm(x, w, out, rrms, b_trans=True, bias=bias)
 
 
 def launch_norm_bwd(
