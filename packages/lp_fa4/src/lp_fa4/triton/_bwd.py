@@ -138,21 +138,26 @@ def dkdv_kernel(
 def dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, USED_Q, USED_K,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
-    stride_dqt, stride_dqh,
-    TQ, TK, TO, K_CAP, ROWS_CAP, B, H, G, sm_scale,
+    stride_dqt, stride_dqh, stride_dqc,
+    TQ, TK, TO, K_CAP, ROWS_CAP, B, H, G, sm_scale, B_CHUNK,
     qk_scale2, cap_in, cap_out2, win_left, win_right,
     D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_USED_Q: tl.constexpr, HAS_USED_K: tl.constexpr, SOFTCAP: tl.constexpr, TOP_LEFT: tl.constexpr,
-    BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr = False,
+    BROADCAST_Q: tl.constexpr, USE_TMA: tl.constexpr = False, DQ_STORE: tl.constexpr = 0,
 ):  # fmt: skip
-    """Deterministic dQ: one program per (sequence, head, BLOCK_M queries) walks its keys; under
-    broadcast_q one program per (head, BLOCK_M) sums over all B kv sequences in a fixed order."""
+    """dQ: one program per (sequence, head, BLOCK_M queries) walks its keys (bitwise repeatable).
+    Under broadcast_q one program per (batch chunk, head, BLOCK_M) sums the B_CHUNK kv sequences of
+    its chunk in a fixed order; DQ_STORE says where the sum goes: 0 stored (cast) into DQ (one chunk),
+    1 fp32 atomics into DQ (not repeatable), 2 the chunk's fp32 partial at DQ + chunk·stride_dqc,
+    summed over the chunks in a fixed order by reduce_chunks_kernel (repeatable)."""
     pid = tl.program_id(0)
+    chunk = 0
     if BROADCAST_Q:
-        h = pid
-        b_first = 0
-        b_end = B
+        h = pid % H
+        chunk = pid // H
+        b_first = chunk * B_CHUNK
+        b_end = tl.minimum(b_first + B_CHUNK, B)
     else:
         h = pid % H
         b_first = pid // H
@@ -218,5 +223,24 @@ def dq_kernel(
                           qk_scale2, cap_in, cap_out2, SOFTCAP, BLOCK_M, BLOCK_N)  # fmt: skip
             dq += tl.dot(ds.to(q.dtype), tl.trans(kt))
     q_in = offs_m < slot_q  # rows of the slot that were not computed get zeros
+    dq_mask = q_in[:, None] & (offs_d[None, :] < D_QK)
     dq_ptrs = DQ + q_rows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :]
-    tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_in[:, None] & (offs_d[None, :] < D_QK))
+    if DQ_STORE == 1:
+        tl.atomic_add(dq_ptrs, dq * sm_scale, mask=dq_mask)
+    elif DQ_STORE == 2:
+        tl.store(dq_ptrs + chunk.to(tl.int64) * stride_dqc, dq * sm_scale, mask=dq_mask)
+    else:
+        tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=dq_mask)
+
+
+@triton.jit
+def reduce_chunks_kernel(PART, OUT, N, N_CHUNKS, BLOCK: tl.constexpr):
+    """OUT[i] = sum over c of PART[c·N + i] (fp32, chunks in order 0, 1, ...), cast to OUT's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    acc = tl.zeros([BLOCK], tl.float32)
+    ptrs = PART + offs
+    for _c in range(0, N_CHUNKS):
+        acc += tl.load(ptrs, mask=ok, other=0.0)
+        ptrs += N
+    tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=ok)

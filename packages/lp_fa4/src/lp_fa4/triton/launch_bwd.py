@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
 from .. import config as cfg
-from ._bwd import dkdv_kernel, dq_kernel, preprocess_kernel
+from ._bwd import dkdv_kernel, dq_kernel, preprocess_kernel, reduce_chunks_kernel
 from .launch import Problem, _allocator, _pad, _tma_ok
 
 
@@ -55,11 +57,55 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
     if mode == "atomic":
         return dq.to(q.dtype), dk, dv, delta
     t2 = cfg.dq_tile(dpad)
-    progs = h if pb.broadcast_q else n_b * h
-    dq_kernel[(progs, triton.cdiv(pb.max_q, t2.block_m))](
-        q, k, v, do, lse, delta, dq, cu_q, cu_k, uq, uk,
+    q_tiles = triton.cdiv(pb.max_q, t2.block_m)
+    n_chunks, b_chunk, store = 1, max(n_b, 1), 0
+    if pb.broadcast_q:
+        n_chunks, b_chunk = _batch_chunks(n_b, h * q_tiles, q.numel(), q.device)
+        store = 0 if n_chunks == 1 else (2 if deterministic else 1)
+    if store == 1:
+        dq_buf = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    elif store == 2:
+        dq_buf = torch.zeros((n_chunks, *q.shape), dtype=torch.float32, device=q.device)
+    else:
+        dq_buf = dq
+    progs = h * n_chunks if pb.broadcast_q else n_b * h
+    dq_kernel[(progs, q_tiles)](
+        q, k, v, do, lse, delta, dq_buf, cu_q, cu_k, uq, uk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-        q.shape[0], k.shape[0], to, pb.max_k, pb.caps()[0], n_b, h, g, pb.scale, *sa, **flags, **t2.launch(),
+        do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), q.numel(),
+        q.shape[0], k.shape[0], to, pb.max_k, pb.caps()[0], n_b, h, g, pb.scale, b_chunk, *sa,
+        DQ_STORE=store, **flags, **t2.launch(),
     )  # fmt: skip
+    if store == 1:
+        return dq_buf.to(q.dtype), dk, dv, delta
+    if store == 2:
+        n = q.numel()
+        red = 256 if cfg.interpreter_active() else 1024
+        reduce_chunks_kernel[(triton.cdiv(n, red),)](dq_buf, dq, n, n_chunks, BLOCK=red)
     return dq, dk, dv, delta
+
+
+def _batch_chunks(n_b: int, base_progs: int, q_elems: int, device) -> tuple[int, int]:
+    """(chunks, sequences per chunk) for the broadcast_q dQ pass: enough programs for about two waves
+    of the GPU (``base_progs`` = heads x query tiles per chunk), the fp32 partials capped at 256 MiB.
+    The split depends only on shapes, so the deterministic sum is the same every call."""
+    if n_b <= 1:
+        return 1, max(n_b, 1)
+    if cfg.interpreter_active():
+        want = triton.cdiv(n_b, 2)  # two sequences a chunk: small tests cross several chunks
+    else:
+        want = triton.cdiv(2 * _sm_count(device), max(base_progs, 1))
+    want = min(want, max(1, (256 << 20) // max(4 * q_elems, 1)))
+    b_chunk = triton.cdiv(n_b, max(1, min(want, n_b)))
+    return triton.cdiv(n_b, b_chunk), b_chunk
+
+
+@functools.cache
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 8
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
