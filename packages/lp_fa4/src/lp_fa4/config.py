@@ -7,6 +7,12 @@ Env:
     LP_FA4_TMA=1  loads through per-sequence TMA tensor descriptors instead of pointer loads (K/V in
         the forward and the dQ pass, Q/dO in the dK/dV kernel; sm90+, not paged, 16-byte aligned
         rows). Opt-in: not timed on a GPU yet.
+    LP_FA4_FWD_TMA=1|0  the Triton forward alone loads K/V through TMA descriptors (default 1 on a
+        GPU, 0 under the interpreter: only with them does Triton pipeline the forward's K/V loads at
+        128x128 tiles; LP_FA4_TMA=1 also turns it on).
+    LP_FA4_BACKEND=auto|triton  the forward's kernel family: ``auto`` (default) takes the Gluon
+        Hopper kernel (``lp_fa4.gluon``) where its support predicate admits the call, else Triton;
+        ``triton`` always the portable Triton kernels.
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
         default: the hot path never syncs.
@@ -40,6 +46,19 @@ def use_tma() -> bool:
     return _flag("LP_FA4_TMA")
 
 
+def fwd_tma() -> bool:
+    # off by default under the interpreter: its software descriptors change the dot's summation
+    # order, and CPU tests compare the paged (pointer-load) forward bitwise with the flat one
+    return use_tma() or _flag("LP_FA4_FWD_TMA", "0" if interpreter_active() else "1")
+
+
+def backend() -> str:
+    mode = os.environ.get("LP_FA4_BACKEND", "auto").strip().lower()
+    if mode not in ("auto", "triton"):
+        raise ValueError(f"LP_FA4_BACKEND must be auto or triton, got {mode!r}")
+    return mode
+
+
 def dq_mode(deterministic: bool) -> str:
     if deterministic:
         return "pass"
@@ -67,13 +86,13 @@ _INTERP = Tile(16, 16, 4, 1)
 
 def fwd_tile(d_pad: int) -> Tile:
     """Forward tile for padded head dim d_pad (64..256). Registers hold the BLOCK_M x d_pad fp32
-    accumulator; 256 wide needs 8 warps and one pipeline stage less to stay in shared memory."""
+    accumulator. Up to 128: 128 x 128 tiles over 8 warps (two warpgroups of 64 rows, as FA3), 3
+    stages (with TMA loads: 225 KB of shared memory at 128); 256 wide keeps 128 x 64 over 8 warps
+    and one stage less to stay in shared memory."""
     if interpreter_active():
         return _INTERP
-    if d_pad <= 64:
-        return Tile(128, 64, 4, 3)
     if d_pad <= 128:
-        return Tile(128, 64, 4, 3)
+        return Tile(128, 128, 8, 3)
     return Tile(128, 64, 8, 2)
 
 

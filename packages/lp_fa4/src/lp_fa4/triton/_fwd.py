@@ -3,7 +3,49 @@
 import triton
 import triton.language as tl
 
-from ._common import band_mask, diag_offset, key_rows, scores, seq_extent, tile_is_full
+from ._common import band_mask, diag_offset, key_rows, scores, seq_extent
+
+
+@triton.jit
+def _step(
+    acc, l_i, m_i, q, start_n, offs_m, offs_d, offs_dv, K, V, PT, b, hk, k0, k_len,
+    spt_b, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+    NUM_PAGES, MAX_PAGES, off, win_left, win_right, qk_scale2, cap_in, cap_out2, k_desc, v_desc,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One key tile of the online softmax (scores in log2 units, the scale folded into exp2's
+    argument). MASKED applies the band / sequence-end mask; unmasked tiles skip it entirely."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_ok = offs_n < k_len
+    if USE_TMA:
+        kt = tl.trans(k_desc.load([start_n, 0]))
+    else:
+        koff = key_rows(K, PT, b, offs_n, k0, k_len, spt_b, stride_kp, stride_kt, NUM_PAGES, MAX_PAGES,
+                        PAGED, PAGE_SIZE)  # fmt: skip
+        kt = tl.load(K + koff[None, :] + hk * stride_kh + offs_d[:, None],
+                     mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
+    s2, _t = scores(tl.dot(q, kt), qk_scale2, cap_in, cap_out2, SOFTCAP)
+    if MASKED:
+        s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        # a row that has seen no key yet keeps max -inf: shift by 0 so exp2 gives 0, not NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s2, 1))  # finite: every row has BLOCK_N valid keys here
+        m_use = m_new
+    p = tl.exp2(s2 - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if USE_TMA:
+        v = v_desc.load([start_n, 0])
+    else:
+        voff = key_rows(V, PT, b, offs_n, k0, k_len, spt_b, stride_vp, stride_vt, NUM_PAGES, MAX_PAGES,
+                        PAGED, PAGE_SIZE)  # fmt: skip
+        v = tl.load(V + voff[:, None] + hk * stride_vh + offs_dv[None, :],
+                    mask=k_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -57,34 +99,33 @@ def fwd_kernel(
         v_base = V + k0 * stride_vt + hk * stride_vh
         k_desc = tl.make_tensor_descriptor(k_base, [n_rows, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_D])
         v_desc = tl.make_tensor_descriptor(v_base, [n_rows, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV])
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_ok = offs_n < k_len
-        if USE_TMA:
-            kt = tl.trans(k_desc.load([start_n, 0]))
-        else:
-            koff = key_rows(K, PT, b, offs_n, k0, k_len, spt_b, stride_kp, stride_kt, NUM_PAGES, MAX_PAGES,
-                            PAGED, PAGE_SIZE)  # fmt: skip
-            kt = tl.load(K + koff[None, :] + hk * stride_kh + offs_d[:, None],
-                         mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
-        s2, _t = scores(tl.dot(q, kt), qk_scale2, cap_in, cap_out2, SOFTCAP)
-        if not tile_is_full(start_m, start_n, k_len, off, win_left, win_right, BLOCK_M, BLOCK_N):
-            s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s2, 1))
-        # a row that has seen no key yet keeps max -inf: shift by 0 so exp2 gives 0, not NaN
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s2 - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if USE_TMA:
-            v = v_desc.load([start_n, 0])
-        else:
-            voff = key_rows(V, PT, b, offs_n, k0, k_len, spt_b, stride_vp, stride_vt, NUM_PAGES, MAX_PAGES,
-                            PAGED, PAGE_SIZE)  # fmt: skip
-            v = tl.load(V + voff[:, None] + hk * stride_vh + offs_dv[None, :],
-                        mask=k_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    else:
+        k_desc = K
+        v_desc = V
+    # Key tiles [lo, a) and [b, hi) may need the elementwise mask (window's left edge, causal
+    # diagonal, sequence end); [a, b) are whole tiles inside the band: no mask, no per-step test.
+    a = tl.maximum(start_m + BLOCK_M - 1 + off - win_left, lo)
+    a = tl.minimum(lo + tl.cdiv(a - lo, BLOCK_N) * BLOCK_N, tl.maximum(hi, lo))
+    e = tl.minimum(k_len, start_m + off + win_right + 1)
+    b_end = tl.minimum(a + (tl.maximum(e - a, 0) // BLOCK_N) * BLOCK_N, tl.maximum(hi, a))
+    for start_n in range(lo, a, BLOCK_N):
+        acc, l_i, m_i = _step(acc, l_i, m_i, q, start_n, offs_m, offs_d, offs_dv, K, V, PT, b, hk, k0, k_len,
+                              spt_b, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                              NUM_PAGES, MAX_PAGES, off, win_left, win_right, qk_scale2, cap_in, cap_out2,
+                              k_desc, v_desc, D_QK, D_V, BLOCK_N, PAGED, PAGE_SIZE, SOFTCAP, USE_TMA,
+                              True)  # fmt: skip
+    for start_n in range(a, b_end, BLOCK_N):
+        acc, l_i, m_i = _step(acc, l_i, m_i, q, start_n, offs_m, offs_d, offs_dv, K, V, PT, b, hk, k0, k_len,
+                              spt_b, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                              NUM_PAGES, MAX_PAGES, off, win_left, win_right, qk_scale2, cap_in, cap_out2,
+                              k_desc, v_desc, D_QK, D_V, BLOCK_N, PAGED, PAGE_SIZE, SOFTCAP, USE_TMA,
+                              False)  # fmt: skip
+    for start_n in range(b_end, hi, BLOCK_N):
+        acc, l_i, m_i = _step(acc, l_i, m_i, q, start_n, offs_m, offs_d, offs_dv, K, V, PT, b, hk, k0, k_len,
+                              spt_b, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                              NUM_PAGES, MAX_PAGES, off, win_left, win_right, qk_scale2, cap_in, cap_out2,
+                              k_desc, v_desc, D_QK, D_V, BLOCK_N, PAGED, PAGE_SIZE, SOFTCAP, USE_TMA,
+                              True)  # fmt: skip
 
     if HAS_SINK:
         # the sink is a logit in natural units (not scaled by softmax_scale): denominator only

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import torch
 import triton
 
 from .. import config as cfg
 from ._fwd import fwd_kernel
-from .launch import Problem, _allocator, _pad, _tma_ok
+from .launch import Problem, _allocator, _pad
+
+
+def _fwd_tma_ok(k: torch.Tensor, v: torch.Tensor, paged: bool) -> bool:
+    """K/V through per-sequence TMA descriptors (``config.fwd_tma``, default on): not paged, sm90+
+    (or the interpreter), rows and head offsets 16-byte aligned. Only with them does Triton
+    pipeline the forward's K/V loads (3 stages at 128 x 128); pointer loads stay single-buffered."""
+    if not cfg.fwd_tma() or paged:
+        return False
+    if not cfg.interpreter_active():
+        if k.device.type != "cuda" or torch.cuda.get_device_capability(k.device)[0] < 9:
+            return False
+    for t in (k, v):
+        e = t.element_size()
+        if t.data_ptr() % 16 or (t.stride(0) * e) % 16 or (t.stride(1) * e) % 16 or (t.shape[-1] * e) % 16:
+            return False
+    return True
 
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out, lse, lse_dense: bool):
@@ -33,7 +50,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
     else:
         stride_lb, stride_lh = 0, lse.stride(0)
     dummy = cu_q
-    use_tma = _tma_ok(k, v, paged=paged)
+    use_tma = _fwd_tma_ok(k, v, paged)
     _allocator(use_tma)
     k_cap = min(pb.max_k, max_pages * page_size) if paged else pb.max_k
     grid = (n_b * h, triton.cdiv(pb.max_q, tile.block_m))
