@@ -1,4 +1,4 @@
-"""Benchmark: ``python -m ads_norm_fusion.bench [--quick] [--json PATH] [--plot PATH] [--sweep]``.
+"""Benchmark: ``python -m ads_norm_fusion.bench [--quick] [--json P] [--plot P] [--sweep] [--sweep-rms]``.
 
 GEMM followed by LayerNorm / RMSNorm over its N outputs, and RMSNorm over K followed by a GEMM, bf16,
 forward and forward+backward (gradients to every input). Providers: ours; the cuBLAS GEMM alone (the
@@ -204,6 +204,47 @@ def sweep(bench) -> None:
         os.environ.pop(knob, None)
 
 
+def sweep_rms(bench) -> None:
+    """rmsnorm_linear at the headline shape, piece by piece: where its time goes (forward: the row
+    pass and the scaled GEMM; backward: the coefficient pass, the dx GEMM, x̂·γ and cuBLAS dW), and
+    the GEMM under the flatten / stages knobs."""
+    from . import _ops, rmsnorm_linear
+    from .triton.launch import launch_row_stat, launch_scaled_gemm
+
+    m, k, n = HEADLINE
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(m, k, device=dev, dtype=dt)
+    w = (torch.randn(n, k, device=dev) * k**-0.5).to(dt)
+    g = torch.rand(k, device=dev, dtype=dt).add_(0.5)
+    dy = torch.randn(m, n, device=dev, dtype=dt)
+    y = torch.empty(m, n, device=dev, dtype=dt)
+    r = torch.empty(m, device=dev)
+    coef = torch.empty(m, device=dev)
+    dx = torch.empty_like(x)
+
+    def show(name, fn):
+        try:
+            ms = bench.time_fn(fn)["ms"]
+            print(f"sweep-rms {name}: {ms * 1e3:.0f} us", flush=True)
+        except Exception as e:  # a setting that fails to compile must not end the sweep
+            print(f"sweep-rms {name}: {type(e).__name__}: {e}"[:300], flush=True)
+
+    show("cuBLAS x@w^T", lambda: F.linear(x, w))
+    show("row pass rrms", lambda: launch_row_stat(x, r, eps=1e-6))
+    show("scaled GEMM (fwd epilogue)", lambda: launch_scaled_gemm(x, w, y, r, b_trans=True))
+    for knob, value in (("ADS_NORM_FUSION_RMS_FLATTEN", "0"), ("ADS_NORM_FUSION_RMS_STAGES", "4")):
+        os.environ[knob] = value
+        show(f"scaled GEMM {knob}={value}", lambda: launch_scaled_gemm(x, w, y, r, b_trans=True))
+        os.environ.pop(knob)
+    with torch.no_grad():
+        show("forward (op)", lambda: rmsnorm_linear(x, g, w))
+    show("bwd row pass coef", lambda: launch_row_stat(dy, coef, b=y, r=r, divisor=k))
+    show("bwd dx GEMM", lambda: launch_scaled_gemm(dy, w, dx, r, b_trans=False, gamma=g, aux=x, coef=coef))
+    show("bwd dx op (with dgamma)", lambda: _ops.rmsnorm_linear_dx(dy, w, x, y, r, g, None, True))
+    show("bwd x_hat*gamma", lambda: _ops.row_col_scale(x, r, g))
+    show("bwd cuBLAS dW", lambda: dy.t() @ x)
+
+
 def _summary(report) -> None:
     by = {(r.op, r.provider, r.mode, r.shape): r.ms for r in report.rows if r.ms}
     print(
@@ -288,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     prog = "python -m ads_norm_fusion.bench"
     parser = cli.parser(prog, __doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="only sweep tile settings of ours")
+    parser.add_argument("--sweep-rms", action="store_true", help="only time rmsnorm_linear's pieces")
     args = parser.parse_args(argv)
     if args.demo:
         return demo()
@@ -297,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.sweep:
         sweep(bench)
+        return 0
+    if args.sweep_rms:
+        sweep_rms(bench)
         return 0
     report = bench.Report("GEMM + norm (bf16)", metric="tflops", progress=True)
     for shape in LN_SHAPES:
