@@ -424,3 +424,48 @@ def test_attention_errors(device):
         bwd(dq_accum_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="output_mxfp8_dkv"):
         bwd(output_mxfp8_dkv=1)
+
+
+# --- benchmark ---------------------------------------------------------------------------------------
+
+
+def test_benchmark_help(capsys):
+    from lp_fa4.benchmarks import mxfp8 as bench
+
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--mode", "--batch-size", "--seqlen-q", "--q-lengths", "--seqlen-k", "--k-lengths",
+                 "--num-heads", "--broadcast-q", "--seed", "--warmup-ms", "--measure-ms",
+                 "--launches-per-sample", "--scaling-mode", "--dq-accum-dtype", "--p-scale-mode",
+                 "--output"):  # fmt: skip
+        assert flag in text
+    with pytest.raises(SystemExit) as exc:  # 3 query lengths for a batch of 2
+        bench.main(["--batch-size", "2", "--q-lengths", "1,2,3", "--seqlen-k", "4", "--num-heads", "1"])
+    assert exc.value.code == 2
+
+
+def test_benchmark_smoke(attn_device, tmp_path):
+    """The whole protocol on a tiny shape (the CPU run: wall-clock samples through the interpreter)."""
+    from lp_fa4.benchmarks import mxfp8 as bench
+
+    path = tmp_path / "mxfp8.json"
+    argv = ["--batch-size", "2", "--q-lengths", "5,17", "--seqlen-k", "20", "--num-heads", "1",
+            "--warmup-ms", "0", "--measure-ms", "0", "--launches-per-sample", "1", "--scaling-mode", "floor",
+            "--bf16-peer", "--accuracy", "--output", str(path)]  # fmt: skip
+    assert bench.main(argv) == 0
+    rec = __import__("json").loads(path.read_text())
+    assert rec["argv"] == argv and rec["scaling_mode"] == "floor" and rec["bwd_output_mxfp8_dkv"]
+    assert rec["cu_seqlens_q"] == [0, 5, 22] and rec["cu_seqlens_sf_q"] == [0, 128, 256]
+    assert rec["cu_seqlens_sf_k"] == [0, 128, 256]
+    assert {"python", "platform", "torch", "gpu", "lp_fa4"} <= set(rec["environment"])
+    work = 5 * 20 + 17 * 20
+    for name, factor in (("fwd", 4), ("bwd", 10), ("bf16_fwd", 4), ("bf16_bwd", 10)):
+        res = rec["results"][name]
+        assert res["samples"] == len(res["samples_ms"]) >= 1
+        assert res["min_ms"] <= res["median_ms"] <= res["max_ms"]
+        assert res["flop"] == factor * 1 * 128 * work
+        assert res["tflops"] == pytest.approx(res["flop"] / (res["mean_ms"] * 1e9))
+    for name, (cos_min, sqnr_min) in GATES.items():
+        assert rec["accuracy"][name]["cosine"] > cos_min and rec["accuracy"][name]["sqnr_db"] > sqnr_min
