@@ -6,8 +6,8 @@ chunk (the whole token in registers) up to ``MAX_BLOCK_N`` features; past that t
 combined across chunks (Chan's formula for the LayerNorm, plain sums for the RMSNorm).
 
 Env (integers; anything else raises ValueError):
-    ADS_GDPA_MK_TILE_ELEMS   elements per program tile, BLOCK_T · BLOCK_N (default 4096; 16 fp32
-        values per thread and tensor at 8 warps).
+    ADS_GDPA_MK_TILE_ELEMS   elements per program tile, BLOCK_T · BLOCK_N (default 2048: 16 fp32
+        values per thread and tensor at 4 warps; the H200 sweep in BENCHMARKS.md chose it).
     ADS_GDPA_MK_MAX_BLOCK_N  widest column chunk (default 2048, a power of two).
     ADS_GDPA_MK_REDUCE_PROGRAMS  programs of the backward kernels, each owning one row of the
         deterministic weight-gradient partials (default 4 per SM; 4 under the interpreter).
@@ -37,7 +37,7 @@ def _int(name: str, default: int, *, minimum: int = 1, power_of_two: bool = Fals
 
 
 def tile_elems() -> int:
-    return _int("ADS_GDPA_MK_TILE_ELEMS", 4096, minimum=16, power_of_two=True)
+    return _int("ADS_GDPA_MK_TILE_ELEMS", 2048, minimum=16, power_of_two=True)
 
 
 def max_block_n() -> int:

@@ -80,7 +80,7 @@ def epilogue_bwd_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
-    acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_w = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)  # reduced over rows once, at the end
     part = pid.to(tl.int64) * N
     for blk in range(pid, n_blocks, nprog):
         rows = (blk * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # T < 2^31: int32 is exact
@@ -115,10 +115,10 @@ def epilogue_bwd_kernel(
             tl.store(DY + rows[:, None] * stride_dy + cc[None, :], dy.to(DY.dtype.element_ty), mask=ok)
             if WANT_W:
                 if CHUNKS == 1:
-                    acc_w += tl.sum(dout * yh, 0)
+                    acc_w += dout * yh
                 else:
                     pw = PART_W + part + cc
                     tl.store(pw, tl.load(pw, mask=col_ok, other=0.0) + tl.sum(dout * yh, 0), mask=col_ok)
     if CHUNKS == 1:
         if WANT_W:
-            tl.store(PART_W + part + cols, acc_w, mask=cols < N)
+            tl.store(PART_W + part + cols, tl.sum(acc_w, 0), mask=cols < N)

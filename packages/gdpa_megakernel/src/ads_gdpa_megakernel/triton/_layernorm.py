@@ -80,8 +80,10 @@ def q_bwd_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
-    acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # whole-tile accumulators, reduced over rows once at the end: a per-block column sum would be
+    # a cross-warp shared-memory reduction (and barrier) on every iteration of this loop
+    acc_w = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     part = pid.to(tl.int64) * N
     for blk in range(pid, n_blocks, nprog):
         rows = (blk * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # T < 2^31: int32 is exact
@@ -121,9 +123,9 @@ def q_bwd_kernel(
                 dx = rstd[:, None] * (gw - c2[:, None] - xh * c1[:, None])
                 if CHUNKS == 1:
                     if WANT_W:
-                        acc_w += tl.sum(g * xh, 0)
+                        acc_w += g * xh  # zero outside the tensor: g and xh are masked to 0
                     if WANT_B:
-                        acc_b += tl.sum(g, 0)
+                        acc_b += g
                 else:
                     if WANT_W:
                         pw = PART_W + part + cc
@@ -136,6 +138,6 @@ def q_bwd_kernel(
             tl.store(DX + rows[:, None] * stride_dx + cc[None, :], dx.to(DX.dtype.element_ty), mask=ok)
     if CHUNKS == 1:
         if WANT_W:
-            tl.store(PART_W + part + cols, acc_w, mask=cols < N)
+            tl.store(PART_W + part + cols, tl.sum(acc_w, 0), mask=cols < N)
         if WANT_B:
-            tl.store(PART_B + part + cols, acc_b, mask=cols < N)
+            tl.store(PART_B + part + cols, tl.sum(acc_b, 0), mask=cols < N)
