@@ -300,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     if min(args.warmup_ms, args.measure_ms) < 0 or args.launches_per_sample < 1:
         ap.error("--warmup-ms and --measure-ms must be >= 0 and --launches-per-sample >= 1")
+    try:
+        resolve_lengths(args)
+    except ValueError as e:
+        ap.error(str(e))
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
     elif interpreter_active():
@@ -315,10 +319,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        resolve_lengths(args)
-    except ValueError as e:
-        ap.error(str(e))
     record = run(args, device)
     text = json.dumps(record, indent=2, sort_keys=True)
     print(text)

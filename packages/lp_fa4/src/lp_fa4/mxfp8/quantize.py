@@ -387,18 +387,23 @@ def dequantize_mxfp8_varlen(
 ) -> torch.Tensor:
     """``payload · 2^(byte - 127)`` of one orientation, (tokens, H, 128) in ``dtype``.
 
-    E4M3 times a power of two is exact in bf16 and fp32 (short of bf16's underflow below 2^-133).
+    E4M3 times a power of two is exact in bf16 and fp32 (short of bf16's underflow below 2^-133), so
+    bf16 and fp32 are computed directly in ``dtype`` (a broadcast multiply, no fp32 temporary); other
+    dtypes go through fp32.
     """
     if orientation not in ("hdim", "seq"):
         raise ValueError(f"dequantize_mxfp8_varlen: orientation must be 'hdim' or 'seq', got {orientation!r}")
     payload, scale = (t.hdim, t.hdim_scale) if orientation == "hdim" else (t.seq, t.seq_scale)
     if payload is None or scale is None:
         raise ValueError(f"dequantize_mxfp8_varlen: the tensor has no {orientation} orientation")
-    h = payload.shape[1]
+    n_t, h, d = payload.shape
+    work = dtype if dtype in (torch.bfloat16, torch.float32) else torch.float32
     logical = mxfp8_scales_logical(scale, meta, h, orientation)
     rows = meta.padded_index()
     if orientation == "hdim":
-        factor = _decode(logical[rows]).repeat_interleave(BLOCK, dim=-1)  # (T, H, 128)
+        factor = _decode(logical[rows]).to(work)  # (T, H, 4)
+        out = payload.reshape(n_t, h, d // BLOCK, BLOCK).to(work) * factor[..., None]
     else:
-        factor = _decode(logical[rows // BLOCK])  # (T, H, 128)
-    return (payload.to(torch.float32) * factor).to(dtype)
+        factor = _decode(logical).to(work)[rows // BLOCK]  # (T, H, 128)
+        out = payload.to(work) * factor
+    return out.reshape(n_t, h, d).to(dtype)
