@@ -15,6 +15,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 from torch.utils.flop_counter import register_flop_formula
 
+from .gluon import dispatch as fwd_dispatch
 from .triton import launch
 
 Tensor = torch.Tensor
@@ -88,7 +89,7 @@ def fwd_impl(
         out = q.new_empty(out_shape, dtype=q.dtype)
         lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
-    launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense)
+    fwd_dispatch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense)
     return out, lse
 
 

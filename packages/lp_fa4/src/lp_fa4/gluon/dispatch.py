@@ -1,0 +1,86 @@
+"""Which forward kernel runs a call: the Gluon Hopper kernel (``fwd_sm90``) where ``why_not`` finds
+nothing against it, else the portable Triton forward. The one place that decides.
+
+The Gluon forward covers: bf16/fp16, head dims 64 and 128 (D == Dv), MHA/GQA/MQA, no mask or a
+bottom-right causal mask, dense and varlen (dense arrives as varlen with cu_seqlens), seqused_q/k,
+the LSE in either layout; on an sm_90 GPU with ``LP_FA4_BACKEND=auto`` (the default). Everything
+else keeps the Triton path: paged KV, softcap, learnable sink, local windows, top-left windows and
+broadcast_q (jagged attention), a jagged max_seqlen_q row cap, other head dims, fp32, strided
+tensors, the interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+from .. import config as cfg
+from ..triton import launch
+
+
+@functools.cache
+def _gluon_importable() -> bool:
+    return importlib.util.find_spec("triton.experimental.gluon") is not None
+
+
+def _packed(t: torch.Tensor) -> bool:
+    """(rows, heads, D) with heads and D packed (a 2-D TMA view of rows x heads·D), 16-byte aligned."""
+    h, d = t.shape[-2], t.shape[-1]
+    return (
+        t.dim() == 3
+        and t.stride(2) == 1
+        and (t.stride(1) == d or h == 1)
+        and (t.stride(0) == h * d or t.shape[0] <= 1)
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
+    """None when the Gluon forward takes the call, else the first reason it does not (options first,
+    then tensors, then the device, so the reasons are testable on a CPU)."""
+    if cfg.backend() != "auto":
+        return "LP_FA4_BACKEND=triton"
+    if page_table is not None:
+        return "paged KV"
+    if sink is not None:
+        return "learnable sink"
+    if pb.softcap > 0:
+        return "softcap"
+    if pb.top_left or pb.broadcast_q:
+        return "jagged (top-left window / broadcast_q)"
+    if pb.rows_cap < pb.max_q:
+        return "jagged max_seqlen_q row cap"
+    if pb.win_left != launch.BIG or pb.win_right not in (0, launch.BIG):
+        return "local window"
+    if not (pb.scale > 0 and pb.scale < float("inf")):
+        return "softmax_scale <= 0"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype}"
+    d = q.shape[-1]
+    if d not in (64, 128) or k.shape[-1] != d or v.shape[-1] != d:
+        return f"head dims {d}/{v.shape[-1]}"
+    if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)) or out.dtype != q.dtype:
+        return "strided or unaligned tensors"
+    if cfg.interpreter_active():
+        return "interpreter"
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return "not an sm_90 GPU"
+    if not _gluon_importable():
+        return "triton.experimental.gluon missing"
+    return None
+
+
+def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Problem, out, lse,
+        lse_dense: bool) -> None:  # fmt: skip
+    """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows."""
+    if why_not(q, k, v, page_table, sink, pb, out) is not None:
+        launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense)
+        return
+    from . import fwd_sm90
+
+    causal = pb.win_right == 0
+    fwd_sm90.fwd(
+        q, k, v, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k, pb.scale, causal, out, lse, lse_dense
+    )

@@ -1,0 +1,352 @@
+"""Softmax attention forward for Hopper (sm_90) in Gluon: persistent and warp specialised.
+
+Partitions of each persistent program (one per SM at most):
+  - a 1-warp TMA producer: the 128-row Q tile of each work item (double-buffered), then K and V
+    tiles of 128 keys into a ring of shared-memory stages, each guarded by a ready / empty mbarrier
+    pair;
+  - two 4-warp consumer warpgroups, each owning 64 of the 128 query rows: S = Q Kᵀ by wgmma, the
+    online softmax in log2 units (scale·log2e folded into one FMA before exp2), P (16-bit, kept in
+    registers as the A operand) and O += P V by wgmma. Within a warpgroup the next step's Q Kᵀ and
+    this step's P V are in flight together while the softmax of the next step runs (FA3's
+    intra-warpgroup overlap, ``OVERLAP``); the two warpgroups drift, so one's softmax also runs
+    under the other's GEMMs.
+Work items come from ``ads_kernel_tools.kernels.tile_list.schedule`` (only real tiles, heaviest
+sequence first); under ``CAUSAL`` a sequence's query tiles are walked from the last (the one with
+the most keys) to the first, so each program's list also runs longest first.
+
+Semantics (the Triton forward's, ``lp_fa4.triton._fwd``, for the subset admitted by
+``dispatch.supported``): query rows [0, rows) of sequence b are computed, with rows = min(Lq_b,
+seqused_q[b], max_seqlen_q); rows [rows, slot) of its slot get O = 0, LSE = -inf; keys are the first
+min(Lk_b, seqused_k[b], max_seqlen_k). Causal masks are bottom-right aligned (query i sees key j iff
+j <= i + Lk - Lq, with Lq the used query length). A row with no key gets 0 / -inf.
+Keys of a K/V tile past the sequence get P = 0 (their scores are -inf): they are another sequence's
+rows, or TMA zero fill past the tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ads_kernel_tools.capability import num_sms
+from ads_kernel_tools.kernels.gluon_hopper import acc_layout, smem_layout, stage_for_tma, store_rows
+from ads_kernel_tools.kernels.offsets import clamp_offsets
+from ads_kernel_tools.kernels.tile_list import schedule
+
+BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
+BLOCK_N = 128  # keys per step
+ROWS = BLOCK_M // 2
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@gluon.jit
+def _item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k,
+          BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
+          HAS_USED_K: gl.constexpr):  # fmt: skip
+    """Work item t of the tile list -> (b, h, m, q0, slot, rows, k0, k_len, off, n_k): query tile m
+    of (sequence b, head h); slot query rows from q0, the first ``rows`` computed; k_len keys from
+    k0; off = k_len - used Lq (the bottom-right diagonal); n_k key tiles to visit."""
+    e = gl.load(tiles_ptr + t)
+    per_b = H * M_TILES
+    b = e // per_b
+    rem = e - b * per_b
+    h = rem // M_TILES
+    idx = rem - h * M_TILES
+    q0 = gl.load(cu_q_ptr + b)
+    slot = gl.load(cu_q_ptr + b + 1) - q0
+    k0 = gl.load(cu_k_ptr + b)
+    k_len = gl.minimum(gl.load(cu_k_ptr + b + 1) - k0, max_k)
+    q_len = slot
+    if HAS_USED_Q:
+        q_len = gl.minimum(gl.maximum(gl.load(used_q_ptr + b), 0), slot)
+    if HAS_USED_K:
+        k_len = gl.minimum(gl.maximum(gl.load(used_k_ptr + b), 0), k_len)
+    k_len = gl.maximum(k_len, 0)
+    rows = gl.minimum(q_len, max_q)
+    if CAUSAL:
+        # the list holds min(cdiv(slot, BM), M_TILES) tiles of the sequence: walk them last first
+        n_m = gl.minimum(gl.cdiv(slot, BM), M_TILES)
+        m = n_m - 1 - idx
+    else:
+        m = idx
+    off = k_len - q_len
+    if CAUSAL:
+        last = gl.minimum(m * BM + BM, rows) - 1  # the tile's last computed row
+        hi = gl.minimum(gl.maximum(last + off + 1, 0), k_len)
+    else:
+        hi = k_len
+    hi = gl.where(m * BM < rows, hi, 0)  # a tile past the computed rows only writes zeros
+    n_k = gl.cdiv(hi, BN)
+    return b, h, m, q0, slot, rows, k0, k_len, off, n_k
+
+
+@gluon.jit
+def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
+              HAS_USED_K: gl.constexpr):  # fmt: skip
+    """TMA loads: per work item its Q tile, then its K/V tiles into the ring (position ``it``
+    continues across items, as the consumers count it)."""
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES, max_q,
+     max_k) = args  # fmt: skip
+    it = 0
+    ti = 0
+    for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
+        b, h, m, q0, slot, rows, k0, k_len, off, n_k = _item(
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k,
+            BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K,
+        )  # fmt: skip
+        qb = ti % QBUF
+        mbarrier.wait(q_empty.index(qb), ((ti // QBUF) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, h * D], q_ready.index(qb), q_smem.index(qb))
+        hk = h // GROUP
+        for j in range(n_k):
+            s = it % STAGES
+            ph = ((it // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(s), ph)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k0 + j * BN, hk * D], k_ready.index(s), k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), ph)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [k0 + j * BN, hk * D], v_ready.index(s), v_smem.index(s))
+            it += 1
+        ti += 1
+
+
+@gluon.jit
+def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2, BN: gl.constexpr,
+                  CAUSAL: gl.constexpr):  # fmt: skip
+    """Online softmax of one 64 x BN score tile (raw Q·Kᵀ): masks tiles from n_full on (sequence
+    end, causal diagonal), returns (P fp32, alpha = the rescale of the running sums, m, l) with m the
+    running row maximum in log2 units. A row with no key so far keeps m = -inf and shifts by 0."""
+    if j >= n_full:
+        kj = j * BN + cols2
+        ok = kj < k_len
+        if CAUSAL:
+            ok = ok & (kj <= rows2 + off)
+        sacc = gl.where(ok, sacc, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(sacc, 1) * qk_scale2)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(sacc * qk_scale2 - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.constexpr_function
+def _k_width(dtype):
+    return 32 // dtype.primitive_bitwidth
+
+
+@gluon.jit
+def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+              STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
+              HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr):  # fmt: skip
+    """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
+    (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+     out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
+     used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2) = args  # fmt: skip
+    R: gl.constexpr = BM // 2
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = acc_layout(BN)
+    o_layout: gl.constexpr = acc_layout(D)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=_k_width(dtype))
+    row_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+    orow_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+    cols2 = gl.expand_dims(gl.arange(0, BN, gl.SliceLayout(0, s_layout)), 0)
+    r_idx = gl.arange(0, R, row_l)
+    s_zero = gl.zeros([R, BN], gl.float32, s_layout)
+    o_s = o_smem.index(WG)
+    it = 0
+    ti = 0
+    for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
+        b, h, m, q0, slot, rows, k0, k_len, off, n_k = _item(
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k,
+            BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K,
+        )  # fmt: skip
+        r0 = m * BM + WG * R  # first row of this warpgroup inside the sequence
+        rows2 = gl.expand_dims(r0 + r_idx, 1)
+        # leading key tiles that need no mask: inside the sequence and (causal) left of the
+        # diagonal for every row of this warpgroup
+        n_full = k_len // BN
+        if CAUSAL:
+            n_full = gl.minimum(n_full, gl.maximum(r0 + off + 1, 0) // BN)
+        qb = ti % QBUF
+        q_half = q_smem.index(qb).slice(WG * R, R, dim=0)
+        mbarrier.wait(q_ready.index(qb), (ti // QBUF) & 1)
+        m_i = gl.full([R], float("-inf"), gl.float32, row_l)
+        l_i = gl.zeros([R], gl.float32, row_l)
+        acc = gl.zeros([R, D], gl.float32, o_layout)
+        if n_k > 0:
+            accw = warpgroup_mma_init(acc)
+            # step 0: S_0 alone
+            s = it % STAGES
+            mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+            sacc = warpgroup_mma(
+                q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
+            )
+            sacc = warpgroup_mma_wait(0, deps=(sacc,))
+            mbarrier.arrive(k_empty.index(s), count=1)
+            p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, 0, n_full, k_len, rows2, cols2, off, qk_scale2,
+                                               BN, CAUSAL)  # fmt: skip
+            p = gl.convert_layout(p.to(dtype), p_layout)
+            for j in range(1, n_k):
+                sv = (it + j - 1) % STAGES  # the previous step's stage: its V meets this P
+                sk = (it + j) % STAGES
+                mbarrier.wait(k_ready.index(sk), ((it + j) // STAGES) & 1)
+                sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
+                                     is_async=True)  # fmt: skip
+                mbarrier.wait(v_ready.index(sv), ((it + j - 1) // STAGES) & 1)
+                accw = warpgroup_mma(p, v_smem.index(sv), accw, is_async=True)
+                # S_j retires first (groups complete in order); P_{j-1}·V runs under this softmax
+                sacc = warpgroup_mma_wait(1, deps=(sacc,))
+                mbarrier.arrive(k_empty.index(sk), count=1)
+                p_next, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
+                                                        qk_scale2, BN, CAUSAL)  # fmt: skip
+                acc_t, p = warpgroup_mma_wait(0, deps=(accw, p))
+                mbarrier.arrive(v_empty.index(sv), count=1)
+                accw = warpgroup_mma_init(acc_t * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
+                p = gl.convert_layout(p_next.to(dtype), p_layout)
+            sv = (it + n_k - 1) % STAGES
+            mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
+            accw = warpgroup_mma(p, v_smem.index(sv), accw, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(accw,))
+            mbarrier.arrive(v_empty.index(sv), count=1)
+            it += n_k
+        mbarrier.arrive(q_empty.index(qb), count=1)  # every Q·Kᵀ of the item has retired
+        ti += 1
+
+        # epilogue: O = acc / l, LSE = (m + log2 l)·ln2; rows without a key give 0 / -inf
+        has = l_i > 0.0
+        l_o = gl.convert_layout(gl.where(has, l_i, 1.0), orow_l)
+        o = acc / gl.expand_dims(l_o, 1)
+        o = gl.where(gl.expand_dims(gl.convert_layout(has, orow_l), 1), o, 0.0)
+        lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        n_valid = rows - r0
+        n_rows = slot - r0
+        if (n_valid >= R) & (n_rows >= R):
+            stage_for_tma(o_s, o.to(dtype))
+            tma.async_copy_shared_to_global(o_desc, [q0 + r0, h * D], o_s)
+        else:
+            store_rows(out_ptr, o, q0 + r0, n_rows, n_valid, h * D, H * D, R, D, 4, True)
+        if LSE_PER_SEQ:
+            lse_base = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + r0
+        else:
+            lse_base = h.to(gl.int64) * stride_lh + q0 + r0
+        lse = gl.where(r_idx < n_valid, lse, float("-inf"))
+        gl.store(lse_ptr + lse_base + r_idx, lse, mask=r_idx < n_rows)
+    tma.store_wait(0)  # shared memory must outlive the last store's read
+
+
+@gluon.jit
+def attn_fwd_ws(
+    q_desc, k_desc, v_desc, o_desc, out_ptr, lse_ptr, stride_lb, stride_lh,
+    tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
+    H, GROUP, M_TILES, max_q, max_k, qk_scale2,
+    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
+    CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [QBUF, BM, D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    o_smem = gl.allocate_shared_memory(dtype, [2, BM // 2, D], o_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(QBUF):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # one arrival per consumer warpgroup
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=2)
+
+    cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+             out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
+             used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2)  # fmt: skip
+    pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+             v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
+             max_q, max_k)  # fmt: skip
+    WG0: gl.constexpr = 0
+    WG1: gl.constexpr = 1
+    gl.warp_specialize(
+        [
+            (_consumer, (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ)),
+            (_consumer, (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ)),
+            (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def stages_for(d: int) -> tuple[int, int]:
+    """(K/V stages, Q buffers) inside 227 KB of shared memory with the two 64-row output buffers:
+    D=128: 2 x 64 KB of K/V + 2 x 32 KB of Q + 32 KB of output = 224 KB; D=64 goes deeper."""
+    return (2, 2) if d == 128 else (4, 2)
+
+
+def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
+        lse_dense: bool) -> None:  # fmt: skip
+    """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
+    ``dispatch.supported``. No host sync."""
+    tq, h, d = q.shape
+    tk, hkv, _ = k.shape
+    n_b = cu_q.shape[0] - 1
+    if n_b <= 0 or h == 0 or max_q <= 0 or tq == 0:
+        return
+    cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
+    gdt = _GL[q.dtype]
+    BM, BN = BLOCK_M, BLOCK_N
+    stages, qbuf = stages_for(d)
+    q_desc = TensorDescriptor(q.view(tq, h * d), [tq, h * d], [h * d, 1], [BM, d], smem_layout(BM, d, gdt))
+    o_desc = TensorDescriptor(out.view(tq, h * d), [tq, h * d], [h * d, 1], [BM // 2, d],
+                              smem_layout(BM // 2, d, gdt))  # fmt: skip
+    if tk > 0:
+        k2, v2, rows_k = k.view(tk, hkv * d), v.view(tk, hkv * d), tk
+    else:  # no keys at all: a one-row dummy keeps the descriptors valid; no step loads it
+        k2 = v2 = torch.zeros(1, hkv * d, dtype=q.dtype, device=q.device)
+        rows_k = 1
+    kv_layout = smem_layout(BN, d, gdt)
+    k_desc = TensorDescriptor(k2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
+    v_desc = TensorDescriptor(v2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
+    m_tiles = triton.cdiv(max_q, BM)
+    tiles, count = schedule(cu_q, cu_k, max_q, tile_q=True, block=BM, slots=m_tiles, heads=h)
+    grid = (max(1, min(n_b * h * m_tiles, num_sms(q.device))),)
+    if lse_dense:
+        stride_lb, stride_lh = lse.stride(0), lse.stride(1)
+    else:
+        stride_lb, stride_lh = 0, lse.stride(0)
+    attn_fwd_ws[grid](
+        q_desc, k_desc, v_desc, o_desc, out, lse, stride_lb, stride_lh, tiles, count, cu_q, cu_k,
+        used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
+        h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E,
+        D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
+        HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=232, PRODUCER_REGS=24,
+        num_warps=4,
+    )  # fmt: skip
