@@ -41,6 +41,7 @@ Choices where the spec is silent (and why):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -193,7 +194,7 @@ class Mxfp8VarlenMeta:
             else cls(cu_seqlens, meta.cu_seqlens_sf, meta.max_seqlen, cpu_cu_seqlens)
         )
 
-    @property
+    @functools.cached_property
     def lengths(self) -> tuple[int, ...]:
         v = self.cpu_cu_seqlens.tolist()
         return tuple(b - a for a, b in zip(v, v[1:]))
@@ -215,7 +216,11 @@ class Mxfp8VarlenMeta:
         return self.cu_seqlens.device
 
     def padded_index(self) -> torch.Tensor:
-        """int64 (total_tokens,) on the device: token t's row in the 128-padded token axis."""
+        """int64 (total_tokens,) on the device: token t's row in the 128-padded token axis (cached)."""
+        return self._padded_index
+
+    @functools.cached_property
+    def _padded_index(self) -> torch.Tensor:
         cpu = self.cpu_cu_seqlens.to(torch.int64)
         sf = torch.tensor(_prefix([_round_up(n, SCALE_TILE) for n in self.lengths]), dtype=torch.int64)
         shift = torch.repeat_interleave(sf[:-1] - cpu[:-1], cpu[1:] - cpu[:-1], output_size=self.total_tokens)
