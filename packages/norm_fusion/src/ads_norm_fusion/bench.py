@@ -205,22 +205,9 @@ def sweep(bench) -> None:
 
 
 def sweep_rms(bench) -> None:
-    """rmsnorm_linear at the headline shape, piece by piece: where its time goes (forward: the row
-    pass and the scaled GEMM; backward: the coefficient pass, the dx GEMM, x̂·γ and cuBLAS dW), and
-    the GEMM under the flatten / stages knobs."""
-    from . import _ops, rmsnorm_linear
-    from .triton.launch import launch_row_stat, launch_scaled_gemm
-
-    m, k, n = HEADLINE
-    dev, dt = "cuda", torch.bfloat16
-    x = torch.randn(m, k, device=dev, dtype=dt)
-    w = (torch.randn(n, k, device=dev) * k**-0.5).to(dt)
-    g = torch.rand(k, device=dev, dtype=dt).add_(0.5)
-    dy = torch.randn(m, n, device=dev, dtype=dt)
-    y = torch.empty(m, n, device=dev, dtype=dt)
-    r = torch.empty(m, device=dev)
-    coef = torch.empty(m, device=dev)
-    dx = torch.empty_like(x)
+    """rmsnorm_linear piece by piece: forward (the row pass, the scaled GEMM with and without the
+    flattened pipeline, the op) at three shapes; backward (the coefficient pass, the dx GEMM with and
+    without dγ partials, x̂·γ, cuBLAS dW, the whole op) at the headline shape."""
 
     def show(name, fn):
         try:
@@ -229,20 +216,52 @@ def sweep_rms(bench) -> None:
         except Exception as e:  # a setting that fails to compile must not end the sweep
             print(f"sweep-rms {name}: {type(e).__name__}: {e}"[:300], flush=True)
 
-    show("cuBLAS x@w^T", lambda: F.linear(x, w))
-    show("row pass rrms", lambda: launch_row_stat(x, r, eps=1e-6))
-    show("scaled GEMM (fwd epilogue)", lambda: launch_scaled_gemm(x, w, y, r, b_trans=True))
-    for knob, value in (("ADS_NORM_FUSION_RMS_FLATTEN", "0"), ("ADS_NORM_FUSION_RMS_STAGES", "4")):
-        os.environ[knob] = value
-        show(f"scaled GEMM {knob}={value}", lambda: launch_scaled_gemm(x, w, y, r, b_trans=True))
-        os.environ.pop(knob)
+    for shape in (HEADLINE, (131072, 512, 512), (524288, 256, 256)):
+        _sweep_rms_shape(bench, show, shape)
+
+
+def _sweep_rms_shape(bench, show, shape) -> None:
+    from . import _ops, rmsnorm_linear
+    from .triton.launch import launch_row_stat, launch_scaled_gemm
+
+    m, k, n = shape
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(m, k, device=dev, dtype=dt)
+    w = (torch.randn(n, k, device=dev) * k**-0.5).to(dt)
+    g = torch.rand(k, device=dev, dtype=dt).add_(0.5)
+    y = torch.empty(m, n, device=dev, dtype=dt)
+    r = torch.empty(m, device=dev)
+    tag = f"{m}x{k}x{n}"
+    show(f"{tag} cuBLAS x@w^T", lambda: F.linear(x, w))
+    show(f"{tag} row pass rrms", lambda: launch_row_stat(x, r, eps=1e-6))
+    variants = {"default": {}, "flatten=1": {"ADS_NORM_FUSION_RMS_FLATTEN": "1"}}
+    if shape != HEADLINE:
+        variants["pointer store"] = {"ADS_NORM_FUSION_RMS_TMA_STORE": "0"}
+        variants["BLOCK_N=128"] = {"ADS_NORM_FUSION_RMS_BLOCK_N": "128"}
+    for name, env in variants.items():
+        os.environ.update(env)
+        show(f"{tag} scaled GEMM {name}", lambda: launch_scaled_gemm(x, w, y, r, b_trans=True))
+        for knob in env:
+            os.environ.pop(knob)
     with torch.no_grad():
-        show("forward (op)", lambda: rmsnorm_linear(x, g, w))
+        show(f"{tag} forward op", lambda: rmsnorm_linear(x, g, w))
+    if (m, k, n) != HEADLINE:
+        return
+    dy = torch.randn(m, n, device=dev, dtype=dt)
+    coef = torch.empty(m, device=dev)
+    dx = torch.empty_like(x)
+    part = torch.empty((m // 128, k), device=dev)
     show("bwd row pass coef", lambda: launch_row_stat(dy, coef, b=y, r=r, divisor=k))
     show("bwd dx GEMM", lambda: launch_scaled_gemm(dy, w, dx, r, b_trans=False, gamma=g, aux=x, coef=coef))
-    show("bwd dx op (with dgamma)", lambda: _ops.rmsnorm_linear_dx(dy, w, x, y, r, g, None, True))
+    show(
+        "bwd dx GEMM + dgamma partials",
+        lambda: launch_scaled_gemm(dy, w, dx, r, b_trans=False, gamma=g, aux=x, coef=coef, part=part),
+    )
+    show("bwd cuBLAS dy@w", lambda: dy @ w)
     show("bwd x_hat*gamma", lambda: _ops.row_col_scale(x, r, g))
     show("bwd cuBLAS dW", lambda: dy.t() @ x)
+    xg, wg, gg = (t.clone().requires_grad_() for t in (x, w, g))
+    show("fwd+bwd op", lambda: torch.autograd.grad(rmsnorm_linear(xg, gg, wg), (xg, gg, wg), dy))
 
 
 def _summary(report) -> None:

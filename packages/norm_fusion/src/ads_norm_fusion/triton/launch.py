@@ -17,6 +17,7 @@ from ..config import (
     norm_bwd_config,
     rms_flatten,
     rms_gemm_config,
+    rms_tma_store,
     rownorm_config,
 )
 from ._norm_bwd import norm_bwd_kernel
@@ -176,7 +177,13 @@ def launch_scaled_gemm(
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     sms = num_sms(a.device) if a.device.type == "cuda" else 4
     progs = max(1, min(tiles, sms))
-    tma_store = aux is None and part is None and out.data_ptr() % 16 == 0 and out.stride(0) % 8 == 0
+    tma_store = (
+        aux is None
+        and part is None
+        and out.data_ptr() % 16 == 0
+        and out.stride(0) % 8 == 0
+        and rms_tma_store()
+    )
     _ensure_allocator(a)
     dummy = alpha
     scaled_gemm_kernel[(progs,)](
