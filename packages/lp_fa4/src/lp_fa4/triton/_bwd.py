@@ -8,7 +8,7 @@ LSE +inf here so that their P is exactly 0 whatever the scores are.
 import triton
 import triton.language as tl
 
-from ._common import band_mask, diag_offset, scores, seq_extent, tile_is_full
+from ._common import band_mask, band_mask_t, diag_offset, scores, seq_extent, tile_is_full
 
 
 @triton.jit
@@ -31,14 +31,17 @@ def preprocess_kernel(OUT, DO, DLSE, DELTA, stride_ot, stride_oh, stride_dot, st
 
 @triton.jit
 def _p_ds(q, kt, vt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right, qk_scale2,
-          cap_in, cap_out2, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+          cap_in, cap_out2, SOFTCAP: tl.constexpr, MASK: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr):  # fmt: skip
     """(P, dS) of one (BLOCK_M, BLOCK_N) tile; dS is the gradient w.r.t. the raw q·k without the
-    softmax scale (applied once to dK and dQ): P∘(dP - delta), times 1 - tanh² under softcap."""
+    softmax scale (applied once to dK and dQ): P∘(dP - delta), times 1 - tanh² under softcap.
+    MASK=False: the caller knows the tile is full (no mask code)."""
     s2, t = scores(tl.dot(q, kt), qk_scale2, cap_in, cap_out2, SOFTCAP)
-    if not tile_is_full(start_m, start_n, k_len, off, win_left, win_right, BLOCK_M, BLOCK_N):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
+    if MASK:
+        if not tile_is_full(start_m, start_n, k_len, off, win_left, win_right, BLOCK_M, BLOCK_N):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            s2 = tl.where(band_mask(offs_m, offs_n, k_len, off, win_left, win_right), s2, float("-inf"))
     p = tl.exp2(s2 - lse2[:, None])
     dp = tl.dot(do, vt)
     ds = p * (dp - delta[:, None])
@@ -59,6 +62,63 @@ def _row_stats(LSE, DELTA, h, o0, offs_m, rows, TO):
 
 
 @triton.jit
+def _pt_dst(k, v, qt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right, qk_scale2,
+            cap_in, cap_out2, SOFTCAP: tl.constexpr, MASK: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr):  # fmt: skip
+    """(Pᵀ, dSᵀ) of one tile in keys x queries orientation (BLOCK_N, BLOCK_M), so that both feed the
+    dV and dK GEMMs as the left operand straight from registers (no transpose of P or dS)."""
+    s2, t = scores(tl.dot(k, qt), qk_scale2, cap_in, cap_out2, SOFTCAP)
+    if MASK:
+        if not tile_is_full(start_m, start_n, k_len, off, win_left, win_right, BLOCK_M, BLOCK_N):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            s2 = tl.where(band_mask_t(offs_n, offs_m, k_len, off, win_left, win_right), s2, float("-inf"))
+    pt = tl.exp2(s2 - lse2[None, :])
+    dpt = tl.dot(v, tl.trans(do))
+    dst = pt * (dpt - delta[None, :])
+    if SOFTCAP:
+        dst = dst * (1.0 - t * t)
+    return pt, dst
+
+
+@triton.jit
+def _dkdv_range(
+    dk, dv, k, v, Q, DO, LSE, DELTA, DQ, q_desc, do_desc, h, q0, o0, rows, lo, hi, start_n, k_len, off,
+    stride_qt, stride_qh, stride_dot, stride_doh, stride_dqt, stride_dqh, TO, sm_scale,
+    qk_scale2, cap_in, cap_out2, win_left, win_right,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    USE_TMA: tl.constexpr, MASK: tl.constexpr,
+):  # fmt: skip
+    """dK, dV of one kv tile over the query tiles [lo, hi) of head h (MASK=False: every tile full)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_rows = q0 + offs_m.to(tl.int64)
+        lse2, delta, ok = _row_stats(LSE, DELTA, h, o0, offs_m, rows, TO)
+        if USE_TMA:
+            qt = tl.trans(q_desc.load([start_m, 0]))
+            do = do_desc.load([start_m, 0])
+        else:
+            qt = tl.load(Q + q_rows[None, :] * stride_qt + h * stride_qh + offs_d[:, None],
+                         mask=ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
+            o_rows = o0 + offs_m.to(tl.int64)
+            do = tl.load(DO + o_rows[:, None] * stride_dot + h * stride_doh + offs_dv[None, :],
+                         mask=ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
+        pt, dst = _pt_dst(k, v, qt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right,
+                          qk_scale2, cap_in, cap_out2, SOFTCAP, MASK, BLOCK_M, BLOCK_N)  # fmt: skip
+        dv += tl.dot(pt.to(do.dtype), do)
+        dsl = dst.to(qt.dtype)
+        dk += tl.dot(dsl, tl.trans(qt))
+        if DQ_ATOMIC:
+            dq = tl.dot(tl.trans(dsl), k) * sm_scale
+            dq_ptrs = DQ + q_rows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :]
+            tl.atomic_add(dq_ptrs, dq, mask=ok[:, None] & (offs_d[None, :] < D_QK))
+    return dk, dv
+
+
+@triton.jit
 def dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, DK, DV, CU_Q, CU_K, USED_Q, USED_K,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh,
@@ -71,7 +131,10 @@ def dkdv_kernel(
     BROADCAST_Q: tl.constexpr, DQ_ATOMIC: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (sequence, kv head, BLOCK_N keys): dK, dV summed over the G query heads of the
-    group on chip (no atomics, so bitwise repeatable); keys past k_len get zeros."""
+    group on chip (no atomics, so bitwise repeatable); keys past k_len get zeros. The tile works in
+    keys x queries orientation (Pᵀ = exp2(K·Qᵀ - LSE)); when every query tile of the program is
+    inside the sequence and the band (no window, full key tile: the common case) the loop carries no
+    mask code at all."""
     pid = tl.program_id(0)
     b = pid // H_KV
     hk = pid % H_KV
@@ -86,10 +149,10 @@ def dkdv_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     k_ok = offs_n < k_len
     k_rows = k0 + offs_n.to(tl.int64)
-    kt = tl.load(K + k_rows[None, :] * stride_kt + hk * stride_kh + offs_d[:, None],
-                 mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
-    vt = tl.load(V + k_rows[None, :] * stride_vt + hk * stride_vh + offs_dv[:, None],
-                 mask=k_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0)  # fmt: skip
+    k = tl.load(K + k_rows[:, None] * stride_kt + hk * stride_kh + offs_d[None, :],
+                mask=k_ok[:, None] & (offs_d[None, :] < D_QK), other=0.0)  # fmt: skip
+    v = tl.load(V + k_rows[:, None] * stride_vt + hk * stride_vh + offs_dv[None, :],
+                mask=k_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     off = diag_offset(q_len, k_len, TOP_LEFT)
@@ -97,6 +160,14 @@ def dkdv_kernel(
     lo = tl.maximum(start_n - off - win_right, 0)
     hi = tl.minimum(last_n - off + win_left + 1, rows)
     lo = (lo // BLOCK_M) * BLOCK_M
+    # the full tiles of a kv tile form one interval of query tiles: first and last full => all full
+    last_m = lo + ((tl.maximum(hi - lo, 1) - 1) // BLOCK_M) * BLOCK_M
+    all_full = tile_is_full(lo, start_n, k_len, off, win_left, win_right, BLOCK_M, BLOCK_N) & tile_is_full(
+        last_m, start_n, k_len, off, win_left, win_right, BLOCK_M, BLOCK_N
+    )
+    if not USE_TMA:
+        q_desc = 0  # unused placeholders (the descriptors are made per head below)
+        do_desc = 0
     for g in range(0, G):
         h = hk * G + g
         if USE_TMA:
@@ -106,32 +177,53 @@ def dkdv_kernel(
             do_base = DO + o0 * stride_dot + h * stride_doh
             q_desc = tl.make_tensor_descriptor(q_base, [n_q, D_QK], [stride_qt, 1], [BLOCK_M, BLOCK_D])
             do_desc = tl.make_tensor_descriptor(do_base, [n_q, D_V], [stride_dot, 1], [BLOCK_M, BLOCK_DV])
-        for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            q_rows = q0 + offs_m.to(tl.int64)
-            lse2, delta, ok = _row_stats(LSE, DELTA, h, o0, offs_m, rows, TO)
-            if USE_TMA:
-                q = q_desc.load([start_m, 0])
-                do = do_desc.load([start_m, 0])
-            else:
-                q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                            mask=ok[:, None] & (offs_d[None, :] < D_QK), other=0.0)  # fmt: skip
-                o_rows = o0 + offs_m.to(tl.int64)
-                do = tl.load(DO + o_rows[:, None] * stride_dot + h * stride_doh + offs_dv[None, :],
-                             mask=ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)  # fmt: skip
-            p, ds = _p_ds(q, kt, vt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right,
-                          qk_scale2, cap_in, cap_out2, SOFTCAP, BLOCK_M, BLOCK_N)  # fmt: skip
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-            dsl = ds.to(q.dtype)
-            dk += tl.dot(tl.trans(dsl), q)
-            if DQ_ATOMIC:
-                dq = tl.dot(dsl, tl.trans(kt)) * sm_scale
-                dq_ptrs = DQ + q_rows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :]
-                tl.atomic_add(dq_ptrs, dq, mask=ok[:, None] & (offs_d[None, :] < D_QK))
+        if all_full:
+            dk, dv = _dkdv_range(
+                dk, dv, k, v, Q, DO, LSE, DELTA, DQ, q_desc, do_desc, h, q0, o0, rows, lo, hi, start_n, k_len,
+                off, stride_qt, stride_qh, stride_dot, stride_doh, stride_dqt, stride_dqh, TO, sm_scale,
+                qk_scale2, cap_in, cap_out2, win_left, win_right, D_QK, D_V, BLOCK_D, BLOCK_DV, BLOCK_M,
+                BLOCK_N, SOFTCAP, DQ_ATOMIC, USE_TMA, False,
+            )  # fmt: skip
+        else:
+            dk, dv = _dkdv_range(
+                dk, dv, k, v, Q, DO, LSE, DELTA, DQ, q_desc, do_desc, h, q0, o0, rows, lo, hi, start_n, k_len,
+                off, stride_qt, stride_qh, stride_dot, stride_doh, stride_dqt, stride_dqh, TO, sm_scale,
+                qk_scale2, cap_in, cap_out2, win_left, win_right, D_QK, D_V, BLOCK_D, BLOCK_DV, BLOCK_M,
+                BLOCK_N, SOFTCAP, DQ_ATOMIC, USE_TMA, True,
+            )  # fmt: skip
     dk_ptrs = DK + k_rows[:, None] * stride_dkt + hk * stride_dkh + offs_d[None, :]
     tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (offs_d[None, :] < D_QK))
     dv_ptrs = DV + k_rows[:, None] * stride_dvt + hk * stride_dvh + offs_dv[None, :]
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=k_ok[:, None] & (offs_dv[None, :] < D_V))
+
+
+@triton.jit
+def _dq_range(
+    dq, q, do, K, V, k_desc, v_desc, hk, k0, k_len, lse2, delta, start_m, lo, hi, off,
+    stride_kt, stride_kh, stride_vt, stride_vh, qk_scale2, cap_in, cap_out2, win_left, win_right,
+    D_QK: tl.constexpr, D_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr,
+    MASK: tl.constexpr,
+):  # fmt: skip
+    """dQ of one query tile over the key tiles [lo, hi) (MASK=False: every tile full, no mask code)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, BLOCK_N):
+        if USE_TMA:
+            kt = tl.trans(k_desc.load([start_n, 0]))
+            vt = tl.trans(v_desc.load([start_n, 0]))
+        else:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k_ok = offs_n < k_len
+            k_rows = k0 + offs_n.to(tl.int64)
+            kt = tl.load(K + k_rows[None, :] * stride_kt + hk * stride_kh + offs_d[:, None],
+                         mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
+            vt = tl.load(V + k_rows[None, :] * stride_vt + hk * stride_vh + offs_dv[:, None],
+                         mask=k_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0)  # fmt: skip
+        p, ds = _p_ds(q, kt, vt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right,
+                      qk_scale2, cap_in, cap_out2, SOFTCAP, MASK, BLOCK_M, BLOCK_N)  # fmt: skip
+        dq += tl.dot(ds.to(q.dtype), tl.trans(kt))
+    return dq
 
 
 @triton.jit
@@ -207,21 +299,30 @@ def dq_kernel(
             v_base = V + k0 * stride_vt + hk * stride_vh
             k_desc = tl.make_tensor_descriptor(k_base, [n_k, D_QK], [stride_kt, 1], [BLOCK_N, BLOCK_D])
             v_desc = tl.make_tensor_descriptor(v_base, [n_k, D_V], [stride_vt, 1], [BLOCK_N, BLOCK_DV])
-        for start_n in range(lo, hi, BLOCK_N):
-            if USE_TMA:
-                kt = tl.trans(k_desc.load([start_n, 0]))
-                vt = tl.trans(v_desc.load([start_n, 0]))
-            else:
-                offs_n = start_n + tl.arange(0, BLOCK_N)
-                k_ok = offs_n < k_len
-                k_rows = k0 + offs_n.to(tl.int64)
-                kt = tl.load(K + k_rows[None, :] * stride_kt + hk * stride_kh + offs_d[:, None],
-                             mask=k_ok[None, :] & (offs_d[:, None] < D_QK), other=0.0)  # fmt: skip
-                vt = tl.load(V + k_rows[None, :] * stride_vt + hk * stride_vh + offs_dv[:, None],
-                             mask=k_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0)  # fmt: skip
-            p, ds = _p_ds(q, kt, vt, do, lse2, delta, start_m, start_n, k_len, off, win_left, win_right,
-                          qk_scale2, cap_in, cap_out2, SOFTCAP, BLOCK_M, BLOCK_N)  # fmt: skip
-            dq += tl.dot(ds.to(q.dtype), tl.trans(kt))
+        else:
+            k_desc = 0  # unused placeholders
+            v_desc = 0
+        # the full key tiles form one interval [a, b) of the grid lo + i·BLOCK_N: in the sequence
+        # (start_n + BLOCK_N <= k_len) and inside the band for every row of the query tile
+        lower = start_m + BLOCK_M - 1 + off - win_left
+        upper = tl.minimum(k_len - BLOCK_N, start_m + off + win_right - BLOCK_N + 1)
+        a = tl.minimum(
+            lo + ((tl.maximum(lower - lo, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, tl.maximum(hi, lo)
+        )
+        b_full = tl.where(upper >= a, a + ((upper - a) // BLOCK_N + 1) * BLOCK_N, a)
+        b_full = tl.maximum(tl.minimum(b_full, hi), a)
+        dq = _dq_range(dq, q, do, K, V, k_desc, v_desc, hk, k0, k_len, lse2, delta, start_m, lo, a, off,
+                       stride_kt, stride_kh, stride_vt, stride_vh, qk_scale2, cap_in, cap_out2, win_left,
+                       win_right, D_QK, D_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, SOFTCAP, USE_TMA,
+                       True)  # fmt: skip
+        dq = _dq_range(dq, q, do, K, V, k_desc, v_desc, hk, k0, k_len, lse2, delta, start_m, a, b_full, off,
+                       stride_kt, stride_kh, stride_vt, stride_vh, qk_scale2, cap_in, cap_out2, win_left,
+                       win_right, D_QK, D_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, SOFTCAP, USE_TMA,
+                       False)  # fmt: skip
+        dq = _dq_range(dq, q, do, K, V, k_desc, v_desc, hk, k0, k_len, lse2, delta, start_m, b_full, hi, off,
+                       stride_kt, stride_kh, stride_vt, stride_vh, qk_scale2, cap_in, cap_out2, win_left,
+                       win_right, D_QK, D_V, BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N, SOFTCAP, USE_TMA,
+                       True)  # fmt: skip
     q_in = offs_m < slot_q  # rows of the slot that were not computed get zeros
     dq_mask = q_in[:, None] & (offs_d[None, :] < D_QK)
     dq_ptrs = DQ + q_rows[:, None] * stride_dqt + h * stride_dqh + offs_d[None, :]

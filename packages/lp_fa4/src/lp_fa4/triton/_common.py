@@ -115,3 +115,10 @@ def tile_is_full(start_m, start_n, k_len, off, win_left, win_right, BLOCK_M: tl.
     lo_ok = start_n >= start_m + BLOCK_M - 1 + off - win_left
     hi_ok = start_n + BLOCK_N - 1 <= start_m + off + win_right
     return inside & lo_ok & hi_ok
+
+
+@triton.jit
+def band_mask_t(offs_n, offs_m, k_len, off, win_left, win_right):
+    """band_mask transposed: (BLOCK_N, BLOCK_M) bool for kernels that work on keys x queries."""
+    rel = offs_n[:, None] - offs_m[None, :] - off
+    return (offs_n[:, None] < k_len) & (rel >= -win_left) & (rel <= win_right)
