@@ -261,6 +261,20 @@ def test_cli_parser_has_the_flags_ci_bench_relies_on(capsys):
         assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
+def test_cli_main_routes_demo_flags_and_measure(monkeypatch, capsys):
+    from ads_kernel_tools.bench import cli
+
+    seen = []
+    kw = dict(demo=lambda: 7, flags={"--sweep": "only the sweep"})
+    assert cli.main("prog", "d", lambda a: seen.append(a), argv=["--demo"], **kw) == 7 and not seen
+    monkeypatch.setattr(cli, "gpu_present", lambda prog: False)
+    assert cli.main("prog", "d", lambda a: seen.append(a), argv=["--quick"], **kw) == 0 and not seen
+    monkeypatch.setattr(cli, "gpu_present", lambda prog: True)
+    assert cli.main("prog", "d", lambda a: seen.append(a), argv=["--sweep", "--quick"], **kw) == 0
+    assert seen[0].sweep and seen[0].quick and not seen[0].demo
+    assert cli.main("prog", "d", lambda a: 3, argv=[], **kw) == 3
+
+
 def test_report_progress_prints_each_row_as_it_lands(capsys):
     quiet, live = Report("q"), Report("l", progress=True)
     quiet.add(Row("gdpa", "ours", "fwd", "L=1", 1.0, tflops=12.34))

@@ -315,15 +315,15 @@ def demo() -> int:
 def main(argv: list[str] | None = None) -> int:
     from ads_kernel_tools.bench import cli
 
-    prog = "python -m ads_block_attention.bench"
-    parser = cli.parser(prog, __doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true", help="only sweep warp counts of ours")
-    args = parser.parse_args(argv)
-    if args.demo:
-        return demo()
-    if not cli.gpu_present(prog):
-        return 0
+    return cli.main(
+        "python -m ads_block_attention.bench", __doc__.splitlines()[0], measure, demo=demo,
+        flags={"--sweep": "only sweep warp counts of ours"}, argv=argv,
+    )  # fmt: skip
+
+
+def measure(args) -> int:
     from ads_kernel_tools import bench
+    from ads_kernel_tools.bench import cli
 
     if args.sweep:
         sweep(bench)
@@ -342,10 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in bench.peers.notes().items():
         print(f"note: {name}: {why}")
     _summary(report)
-    if args.json:
-        report.write_json(args.json)
-    if args.plot:
-        report.plot_png(args.plot, "max_len")
+    cli.save(report, args, x_key="max_len")
     return 0
 
 

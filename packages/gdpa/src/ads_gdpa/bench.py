@@ -223,23 +223,21 @@ class Bench:
 def main(argv: list[str] | None = None) -> int:
     from ads_kernel_tools.bench import cli
 
-    prog = "python -m ads_gdpa.bench"
-    ap = cli.parser(prog, __doc__.splitlines()[0])
-    ap.add_argument(
-        "--variants",
-        action="store_true",
-        help="also time ours[det] (deterministic backward), ours[gluon-bwd] (the Gluon backward), "
-        "ours[triton-bwd-tma-loads] (Triton backward "
-        "with TMA Q/dO loads), ours[triton-persistent] (Triton forward, persistent grid)",
-    )
-    args = ap.parse_args(argv)
-    if args.demo:
-        from ._demo import demo
+    from ._demo import demo
 
-        return demo()
-    if not cli.gpu_present(prog):
-        return 0
-    from ads_kernel_tools.bench import peers
+    variants = (
+        "also time ours[det] (deterministic backward), ours[gluon-bwd] (the Gluon backward), "
+        "ours[triton-bwd-tma-loads] (Triton backward with TMA Q/dO loads), ours[triton-persistent] "
+        "(Triton forward, persistent grid)"
+    )
+    return cli.main(
+        "python -m ads_gdpa.bench", __doc__.splitlines()[0], measure, demo=demo,
+        flags={"--variants": variants}, argv=argv,
+    )  # fmt: skip
+
+
+def measure(args) -> int:
+    from ads_kernel_tools.bench import cli, peers
 
     bench = Bench(args)
     batch, heads, d = 1152, 4, 128
@@ -256,10 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  note: {name}: {why}")
     fwd_t, bwd_t = TARGETS["fwd"], TARGETS["bwd"]
     print(f"targets (H200, max len 2048, s=1.0): fwd >= {fwd_t:.0f}, bwd >= {bwd_t:.0f} TFLOP/s")
-    if args.json:
-        bench.report.write_json(args.json)
-    if args.plot:
-        bench.report.plot_png(args.plot, x_key="max_len")
+    cli.save(bench.report, args, x_key="max_len")
     return 0
 
 

@@ -139,16 +139,10 @@ def demo() -> int:
 def main(argv: list[str] | None = None) -> int:
     from ads_kernel_tools.bench import cli
 
-    prog = "python -m ads_gdpa.bench_serving"
-    ap = cli.parser(prog, __doc__.splitlines()[0])
-    ap.add_argument("--bwd", action="store_true", help="also time the backward (dK/dV summed over the ads)")
-    args = ap.parse_args(argv)
-    if args.demo:
-        return demo()
-    if not cli.gpu_present(prog):
-        return 0
-    run(args)
-    return 0
+    return cli.main(
+        "python -m ads_gdpa.bench_serving", __doc__.splitlines()[0], run, demo=demo,
+        flags={"--bwd": "also time the backward (dK/dV summed over the ads)"}, argv=argv,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -222,15 +222,15 @@ def demo() -> int:
 def main(argv: list[str] | None = None) -> int:
     from ads_kernel_tools.bench import cli
 
-    prog = "python -m ads_gdpa_megakernel.bench"
-    parser = cli.parser(prog, __doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true", help="only the row kernels, over tile/program knobs")
-    args = parser.parse_args(argv)
-    if args.demo:
-        return demo()
-    if not cli.gpu_present(prog):
-        return 0
+    return cli.main(
+        "python -m ads_gdpa_megakernel.bench", __doc__.splitlines()[0], measure, demo=demo,
+        flags={"--sweep": "only the row kernels, over tile/program knobs"}, argv=argv,
+    )  # fmt: skip
+
+
+def measure(args) -> int:
     from ads_kernel_tools import bench
+    from ads_kernel_tools.bench import cli
 
     if args.sweep:
         import os

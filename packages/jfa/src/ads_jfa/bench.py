@@ -206,17 +206,16 @@ def _targets(report) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ads_kernel_tools.bench import cli
+
+    from ._demo import demo
+
+    return cli.main("python -m ads_jfa.bench", __doc__.splitlines()[0], measure, demo=demo, argv=argv)
+
+
+def measure(args) -> int:
     from ads_kernel_tools.bench import cli, peers
 
-    prog = "python -m ads_jfa.bench"
-    ap = cli.parser(prog, __doc__.splitlines()[0])
-    args = ap.parse_args(argv)
-    if args.demo:
-        from ._demo import demo
-
-        return demo()
-    if not cli.gpu_present(prog):
-        return 0
     bench = Bench(args)
     lens = (2048,) if args.quick else (512, 1024, 2048)
     spars = (1.0, 0.5)

@@ -2,7 +2,8 @@
 
 ``ci/bench`` relies on these flags: ``--quick`` (a subset for ci/gpu), ``--json`` and ``--plot``
 (where to write results) and ``--demo`` (the checked CPU run). Packages add their own flags to the
-returned parser and can hand the finished report to ``save``.
+returned parser and can hand the finished report to ``save``; ``main`` is the whole entry point
+(flags, the demo, the no-GPU message) around a package's measuring function.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -41,6 +43,29 @@ def save(report: Report, args: argparse.Namespace, *, x_key: str, x_label: str |
         print(f"wrote {args.json} (tables: python -m ads_kernel_tools.bench {args.json} --markdown)")
     if args.plot and report.plot_png(args.plot, x_key, x_label=x_label) is not None:
         print(f"wrote {args.plot}")
+
+
+def main(
+    prog: str,
+    description: str,
+    measure: Callable[[argparse.Namespace], int | None],
+    *,
+    demo: Callable[[], int],
+    flags: Mapping[str, str] = {},
+    argv: list[str] | None = None,
+) -> int:
+    """A package benchmark's ``main``: the shared flags plus ``flags`` (on/off switches, name ->
+    help), then ``demo()`` for ``--demo``, a plain message without a GPU, else ``measure(args)``.
+    Returns the exit status (``measure`` returning None counts as 0)."""
+    ap = parser(prog, description)
+    for flag, help_text in flags.items():
+        ap.add_argument(flag, action="store_true", help=help_text)
+    args = ap.parse_args(argv)
+    if args.demo:
+        return demo()
+    if not gpu_present(prog):
+        return 0
+    return measure(args) or 0
 
 
 @contextlib.contextmanager
