@@ -90,7 +90,14 @@ def test_predicate_takes_supported_calls_on_sm90_only(causal, d, dtype, device, 
 # ---------------------------------------------------------------------------------------------
 
 
-def _job(d: int, causal: bool = False, used: bool = False, dense: bool = False, fp16: bool = False) -> dict:
+def _job(
+    d: int,
+    causal: bool = False,
+    used: bool = False,
+    dense: bool = False,
+    fp16: bool = False,
+    lpt: bool = False,
+) -> dict:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.runtime.jit import mangle_type
@@ -111,7 +118,8 @@ def _job(d: int, causal: bool = False, used: bool = False, dense: bool = False, 
                                     "used_k_ptr")}}  # fmt: skip
     stages, qbuf = g.stages_for(d)
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=stages, QBUF=qbuf, CAUSAL=causal, HAS_USED_Q=used,
-                  HAS_USED_K=used, LSE_PER_SEQ=dense, CONSUMER_REGS=232, PRODUCER_REGS=24)  # fmt: skip
+                  HAS_USED_K=used, LSE_PER_SEQ=dense, CONSUMER_REGS=232, PRODUCER_REGS=24,
+                  LPT=lpt)  # fmt: skip
     return dict(module=g.__name__, kernel="attn_fwd_ws", types=types, constexprs=consts, gluon=True)
 
 
@@ -121,6 +129,7 @@ JOBS = {
     "d64": dict(d=64),
     "d64-causal-seqused-dense-fp16": dict(d=64, causal=True, used=True, dense=True, fp16=True),
     "d128-seqused-fp16": dict(d=128, used=True, fp16=True),
+    "d128-causal-dense-lpt": dict(d=128, causal=True, dense=True, lpt=True),
 }
 
 
@@ -250,3 +259,28 @@ def test_long_jagged_batch_and_backend_switch(device, monkeypatch):
     out_t, lse_t = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, return_lse=True)
     assert_close_vs_baseline(out_t, ref, base, name="out[triton]")
     compare_lse(lse_t, rlse, "lse[triton]")
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("causal", [True, False])
+def test_dense_lpt_order_gives_the_same_bits(causal, device):
+    """The dense head-grouped heaviest-first walk (``lpt``) and the tile list compute every tile
+    the same way: identical outputs and LSE, bit for bit (5 (b, h) pairs per L2 group: 12 = 5 + 5 + 2)."""
+    from lp_fa4.gluon import fwd_sm90
+
+    b, s, h, hkv, d = 3, 700, 4, 2, 128
+    q = randn((b * s, h, d), dtype=torch.bfloat16, device=device, seed=7)
+    k = randn((b * s, hkv, d), dtype=torch.bfloat16, device=device, seed=8)
+    v = randn((b * s, hkv, d), dtype=torch.bfloat16, device=device, seed=9)
+    cu = lengths_to_offsets([s] * b, device=device)
+    res = []
+    for lpt in (False, True):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((b, h, s), float("nan"), device=device)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fwd_sm90, "L2_GROUP_BYTES", 5 * 2 * s * d * 2 * hkv // h)
+            fwd_sm90.fwd(q, k, v, cu, cu, None, None, s, s, d**-0.5, causal, out, lse, True, lpt=lpt)
+        res.append((out, lse))
+    assert not res[1][0].isnan().any() and not res[1][1].isnan().any()
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])

@@ -51,18 +51,32 @@ LN2 = 0.6931471805599453
 
 
 @gluon.jit
-def _item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k,
+def _item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k, HG, BH,
           BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-          HAS_USED_K: gl.constexpr):  # fmt: skip
+          HAS_USED_K: gl.constexpr, LPT: gl.constexpr):  # fmt: skip
     """Work item t of the tile list -> (b, h, m, q0, slot, rows, k0, k_len, off, n_k): query tile m
     of (sequence b, head h); slot query rows from q0, the first ``rows`` computed; k_len keys from
-    k0; off = k_len - used Lq (the bottom-right diagonal); n_k key tiles to visit."""
-    e = gl.load(tiles_ptr + t)
-    per_b = H * M_TILES
-    b = e // per_b
-    rem = e - b * per_b
-    h = rem // M_TILES
-    idx = rem - h * M_TILES
+    k0; off = k_len - used Lq (the bottom-right diagonal); n_k key tiles to visit.
+
+    LPT (dense batches, every slot M_TILES tiles): no list; item t lies in a group of HG
+    consecutive (b, h) pairs (their K/V fit in L2 together), rank idx in the group's heaviest-first
+    order, the group's pairs interleaved within a rank."""
+    if LPT:
+        per_group = HG * M_TILES
+        g = t // per_group
+        r = t - g * per_group
+        gh = gl.minimum(HG, BH - g * HG)
+        idx = r // gh
+        bh = g * HG + r - idx * gh
+        b = bh // H
+        h = bh - b * H
+    else:
+        e = gl.load(tiles_ptr + t)
+        per_b = H * M_TILES
+        b = e // per_b
+        rem = e - b * per_b
+        h = rem // M_TILES
+        idx = rem - h * M_TILES
     q0 = gl.load(cu_q_ptr + b)
     slot = gl.load(cu_q_ptr + b + 1) - q0
     k0 = gl.load(cu_k_ptr + b)
@@ -94,18 +108,19 @@ def _item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, 
 @gluon.jit
 def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-              HAS_USED_K: gl.constexpr):  # fmt: skip
+              HAS_USED_K: gl.constexpr, LPT: gl.constexpr):  # fmt: skip
     """TMA loads: per work item its Q tile, then its K/V tiles into the ring (position ``it``
     continues across items, as the consumers count it)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES, max_q,
-     max_k) = args  # fmt: skip
+     max_k, HG, BH, N_ITEMS) = args  # fmt: skip
     it = 0
     ti = 0
-    for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
+    n_items = N_ITEMS if LPT else gl.load(count_ptr)
+    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         b, h, m, q0, slot, rows, k0, k_len, off, n_k = _item(
-            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k,
-            BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K,
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k, HG, BH,
+            BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT,
         )  # fmt: skip
         qb = ti % QBUF
         mbarrier.wait(q_empty.index(qb), ((ti // QBUF) & 1) ^ 1)
@@ -153,11 +168,11 @@ def _k_width(dtype):
 @gluon.jit
 def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-              HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr):  # fmt: skip
+              HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
-     used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2) = args  # fmt: skip
+     used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS) = args  # fmt: skip
     R: gl.constexpr = BM // 2
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = acc_layout(BN)
@@ -171,10 +186,11 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
     o_s = o_smem.index(WG)
     it = 0
     ti = 0
-    for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
+    n_items = N_ITEMS if LPT else gl.load(count_ptr)
+    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         b, h, m, q0, slot, rows, k0, k_len, off, n_k = _item(
-            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k,
-            BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K,
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k, HG, BH,
+            BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT,
         )  # fmt: skip
         r0 = m * BM + WG * R  # first row of this warpgroup inside the sequence
         rows2 = gl.expand_dims(r0 + r_idx, 1)
@@ -254,10 +270,10 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
 def attn_fwd_ws(
     q_desc, k_desc, v_desc, o_desc, out_ptr, lse_ptr, stride_lb, stride_lh,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
-    H, GROUP, M_TILES, max_q, max_k, qk_scale2,
+    H, GROUP, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [QBUF, BM, D], q_desc.layout)
@@ -281,17 +297,23 @@ def attn_fwd_ws(
 
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
-             used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2)  # fmt: skip
+             used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
-             max_q, max_k)  # fmt: skip
+             max_q, max_k, HG, BH, N_ITEMS)  # fmt: skip
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     gl.warp_specialize(
         [
-            (_consumer, (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ)),
-            (_consumer, (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ)),
-            (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K)),
+            (
+                _consumer,
+                (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ, LPT),
+            ),
+            (
+                _consumer,
+                (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ, LPT),
+            ),
+            (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -311,10 +333,17 @@ def stages_for(d: int) -> tuple[int, int]:
     return (2, 2) if d == 128 else (4, 2)
 
 
+L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
+
+
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
-        lse_dense: bool) -> None:  # fmt: skip
+        lse_dense: bool, lpt: bool | None = None) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
-    ``dispatch.supported``. No host sync."""
+    ``dispatch.why_not``. No host sync.
+
+    ``lpt`` (default: dense and causal): walk the dense batch's tiles in head groups whose K/V fit
+    in L2, heaviest tiles first in each group, instead of the sequence-major tile list. A dense
+    batch (``lse_dense``) has equal slots, so the order needs no list."""
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     n_b = cu_q.shape[0] - 1
@@ -336,8 +365,19 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     k_desc = TensorDescriptor(k2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
     v_desc = TensorDescriptor(v2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
     m_tiles = triton.cdiv(max_q, BM)
-    tiles, count = schedule(cu_q, cu_k, max_q, tile_q=True, block=BM, slots=m_tiles, heads=h)
-    grid = (max(1, min(n_b * h * m_tiles, num_sms(q.device))),)
+    if lpt is None:
+        lpt = lse_dense and causal
+    lpt = lpt and lse_dense
+    if lpt:
+        m_tiles = min(m_tiles, triton.cdiv(tq // n_b, BM))  # every slot has these tiles
+        tiles = count = cu_q  # not read
+        kv_bytes = 2 * (tk // n_b) * d * q.element_size() * hkv // h  # per (b, h) pair
+        hg = max(1, min(n_b * h, L2_GROUP_BYTES // max(kv_bytes, 1)))
+    else:
+        tiles, count = schedule(cu_q, cu_k, max_q, tile_q=True, block=BM, slots=m_tiles, heads=h)
+        hg = 1
+    n_items = n_b * h * m_tiles
+    grid = (max(1, min(n_items, num_sms(q.device))),)
     if lse_dense:
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
     else:
@@ -345,8 +385,9 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     attn_fwd_ws[grid](
         q_desc, k_desc, v_desc, o_desc, out, lse, stride_lb, stride_lh, tiles, count, cu_q, cu_k,
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
-        h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E,
+        h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items,
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=232, PRODUCER_REGS=24,
+        LPT=bool(lpt),
         num_warps=4,
     )  # fmt: skip
