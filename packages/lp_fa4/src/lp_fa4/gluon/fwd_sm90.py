@@ -12,7 +12,9 @@ Partitions of each persistent program (one per SM at most):
     under the other's GEMMs.
 Work items come from ``ads_kernel_tools.kernels.tile_list.schedule`` (only real tiles, heaviest
 sequence first); under ``CAUSAL`` a sequence's query tiles are walked from the last (the one with
-the most keys) to the first, so each program's list also runs longest first.
+the most keys) to the first, so each program's list also runs longest first. Dense causal batches up
+to ``LPT_MAX_S`` take no list: their tiles are walked in groups of (batch, head) pairs whose K/V fit
+in L2, heaviest rank first across the group (``fwd``'s ``lpt``).
 
 Semantics (the Triton forward's, ``lp_fa4.triton._fwd``, for the subset admitted by
 ``dispatch.supported``): query rows [0, rows) of sequence b are computed, with rows = min(Lq_b,
@@ -334,6 +336,9 @@ def stages_for(d: int) -> tuple[int, int]:
 
 
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
+# The LPT walk measured faster than the tile list for dense causal S = 2048 and 4096 and slower at
+# 8192 (one A/B run on the H200, BENCHMARKS.md): the default takes it up to this length.
+LPT_MAX_S = 4096
 
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
@@ -341,9 +346,9 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
-    ``lpt`` (default: dense and causal): walk the dense batch's tiles in head groups whose K/V fit
-    in L2, heaviest tiles first in each group, instead of the sequence-major tile list. A dense
-    batch (``lse_dense``) has equal slots, so the order needs no list."""
+    ``lpt`` (default: dense, causal and S <= ``LPT_MAX_S``): walk the dense batch's tiles in head
+    groups whose K/V fit in L2, heaviest tiles first in each group, instead of the sequence-major
+    tile list. A dense batch (``lse_dense``) has equal slots, so the order needs no list."""
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     n_b = cu_q.shape[0] - 1
@@ -366,7 +371,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     v_desc = TensorDescriptor(v2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
     m_tiles = triton.cdiv(max_q, BM)
     if lpt is None:
-        lpt = lse_dense and causal
+        lpt = lse_dense and causal and tq // n_b <= LPT_MAX_S
     lpt = lpt and lse_dense
     if lpt:
         m_tiles = min(m_tiles, triton.cdiv(tq // n_b, BM))  # every slot has these tiles
