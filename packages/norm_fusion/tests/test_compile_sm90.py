@@ -79,6 +79,12 @@ def _jobs() -> dict[str, dict]:
                                      PART_GRADS=True, TMA_STORE=False, BLOCK_N=128),
         num_warps=8, num_stages=3,
     )  # fmt: skip
+    jobs["rms_gemm_fused"] = dict(
+        module="ads_norm_fusion.triton._rms_gemm", kernel="rms_gemm_kernel",
+        types={"A": "*bf16", "B": "*bf16", "BIAS": "*bf16", "OUT": "*bf16", "RRMS": "*fp32", "eps": "fp32"},
+        constexprs=dict(HAS_BIAS=True, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_STAGES=3),
+        num_warps=8,
+    )  # fmt: skip
     jobs["norm_bwd"] = dict(
         module="ads_norm_fusion.triton._norm_bwd", kernel="norm_bwd_kernel",
         types={p: "*bf16" for p in ("DY", "XHAT", "GAMMA", "DZ")} | {"RSTAT": "*fp32", "PART": "*fp32"},
@@ -101,7 +107,7 @@ def ptx(request) -> dict[str, dict]:
 _DEFAULT = ("ln_fwd_n1024", "rms_input_grad_raw", "rms_gemm", "rms_gemm_dx", "norm_bwd")
 CASES = [
     c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
-    for c in [*ROWNORM_CASES, "rms_gemm", "rms_gemm_dx", "norm_bwd"]
+    for c in [*ROWNORM_CASES, "rms_gemm", "rms_gemm_dx", "rms_gemm_fused", "norm_bwd"]
 ]
 
 

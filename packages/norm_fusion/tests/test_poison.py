@@ -57,7 +57,10 @@ def test_backward_writes_all(m, k, n, gemm) -> None:
     _assert_written(df, m, "dz")
 
 
-def test_rms_gemm_writes_all() -> None:
+@pytest.mark.parametrize("forward", ["rowpass", "fused"])
+def test_rms_gemm_writes_all(forward, monkeypatch) -> None:
+    """Both rmsnorm_linear forwards (row pass + persistent GEMM with TMA stores; Σx² in the K loop)."""
+    monkeypatch.setenv("ADS_NORM_FUSION_RMS_FWD", forward)
     m, k, n = 37, 48, 80
     dt = torch.bfloat16
     x, w = randn((m, k), dtype=dt, device=DEVICE), randn((n, k), dtype=dt, device=DEVICE, seed=1)

@@ -244,7 +244,10 @@ def _sweep_rms_shape(bench, show, shape) -> None:
         for knob in env:
             os.environ.pop(knob)
     with torch.no_grad():
-        show(f"{tag} forward op", lambda: rmsnorm_linear(x, g, w))
+        for fwd in ("rowpass", "fused"):
+            os.environ["ADS_NORM_FUSION_RMS_FWD"] = fwd
+            show(f"{tag} forward op ({fwd})", lambda: rmsnorm_linear(x, g, w))
+        os.environ.pop("ADS_NORM_FUSION_RMS_FWD")
     if (m, k, n) != HEADLINE:
         return
     dy = torch.randn(m, n, device=dev, dtype=dt)

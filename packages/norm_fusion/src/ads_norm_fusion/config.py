@@ -9,6 +9,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_WARPS``, ``ADS_NORM_FUSION_STAGES`` (row-norm kernels) and
 ``ADS_NORM_FUSION_RMS_BLOCK_N``, ``ADS_NORM_FUSION_RMS_STAGES`` (the ``rmsnorm_linear`` GEMM); and
 ``ADS_NORM_FUSION_RMS_FLATTEN``, ``ADS_NORM_FUSION_RMS_TMA_STORE`` (0/1, see ``rms_flatten``),
+``ADS_NORM_FUSION_RMS_FWD`` (rowpass/fused, see ``rms_forward_rowpass``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``).
 """
 
@@ -88,10 +89,24 @@ def rms_gemm_config(m: int, n: int, k: int, *, backward: bool = False) -> TileCo
 
 
 def rms_flatten() -> bool:
-    """``ADS_NORM_FUSION_RMS_FLATTEN=1`` flattens the (tile × K) loops of the ``rmsnorm_linear`` GEMM
-    into one software pipeline, as Triton's persistent TMA matmul does. Off by default: on the H200
-    at 65536×1024×1024 the flattened GEMM took 225 µs, the per-tile pipeline 211 µs (cuBLAS 214)."""
-    return os.environ.get("ADS_NORM_FUSION_RMS_FLATTEN", "0") == "1"
+    """``ADS_NORM_FUSION_RMS_FLATTEN=0`` turns off the flattened (tile × K) software pipeline of the
+    ``rmsnorm_linear`` persistent GEMM (on by default, as in Triton's persistent TMA matmul; the
+    benchmark table was measured with it on, the isolated GEMM at 65536×1024×1024 took 225 µs on and
+    211 µs off: a candidate for the next run)."""
+    return os.environ.get("ADS_NORM_FUSION_RMS_FLATTEN", "1") == "1"
+
+
+RMS_ROWPASS_MIN_K = 1024  # H200: the row pass + persistent GEMM beat the Σx²-in-K-loop kernel at K=1024
+# and lost to it at K=256 and 512 (BENCHMARKS.md)
+
+
+def rms_forward_rowpass(k: int) -> bool:
+    """Which ``rmsnorm_linear`` forward runs: the row pass + persistent scaled GEMM (K >= 1024), or the
+    single kernel with Σx² in its K loop (smaller K). ``ADS_NORM_FUSION_RMS_FWD=rowpass|fused`` forces one."""
+    forced = os.environ.get("ADS_NORM_FUSION_RMS_FWD", "")
+    if forced:
+        return forced == "rowpass"
+    return k >= RMS_ROWPASS_MIN_K
 
 
 def rms_tma_store() -> bool:

@@ -16,12 +16,13 @@ from ..config import (
     flatten_loops,
     norm_bwd_config,
     rms_flatten,
+    rms_forward_rowpass,
     rms_gemm_config,
     rms_tma_store,
     rownorm_config,
 )
 from ._norm_bwd import norm_bwd_kernel
-from ._rms_gemm import row_stat_kernel, scaled_gemm_kernel
+from ._rms_gemm import rms_gemm_kernel, row_stat_kernel, scaled_gemm_kernel
 from ._rownorm import rownorm_kernel
 from ._scale import row_col_scale_kernel
 
@@ -213,11 +214,24 @@ def launch_rms_gemm(
     eps: float,
 ) -> None:
     """out (M, N) = diag(rrms(x)) · (x @ wᵀ) (+ bias); x (M, K), w (N, K) with the norm weight folded in.
-    rrms (M,) fp32 is written first by one row pass over x."""
-    if x.shape[0] == 0:
+    rrms (M,) fp32 is written too: by one row pass over x before the persistent scaled GEMM (K >= 1024),
+    or by the single kernel that sums x² in its K loop (``config.rms_forward_rowpass``)."""
+    m, k = x.shape
+    n = w.shape[0]
+    if m == 0:
         return
-    launch_row_stat(x, rrms, eps=eps)
-    launch_scaled_gemm(x, w, out, rrms, b_trans=True, bias=bias)
+    if rms_forward_rowpass(k):
+        launch_row_stat(x, rrms, eps=eps)
+        launch_scaled_gemm(x, w, out, rrms, b_trans=True, bias=bias)
+        return
+    cfg = rms_gemm_config(m, n, k)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    _ensure_allocator(x)
+    rms_gemm_kernel[grid](
+        x, w, bias if bias is not None else out, out, rrms, m, n, k, float(eps), x.stride(0), w.stride(0),
+        out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+    )  # fmt: skip
 
 
 def launch_norm_bwd(
