@@ -97,7 +97,9 @@ def fwd_tile(d_pad: int) -> Tile:
 
 
 def dkdv_tile(d_pad: int) -> Tile:
-    """dK/dV kernel: BLOCK_N keys resident (K, V, dK, dV), BLOCK_M queries streamed."""
+    """dK/dV kernel: BLOCK_N keys resident (K, V, dK, dV), BLOCK_M queries streamed. On the H200
+    (varlen max 2048, D=128) 64 x 128 over 8 warps, 2 stages ran at twice the rate of the Triton
+    tutorial's 32 x 128 / 4 warps / 3 stages (with its 128 x 32 dQ tile)."""
     if interpreter_active():
         return _INTERP
     if d_pad <= 128:
