@@ -130,8 +130,9 @@ def rmsnorm_linear(
 ) -> Tensor:
     """``RMSNorm(x) @ wᵀ + bias`` with the norm over the K input features as a per-row scale.
 
-    ``rrms = rsqrt(mean(x²) + eps)`` is accumulated from the x tiles the GEMM loads; ``norm_weight``
-    (K,) is folded into w. Args: x (..., K), norm_weight (K,) or None, w (N, K), bias (N,) or None.
+    ``rrms = rsqrt(mean(x²) + eps)`` comes from one row pass over x (K >= 1024) or from the x tiles
+    the GEMM loads (smaller K); ``norm_weight`` (K,) is folded into w.
+    Args: x (..., K), norm_weight (K,) or None, w (N, K), bias (N,) or None.
     Returns y (..., N); autograd reaches x, norm_weight, w and bias.
     """
     lead = x.shape[:-1] if isinstance(x, Tensor) else ()
