@@ -89,8 +89,18 @@ RMS_LINEAR_CASES = [pytest.param(c, id=str(c)) for c in RMS_LINEAR_CPU] + [
 ]
 
 
+# "verified" is the default; "fast" the row-pass forward and the from-output backward (opt-in knobs)
+RMS_PATHS = {
+    "verified": {},
+    "fast": {"ADS_NORM_FUSION_RMS_FWD": "rowpass", "ADS_NORM_FUSION_RMS_BWD": "output"},
+}
+
+
+@pytest.mark.parametrize("path", list(RMS_PATHS))
 @pytest.mark.parametrize("case", RMS_LINEAR_CASES)
-def test_rmsnorm_linear(case: Case) -> None:
+def test_rmsnorm_linear(case: Case, path: str, monkeypatch) -> None:
+    for knob, value in RMS_PATHS[path].items():
+        monkeypatch.setenv(knob, value)
     eps = 1e-6
     d = inputs(case, norm_over="k")
     t = {k: (None if v is None else v.detach().clone().requires_grad_()) for k, v in d.items() if k != "dy"}

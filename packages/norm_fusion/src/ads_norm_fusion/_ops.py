@@ -10,8 +10,9 @@ Ops (all 2-D; the public API flattens leading dims):
   parameters: y is x̂ then, and is saved instead).
 - ``norm_bwd(dy, xhat, rstat, weight, rms, weight_grads, bias_grad) -> (dz, dweight, dnorm_bias, dbias)``
   the row-wise norm backward; dweight/dnorm_bias/dbias are (0,) unless asked for.
-- ``rmsnorm_linear_fwd(x, norm_weight, w, bias, eps) -> (y, rrms)``: one row pass for rrms, then a
-  persistent GEMM with W·γ and the per-row scale in its epilogue.
+- ``rmsnorm_linear_fwd(x, norm_weight, w, bias, eps) -> (y, rrms)``: a GEMM with W·γ and the per-row
+  scale in its epilogue (rrms from Σx² in its K loop, or from one row pass first:
+  ``config.rms_forward_rowpass``).
 - ``rmsnorm_linear_dx(dy, w, x, y, rrms, norm_weight, bias, weight_grad) -> (dx, dnorm_weight)``:
   its input gradient from the saved output (a row pass for the coefficient, then a GEMM epilogue).
 - ``gemm_norm_input_grad(dy, w_next_t, aux, rstat, weight, rms, aux_raw, weight_grads)
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from .config import rms_backward_from_output
 from .costs import gemm_flops
 from .triton.launch import (
     launch_norm_bwd,
@@ -272,8 +274,10 @@ def _rmsnorm_linear_setup(ctx, inputs, output) -> None:
     x, norm_weight, w, bias, _eps = inputs
     ctx.mark_non_differentiable(output[1])
     ctx.has_weight, ctx.has_bias = norm_weight is not None, bias is not None
-    # y itself is saved: Σ_n dy·(y − b) is the backward's mean_K(ĝ·x̂) (see rmsnorm_linear_dx)
-    ctx.save_for_backward(x, norm_weight, w, bias, output[0], output[1])
+    ctx.from_output = rms_backward_from_output()
+    # the output path saves y itself: Σ_n dy·(y − b) is its mean_K(ĝ·x̂) (see rmsnorm_linear_dx)
+    y = output[0] if ctx.from_output else None
+    ctx.save_for_backward(x, norm_weight, w, bias, y, output[1])
 
 
 def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms):
@@ -282,7 +286,10 @@ def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms):
     want_gamma = ctx.has_weight and needs[1]
     dx = dgamma = dw = dbias = None
     if needs[0] or want_gamma:
-        dx, dgamma = rmsnorm_linear_dx(dy, w, x, y, rrms, norm_weight, bias, want_gamma)
+        if ctx.from_output:
+            dx, dgamma = rmsnorm_linear_dx(dy, w, x, y, rrms, norm_weight, bias, want_gamma)
+        else:  # du = dy @ w, then the RMSNorm backward over K in the same kernel's epilogue
+            dx, dgamma, _ = gemm_norm_input_grad(dy, w, x, rrms, norm_weight, True, True, want_gamma)
         dx = dx if needs[0] else None
         dgamma = dgamma if want_gamma else None
     if needs[2]:

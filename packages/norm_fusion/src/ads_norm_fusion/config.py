@@ -9,7 +9,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_WARPS``, ``ADS_NORM_FUSION_STAGES`` (row-norm kernels) and
 ``ADS_NORM_FUSION_RMS_BLOCK_N``, ``ADS_NORM_FUSION_RMS_STAGES`` (the ``rmsnorm_linear`` GEMM); and
 ``ADS_NORM_FUSION_RMS_FLATTEN``, ``ADS_NORM_FUSION_RMS_TMA_STORE`` (0/1, see ``rms_flatten``),
-``ADS_NORM_FUSION_RMS_FWD`` (rowpass/fused, see ``rms_forward_rowpass``),
+``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
+``ADS_NORM_FUSION_RMS_BWD`` (input/output, see ``rms_backward_from_output``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``).
 """
 
@@ -100,13 +101,28 @@ RMS_ROWPASS_MIN_K = 1024  # H200: the row pass + persistent GEMM beat the Σx²-
 # and lost to it at K=256 and 512 (BENCHMARKS.md)
 
 
+def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default).strip().lower() or default
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
 def rms_forward_rowpass(k: int) -> bool:
-    """Which ``rmsnorm_linear`` forward runs: the row pass + persistent scaled GEMM (K >= 1024), or the
-    single kernel with Σx² in its K loop (smaller K). ``ADS_NORM_FUSION_RMS_FWD=rowpass|fused`` forces one."""
-    forced = os.environ.get("ADS_NORM_FUSION_RMS_FWD", "")
-    if forced:
-        return forced == "rowpass"
-    return k >= RMS_ROWPASS_MIN_K
+    """Which ``rmsnorm_linear`` forward runs: the row pass + persistent scaled GEMM, or the single
+    kernel with Σx² in its K loop. ``ADS_NORM_FUSION_RMS_FWD``: ``fused`` (default: the kernel the
+    GPU suite has verified), ``auto`` (the row pass at K >= 1024, where the H200 measured it faster;
+    the default once the GPU suite has run it) or ``rowpass`` (always)."""
+    mode = _choice("ADS_NORM_FUSION_RMS_FWD", "fused", ("fused", "auto", "rowpass"))
+    return mode == "rowpass" or (mode == "auto" and k >= RMS_ROWPASS_MIN_K)
+
+
+def rms_backward_from_output() -> bool:
+    """``ADS_NORM_FUSION_RMS_BWD=output``: ``rmsnorm_linear``'s dx from the saved output (a row pass
+    for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue; faster on the H200, not yet
+    run by the GPU suite). Default ``input``: dy @ W with the RMSNorm backward over K in the GEMM's
+    epilogue (``gemm_norm_input_grad``, GPU-verified)."""
+    return _choice("ADS_NORM_FUSION_RMS_BWD", "input", ("input", "output")) == "output"
 
 
 def rms_tma_store() -> bool:
