@@ -38,8 +38,8 @@ def _tensors(device, d=128, dv=None, dtype=torch.bfloat16, heads=4, kv_heads=2):
     "change,reason",
     [
         (dict(pb=dict(softcap=5.0)), "softcap"),
-        (dict(pb=dict(top_left=True)), "jagged"),
-        (dict(pb=dict(broadcast_q=True)), "jagged"),
+        (dict(pb=dict(top_left=True, win_left=16, win_right=16)), "jagged top-left window"),
+        (dict(pb=dict(broadcast_q=True)), "jagged broadcast_q"),
         (dict(pb=dict(rows_cap=32)), "row cap"),
         (dict(pb=dict(win_left=16)), "local window"),
         (dict(pb=dict(win_right=16)), "local window"),
@@ -65,13 +65,13 @@ def test_predicate_sends_the_rest_to_triton(change, reason, device):
     assert got is not None and reason in got, got
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", ["none", "causal", "jagged"])
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
-def test_predicate_takes_supported_calls_on_sm90_only(causal, d, dtype, device, monkeypatch):
-    """A supported call goes to Gluon exactly on an sm_90 GPU outside the interpreter;
-    LP_FA4_BACKEND=triton always keeps Triton."""
+def test_predicate_takes_supported_calls_on_sm90_only(mask, d, dtype, device, monkeypatch):
+    """A supported call goes to Gluon exactly on an sm_90 GPU outside the interpreter (a jagged call
+    without a window included); LP_FA4_BACKEND=triton always keeps Triton."""
     q, k, v, out = _tensors(device, d=d, dtype=dtype)
-    pb = _pb(win_right=0 if causal else BIG)
+    pb = _pb(win_right=0 if mask == "causal" else BIG, top_left=mask == "jagged")
     got = dispatch.why_not(q, k, v, None, None, pb, out)
     on_h = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     if on_h and not dispatch.cfg.interpreter_active():
@@ -259,6 +259,38 @@ def test_long_jagged_batch_and_backend_switch(device, monkeypatch):
     out_t, lse_t = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, return_lse=True)
     assert_close_vs_baseline(out_t, ref, base, name="out[triton]")
     compare_lse(lse_t, rlse, "lse[triton]")
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+def test_jagged_attention_through_gluon(device, monkeypatch):
+    """jagged_attention without a window runs the Gluon kernel: cross attention (Lq != Lk), an empty
+    kv sequence (0 / -inf), query rows past max_seqlen_q zeros, GQA; against the reference and the
+    Triton path under the same rule."""
+    from lp_fa4 import jagged_attention
+
+    lq, lk, max_q = [130, 0, 7, 300, 64], [200, 5, 0, 129, 1], 256
+    h, hkv, d = 4, 2, 128
+    q = randn((sum(lq), h, d), dtype=torch.bfloat16, device=device, seed=21)
+    k = randn((sum(lk), hkv, d), dtype=torch.bfloat16, device=device, seed=22)
+    v = randn((sum(lk), hkv, d), dtype=torch.bfloat16, device=device, seed=23)
+    cu_q, cu_k = lengths_to_offsets(lq, device=device), lengths_to_offsets(lk, device=device)
+    pb = Problem(max_q, max(lk), d**-0.5, 0.0, BIG, BIG, True, False, max_q)
+    assert dispatch.why_not(q, k, v, None, None, pb, q) is None
+    capped = [min(n, max_q) for n in lq]
+    hq = lengths_to_offsets(lq).tolist()
+    keep = torch.cat([torch.arange(hq[b], hq[b] + capped[b]) for b in range(len(lq))]).to(device)
+    cu_c = lengths_to_offsets(capped, device=device)
+    ref, rlse = softmax_attention_varlen_ref(q[keep].float(), k.float(), v.float(), cu_c, cu_k)
+    base, _ = softmax_attention_varlen_ref(q[keep], k, v, cu_c, cu_k, dtype=torch.bfloat16)
+    for backend in ("auto", "triton"):
+        monkeypatch.setenv("LP_FA4_BACKEND", backend)
+        out, lse = jagged_attention(q, k, v, cu_q, cu_k, max_q, max(lk))
+        assert_close_vs_baseline(out[keep], ref, base, name=f"out[{backend}]")
+        compare_lse(lse[:, keep], rlse, f"lse[{backend}]")
+        dead = torch.ones(q.shape[0], dtype=torch.bool, device=device)
+        dead[keep] = False
+        assert (out[dead] == 0).all() and torch.isneginf(lse[:, dead]).all()
 
 
 @pytest.mark.gpu

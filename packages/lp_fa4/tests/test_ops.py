@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from ads_kernel_tools.capability import interpreter_active
 from ads_kernel_tools.testing import assert_rows_written, lengths_to_offsets, randn
 from lp_fa4 import _ops, flash_attn_func, flash_attn_varlen_func, jagged_attention
 from lp_fa4.triton import launch
@@ -260,7 +261,13 @@ def test_tma_matches_pointer_loads(d, device, monkeypatch):
     monkeypatch.setenv("LP_FA4_TMA", "1")
     assert launch._tma_ok(q, k, v, do)
     for got, want in zip(run(), base):
-        assert torch.equal(got, want)
+        if interpreter_active():
+            # numpy's matmul and sums block differently over a zero-padded or differently shaped
+            # operand, so the interpreter's last bits depend on the host BLAS; on the GPU the
+            # bits must match exactly
+            torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+        else:
+            assert torch.equal(got, want)
 
 
 def test_eager_path_equals_custom_op(device):

@@ -3,10 +3,11 @@ nothing against it, else the portable Triton forward. The one place that decides
 
 The Gluon forward covers: bf16/fp16, head dims 64 and 128 (D == Dv), MHA/GQA/MQA, no mask or a
 bottom-right causal mask, dense and varlen (dense arrives as varlen with cu_seqlens), seqused_q/k,
-the LSE in either layout; on an sm_90 GPU with ``LP_FA4_BACKEND=auto`` (the default). Everything
-else keeps the Triton path: paged KV, softcap, learnable sink, local windows, top-left windows and
-broadcast_q (jagged attention), a jagged max_seqlen_q row cap, other head dims, fp32, strided
-tensors, the interpreter.
+the LSE in either layout, and ``jagged_attention`` without a window (its rows past max_seqlen_q are
+pre-filled with zeros by the op); on an sm_90 GPU with ``LP_FA4_BACKEND=auto`` (the default).
+Everything else keeps the Triton path: paged KV, softcap, learnable sink, local windows, top-left
+windows and broadcast_q (jagged attention), a row cap below max_seqlen_q, other head dims, fp32,
+strided tensors, the interpreter.
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return "learnable sink"
     if pb.softcap > 0:
         return "softcap"
-    if pb.top_left or pb.broadcast_q:
-        return "jagged (top-left window / broadcast_q)"
+    if pb.broadcast_q:
+        return "jagged broadcast_q"
+    if pb.top_left and (pb.win_left != launch.BIG or pb.win_right != launch.BIG):
+        # without a window, top-left and bottom-right alignment mask nothing: the kernel applies
+        return "jagged top-left window"
     if pb.rows_cap < pb.max_q:
         return "jagged max_seqlen_q row cap"
     if pb.win_left != launch.BIG or pb.win_right not in (0, launch.BIG):
