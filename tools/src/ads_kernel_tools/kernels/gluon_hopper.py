@@ -1,6 +1,7 @@
 """Gluon (``triton.experimental.gluon``) building blocks for sm_90 kernels: shared-memory and
-wgmma accumulator layouts, tile-list decoding, masked row stores, vector fp32 reductions, bulk TMA
-reduce-add and staging for TMA. Kernel-agnostic: no activation, mask or softmax logic here."""
+wgmma accumulator layouts, tile-list decoding, producer/consumer mbarrier rings, masked row stores,
+vector fp32 reductions, bulk TMA reduce-add and staging for TMA. Kernel-agnostic: no activation,
+mask or softmax logic here."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 __all__ = [
-    "smem_layout", "acc_layout", "decode_tile", "store_rows", "coalesced_rows_layout", "masked_row_store",
-    "red_add_v4", "tma_reduce_add", "stage_for_tma",
+    "smem_layout", "acc_layout", "split_entry", "decode_tile", "init_ring", "store_rows",
+    "coalesced_rows_layout", "masked_row_store", "red_add_v4", "tma_reduce_add", "stage_for_tma",
 ]  # fmt: skip
 
 
@@ -32,21 +33,36 @@ def acc_layout(n):
 
 
 @gluon.jit
-def decode_tile(i, tiles_ptr, cu_q_ptr, cu_k_ptr, HEADS, TILES, max_seqlen_q):
-    """Decode entry i of a ``tile_list`` (``(b * HEADS + h) * TILES + tile``) -> (batch, head, tile,
-    q start, Lq, Lq clamped to max_seqlen_q, k start, Lk). The offsets must be clamped
-    (``kernels.offsets.clamp_offsets``): then every span lies inside its tensor."""
-    t = gl.load(tiles_ptr + i)
+def split_entry(t, HEADS, TILES):
+    """A ``tile_list`` entry ``(b * HEADS + h) * TILES + tile`` -> (b, h, tile)."""
     per_b = HEADS * TILES
     b = t // per_b
     rem = t - b * per_b
     h = rem // TILES
-    idx = rem - h * TILES
+    return b, h, rem - h * TILES
+
+
+@gluon.jit
+def decode_tile(i, tiles_ptr, cu_q_ptr, cu_k_ptr, HEADS, TILES, max_seqlen_q):
+    """Decode entry i of a ``tile_list`` (``(b * HEADS + h) * TILES + tile``) -> (batch, head, tile,
+    q start, Lq, Lq clamped to max_seqlen_q, k start, Lk). The offsets must be clamped
+    (``kernels.offsets.clamp_offsets``): then every span lies inside its tensor."""
+    b, h, idx = split_entry(gl.load(tiles_ptr + i), HEADS, TILES)
     q0 = gl.load(cu_q_ptr + b)
     lq = gl.load(cu_q_ptr + b + 1) - q0
     k0 = gl.load(cu_k_ptr + b)
     lk = gl.load(cu_k_ptr + b + 1) - k0
     return b, h, idx, q0, lq, gl.minimum(lq, max_seqlen_q), k0, lk
+
+
+@gluon.jit
+def init_ring(ready, empty, N: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Initialise the N slots of a producer/consumer ring of shared-memory buffers: ``ready.index(i)``
+    completes on the producer's one arrival (with its expected TMA bytes), ``empty.index(i)`` once
+    each of the ``CONSUMERS`` consumer partitions has released the slot."""
+    for i in gl.static_range(N):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=CONSUMERS)
 
 
 @gluon.jit

@@ -40,6 +40,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ads_kernel_tools.capability import num_sms as sm_count
 from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords
 from ads_kernel_tools.kernels.gluon_hopper import (
+    init_ring,
     red_add_v4,
     smem_layout,
     stage_for_tma,
@@ -279,9 +280,7 @@ def _gdpa_bwd_ws(
     kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(qd_ready.index(i), count=1)
-        mbarrier.init(qd_empty.index(i), count=2)  # one arrival per consumer warpgroup
+    init_ring(qd_ready, qd_empty, STAGES, 2)  # released by each of the two consumer warpgroups
     mbarrier.init(kv_ready, count=1)
     mbarrier.init(kv_empty, count=2)
     for i in gl.static_range(2):

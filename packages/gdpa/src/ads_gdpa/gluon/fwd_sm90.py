@@ -41,6 +41,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ads_kernel_tools.capability import num_sms as sm_count
 from ads_kernel_tools.kernels.gluon_hopper import (
     coalesced_rows_layout,
+    init_ring,
     masked_row_store,
     smem_layout,
     stage_for_tma,
@@ -476,14 +477,9 @@ def _gdpa_fwd_ws(
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, BM // 2, D], o_desc.layout)
     else:  # unused; a minimal buffer keeps one consumer signature
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 8, D], o_desc.layout)
-    for i in gl.static_range(QBUF):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)  # one arrival per consumer warpgroup
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=2)
+    init_ring(q_ready, q_empty, QBUF, 2)  # released by each of the two consumer warpgroups
+    init_ring(k_ready, k_empty, STAGES, 2)
+    init_ring(v_ready, v_empty, STAGES, 2)
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
 

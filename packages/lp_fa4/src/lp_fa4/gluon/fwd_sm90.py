@@ -41,7 +41,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ads_kernel_tools.capability import num_sms
-from ads_kernel_tools.kernels.gluon_hopper import acc_layout, smem_layout, stage_for_tma, store_rows
+from ads_kernel_tools.kernels.gluon_hopper import (
+    acc_layout,
+    init_ring,
+    smem_layout,
+    split_entry,
+    stage_for_tma,
+    store_rows,
+)
 from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.tile_list import schedule
 
@@ -73,12 +80,7 @@ def _item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, 
         b = bh // H
         h = bh - b * H
     else:
-        e = gl.load(tiles_ptr + t)
-        per_b = H * M_TILES
-        b = e // per_b
-        rem = e - b * per_b
-        h = rem // M_TILES
-        idx = rem - h * M_TILES
+        b, h, idx = split_entry(gl.load(tiles_ptr + t), H, M_TILES)
     q0 = gl.load(cu_q_ptr + b)
     slot = gl.load(cu_q_ptr + b + 1) - q0
     k0 = gl.load(cu_k_ptr + b)
@@ -288,14 +290,9 @@ def attn_fwd_ws(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(QBUF):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)  # one arrival per consumer warpgroup
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=2)
+    init_ring(q_ready, q_empty, QBUF, 2)  # released by each of the two consumer warpgroups
+    init_ring(k_ready, k_empty, STAGES, 2)
+    init_ring(v_ready, v_empty, STAGES, 2)
 
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
