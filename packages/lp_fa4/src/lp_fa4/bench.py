@@ -168,19 +168,18 @@ class Bench:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ads_kernel_tools.bench import cli
+
+    from ._demo import demo
+
+    flags = {"--dense-only": "skip the varlen rows", "--variants": "also time ours[tma] and ours[dq-atomic]"}
+    prog = "python -m lp_fa4.bench"
+    return cli.main(prog, __doc__.splitlines()[0], measure, demo=demo, flags=flags, argv=argv)
+
+
+def measure(args) -> int:
     from ads_kernel_tools.bench import cli, peers
 
-    prog = "python -m lp_fa4.bench"
-    ap = cli.parser(prog, __doc__.splitlines()[0])
-    ap.add_argument("--dense-only", action="store_true", help="skip the varlen rows")
-    ap.add_argument("--variants", action="store_true", help="also time ours[tma] and ours[dq-atomic]")
-    args = ap.parse_args(argv)
-    if args.demo:
-        from ._demo import demo
-
-        return demo()
-    if not cli.gpu_present(prog):
-        return 0
     bench = Bench(args)
     dims = (128,) if args.quick else (64, 128, 256)
     seqs = (2048, 4096, 8192) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
