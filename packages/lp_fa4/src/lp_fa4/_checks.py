@@ -40,6 +40,21 @@ def _check_pack_gqa(pack_gqa) -> None:
         raise ValueError(f"lp_fa4: pack_gqa must be None, True or False, got {pack_gqa!r}")
 
 
+def _fa4_keywords(num_splits, pack_gqa, **unsupported) -> None:
+    """The FA4 keywords both entry points take and this package only checks: ``num_splits``,
+    ``pack_gqa`` and those it does not implement (NotImplementedError when given)."""
+    _unsupported(**unsupported)
+    _check_splits(num_splits)
+    _check_pack_gqa(pack_gqa)
+
+
+def _score_options(causal, window_size, softmax_scale, softcap, sink, heads: int, d: int, device):
+    """FA4's score options resolved: (window left, window right, scale, softcap); the sink checked."""
+    _check_sink(sink, heads, device)
+    wl, wr = _resolve_window(causal, window_size)
+    return wl, wr, _scale(softmax_scale, d), _softcap(softcap)
+
+
 def _last_contig(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 

@@ -17,18 +17,14 @@ from . import config as cfg
 from ._checks import (
     _check_index,
     _check_max,
-    _check_pack_gqa,
     _check_paged,
     _check_qkv,
     _check_runnable,
-    _check_sink,
-    _check_splits,
+    _fa4_keywords,
     _host_checks,
     _last_contig,
-    _resolve_window,
     _scale,
-    _softcap,
-    _unsupported,
+    _score_options,
 )
 from .triton.launch import BIG
 
@@ -156,7 +152,9 @@ def flash_attn_func(
     softmax denominator only. Rows with no valid key give out 0, lse -inf. ``pack_gqa`` is accepted
     (GQA needs no packing here); ``deterministic`` gives a bitwise repeatable backward.
     """
-    _unsupported(
+    _fa4_keywords(
+        num_splits,
+        pack_gqa,
         qv=qv,
         score_mod=score_mod,
         score_mod_bwd=score_mod_bwd,
@@ -167,16 +165,13 @@ def flash_attn_func(
         block_sparse_tensors_bwd=block_sparse_tensors_bwd,
         gather_kv_indices=gather_kv_indices,
     )
-    _check_splits(num_splits)
-    _check_pack_gqa(pack_gqa)
     _check_qkv(q, k, v, 4, 4)
     n_b, sq, h, d = q.shape
     sk = k.shape[1]
     if k.shape[0] != n_b:
         raise ValueError(f"lp_fa4: q has batch {n_b} but k has {k.shape[0]}")
-    _check_sink(learnable_sink, h, q.device)
-    wl, wr = _resolve_window(causal, window_size)
-    scale, cap = _scale(softmax_scale, d), _softcap(softcap)
+    scores = (causal, window_size, softmax_scale, softcap, learnable_sink)
+    wl, wr, scale, cap = _score_options(*scores, h, d, q.device)
     cu_q, cu_k = _dense_offsets(n_b, sq, q.device), _dense_offsets(n_b, sk, q.device)
     q3 = q.reshape(n_b * sq, h, d)
     k3, v3 = k.reshape(n_b * sk, *k.shape[2:]), v.reshape(n_b * sk, *v.shape[2:])
@@ -253,7 +248,9 @@ def flash_attn_varlen_func(
     4-D q: (B, Sq, H, Dv) and (B, H, Sq)) when ``return_lse``, else None. Rows before cu_seqlens_q[0]
     or after cu_seqlens_q[B] are left unwritten. Other options as :func:`flash_attn_func`.
     """
-    _unsupported(
+    _fa4_keywords(
+        num_splits,
+        pack_gqa,
         qv=qv,
         score_mod=score_mod,
         score_mod_bwd=score_mod_bwd,
@@ -264,8 +261,6 @@ def flash_attn_varlen_func(
         gather_kv_indices=gather_kv_indices,
         scheduler_metadata=scheduler_metadata,
     )
-    _check_splits(num_splits)
-    _check_pack_gqa(pack_gqa)
     for name, value in (
         ("max_seqlen_q", max_seqlen_q),
         ("max_seqlen_k", max_seqlen_k),
@@ -331,9 +326,8 @@ def flash_attn_varlen_func(
     _check_index("seqused_k", seqused_k, n_b, dev)
     if broadcast_q and seqused_q is not None:
         raise ValueError("lp_fa4: broadcast_q does not take seqused_q")
-    _check_sink(learnable_sink, h, dev)
-    wl, wr = _resolve_window(causal, window_size)
-    scale, cap = _scale(softmax_scale, d), _softcap(softcap)
+    scores = (causal, window_size, softmax_scale, softcap, learnable_sink)
+    wl, wr, scale, cap = _score_options(*scores, h, d, dev)
     if cfg.check_inputs():
         n_pages = k.shape[0] if paged else 0
         k_rows = k3.shape[0] if not paged else 0
