@@ -1,5 +1,7 @@
 """The shared offsets validator, the ADS_CHECK_INPUTS switch and the device clamp."""
 
+import re
+
 import pytest
 import torch
 
@@ -21,6 +23,26 @@ def test_validator_rules_and_messages():
         validate_offsets("cu", [0, 2, 9], 9, max_len=5, max_name="max_len")
     with pytest.raises(ValueError, match="1-D"):
         validate_offsets("cu", [], 0)
+
+
+def test_host_copy_metadata_and_copies():
+    from ads_kernel_tools.offsets import host_copy
+
+    dev = torch.tensor([0, 3, 5], dtype=torch.int32)
+    assert host_copy("cu", dev, None).dtype == torch.int64  # CPU offsets are their own host copy
+    assert host_copy("cu", dev, [0, 3, 5]).tolist() == [0, 3, 5]
+    assert host_copy("cu", dev, torch.tensor([0, 3, 5])).dtype == torch.int64
+    if torch.cuda.is_available():
+        assert host_copy("cu", dev.cuda(), None) is None  # device offsets: nothing read
+    bad = [
+        (torch.zeros((2, 2), dtype=torch.int32), None, "1-D tensor"),
+        (torch.zeros(0, dtype=torch.int32), None, "1-D tensor"),
+        (torch.zeros(3), None, "int32 or int64"),
+        (dev, [0, 3], "cu_cpu has (2,) entries"),
+    ]
+    for offsets, copy, msg in bad:
+        with pytest.raises(ValueError, match=r"^pkg: .*" + re.escape(msg)):
+            host_copy("cu", offsets, copy, prefix="pkg: ")
 
 
 def test_check_inputs_switch(monkeypatch):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
+
+from ads_kernel_tools.offsets import host_copy
 
 from . import _ops  # registers torch.ops.ads_gdpa.*
 from .activations import Activation, activation_id
@@ -62,21 +63,7 @@ def _host_offsets(name: str, t: torch.Tensor, cpu_copy) -> torch.Tensor | None:
     tensors even under torch.compile: a CPU tensor argument then stays a graph input, so new offsets
     neither break the graph nor recompile it.
     """
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] < 1:
-        raise _err(f"{name} must be a 1-D tensor of B+1 offsets")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise _err(f"{name} must be int32 or int64, got {t.dtype}")
-    if cpu_copy is None:
-        return t.to(torch.int64) if t.device.type == "cpu" else None  # CPU offsets are host data
-    if isinstance(cpu_copy, torch.Tensor):
-        if cpu_copy.device.type != "cpu":
-            raise _err(f"{name}_cpu must live on the CPU, got {cpu_copy.device}")
-        host = cpu_copy.to(torch.int64)
-    else:  # through numpy: torch.as_tensor took ~150 us for a list of 1153 ints (H200 host)
-        host = torch.from_numpy(np.asarray(cpu_copy, dtype=np.int64))
-    if host.dim() != 1 or host.shape[0] != t.shape[0]:
-        raise _err(f"{name}_cpu has {tuple(host.shape)} entries, {name} has {t.shape[0]}")
-    return host
+    return host_copy(name, t, cpu_copy, prefix="ads_gdpa: ")
 
 
 def _mask(window_size, causal, local_window) -> tuple[MaskMode, int, int]:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import torch
+
+from ads_kernel_tools.offsets import host_copy
 
 from . import _ops  # registers torch.ops.ads_gdpa_megakernel.*
 from ._gdpa import Activation, activation_id
@@ -77,21 +78,7 @@ def _check_weight(name: str, w, n: int, heads: int, dim: int, device) -> torch.T
 
 
 def _host_offsets(name: str, t, cpu_copy) -> torch.Tensor | None:
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] < 1:
-        raise _err(f"{name} must be a 1-D tensor of B+1 offsets")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise _err(f"{name} must be int32 or int64, got {t.dtype}")
-    if cpu_copy is None:
-        return t.to(torch.int64) if t.device.type == "cpu" else None  # CPU offsets are host data
-    if isinstance(cpu_copy, torch.Tensor):
-        if cpu_copy.device.type != "cpu":
-            raise _err(f"{name}_cpu must live on the CPU, got {cpu_copy.device}")
-        host = cpu_copy.to(torch.int64)
-    else:
-        host = torch.from_numpy(np.asarray(cpu_copy, dtype=np.int64))
-    if host.dim() != 1 or host.shape[0] != t.shape[0]:
-        raise _err(f"{name}_cpu has {tuple(host.shape)} entries, {name} has {t.shape[0]}")
-    return host
+    return host_copy(name, t, cpu_copy, prefix="ads_gdpa_megakernel: ")
 
 
 def _layernorm_params(q_layernorm, n, h, d, device):
