@@ -12,8 +12,9 @@ import math
 
 import torch
 from torch.autograd.function import once_differentiable
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 from torch.utils.flop_counter import register_flop_formula
+
+from ads_kernel_tools.dispatch import plain_eager as _plain_eager
 
 from .gluon import dispatch as fwd_dispatch
 from .triton import launch
@@ -282,16 +283,6 @@ class _EagerAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dout, dlse):
         return _backward(ctx, dout, dlse)
-
-
-def _plain_eager(tensors) -> bool:
-    """True outside torch.compile / export / tracing, with no dispatch mode or functorch transform
-    active and only plain tensors: there the custom op adds host time and nothing else."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or _current_dispatch_mode() is not None:
-        return False
-    if torch._C._functorch.peek_interpreter_stack() is not None:
-        return False
-    return all(t is None or type(t) is Tensor for t in tensors)
 
 
 def attention(*inputs) -> tuple[Tensor, Tensor]:

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.utils.flop_counter import register_flop_formula
+
+from ads_kernel_tools.dispatch import plain_eager
 
 from .config import rms_backward_from_output
 from .costs import gemm_flops
@@ -56,8 +59,7 @@ def _stat(x: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------- forward: GEMM + norm over N
-@torch.library.custom_op("ads_norm_fusion::linear_layernorm_fwd", mutates_args=())
-def linear_layernorm_fwd(
+def _ln_fwd(
     x: Tensor,
     w: Tensor,
     bias: Tensor | None,
@@ -78,6 +80,11 @@ def linear_layernorm_fwd(
     return y, mean, rstd, xhat
 
 
+linear_layernorm_fwd = torch.library.custom_op(
+    "ads_norm_fusion::linear_layernorm_fwd", _ln_fwd, mutates_args=()
+)
+
+
 @linear_layernorm_fwd.register_fake
 def _(x, w, bias, weight, norm_bias, eps, save_xhat):
     m, n = x.shape[0], w.shape[0]
@@ -85,8 +92,7 @@ def _(x, w, bias, weight, norm_bias, eps, save_xhat):
     return x.new_empty((m, n)), stat, stat.new_empty((m,)), x.new_empty((m, n) if save_xhat else _EMPTY)
 
 
-@torch.library.custom_op("ads_norm_fusion::linear_rmsnorm_fwd", mutates_args=())
-def linear_rmsnorm_fwd(
+def _rms_fwd(
     x: Tensor, w: Tensor, bias: Tensor | None, weight: Tensor | None, eps: float, save_xhat: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     x, w = _aligned(x), _aligned(w)
@@ -98,6 +104,9 @@ def linear_rmsnorm_fwd(
         "rms_fwd", x, y, rrms, b=w, bias=bias, gamma=weight, xhat=xhat if save_xhat else None, eps=eps
     )
     return y, rrms, xhat
+
+
+linear_rmsnorm_fwd = torch.library.custom_op("ads_norm_fusion::linear_rmsnorm_fwd", _rms_fwd, mutates_args=())
 
 
 @linear_rmsnorm_fwd.register_fake
@@ -115,8 +124,7 @@ def _sums(part: Tensor, plane: int, dtype: torch.dtype) -> Tensor:
     return part[plane].sum(dim=0).to(dtype)
 
 
-@torch.library.custom_op("ads_norm_fusion::norm_bwd", mutates_args=())
-def norm_bwd(
+def _norm_bwd(
     dy: Tensor,
     xhat: Tensor,
     rstat: Tensor,
@@ -137,6 +145,9 @@ def norm_bwd(
     return dz, dweight, dnorm_bias, dbias
 
 
+norm_bwd = torch.library.custom_op("ads_norm_fusion::norm_bwd", _norm_bwd, mutates_args=())
+
+
 @norm_bwd.register_fake
 def _(dy, xhat, rstat, weight, rms, weight_grads, bias_grad):
     n = dy.shape[1]
@@ -149,12 +160,15 @@ def _(dy, xhat, rstat, weight, rms, weight_grads, bias_grad):
     )
 
 
-def _linear_norm_backward(ctx, dy: Tensor, rms: bool):
+def _linear_norm_backward(ctx, dy: Tensor, rms: bool, eager: bool = False):
+    """Gradients of linear_layernorm_fwd / linear_rmsnorm_fwd; ``eager`` calls the kernels directly
+    instead of through the ``norm_bwd`` op (see ``_EagerFunction``)."""
     x, w, weight, xhat, rstat = ctx.saved_tensors
     needs = ctx.needs_input_grad
     want_bias = ctx.has_bias and needs[2]
     want_affine = (ctx.has_weight and needs[3]) or (ctx.has_norm_bias and not rms and needs[4])
-    dz, dweight, dnorm_bias, dbias = norm_bwd(dy, xhat, rstat, weight, rms, want_affine, want_bias)
+    bwd = _norm_bwd if eager else norm_bwd
+    dz, dweight, dnorm_bias, dbias = bwd(dy, xhat, rstat, weight, rms, want_affine, want_bias)
     dx = dz @ w if needs[0] else None
     dw = dz.t() @ x if needs[1] else None
     grads = [dx, dw, dbias if want_bias else None, dweight if ctx.has_weight and want_affine else None]
@@ -208,8 +222,7 @@ linear_rmsnorm_fwd.register_autograd(_rms_backward, setup_context=_rms_setup)
 
 
 # ---------------------------------------------------------------- GEMM with the norm backward in its epilogue
-@torch.library.custom_op("ads_norm_fusion::gemm_norm_input_grad", mutates_args=())
-def gemm_norm_input_grad(
+def _gemm_norm_input_grad(
     dy: Tensor,
     w_next_t: Tensor,
     aux: Tensor,
@@ -237,6 +250,11 @@ def gemm_norm_input_grad(
     return dz, dweight, dnorm_bias
 
 
+gemm_norm_input_grad = torch.library.custom_op(
+    "ads_norm_fusion::gemm_norm_input_grad", _gemm_norm_input_grad, mutates_args=()
+)
+
+
 @gemm_norm_input_grad.register_fake
 def _(dy, w_next_t, aux, rstat, weight, rms, aux_raw, weight_grads):
     m, n = dy.shape[0], w_next_t.shape[1]
@@ -254,8 +272,7 @@ def _folded(w: Tensor, norm_weight: Tensor | None) -> Tensor:
     return w if norm_weight is None else (w.float() * norm_weight.float()[None, :]).to(w.dtype)
 
 
-@torch.library.custom_op("ads_norm_fusion::rmsnorm_linear_fwd", mutates_args=())
-def rmsnorm_linear_fwd(
+def _rmsnorm_linear_fwd(
     x: Tensor, norm_weight: Tensor | None, w: Tensor, bias: Tensor | None, eps: float
 ) -> tuple[Tensor, Tensor]:
     x, wf = _aligned(x), _aligned(_folded(w, norm_weight))
@@ -263,6 +280,11 @@ def rmsnorm_linear_fwd(
     rrms = _stat(x)
     launch_rms_gemm(x, wf, y, rrms, bias=bias, eps=eps)
     return y, rrms
+
+
+rmsnorm_linear_fwd = torch.library.custom_op(
+    "ads_norm_fusion::rmsnorm_linear_fwd", _rmsnorm_linear_fwd, mutates_args=()
+)
 
 
 @rmsnorm_linear_fwd.register_fake
@@ -280,27 +302,29 @@ def _rmsnorm_linear_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(x, norm_weight, w, bias, y, output[1])
 
 
-def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms):
+def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms, eager: bool = False):
     x, norm_weight, w, bias, y, rrms = ctx.saved_tensors
+    dx_op = _rmsnorm_linear_dx if eager else rmsnorm_linear_dx
+    input_grad_op = _gemm_norm_input_grad if eager else gemm_norm_input_grad
+    scale_op = _row_col_scale if eager else row_col_scale
     needs = ctx.needs_input_grad
     want_gamma = ctx.has_weight and needs[1]
     dx = dgamma = dw = dbias = None
     if needs[0] or want_gamma:
         if ctx.from_output:
-            dx, dgamma = rmsnorm_linear_dx(dy, w, x, y, rrms, norm_weight, bias, want_gamma)
+            dx, dgamma = dx_op(dy, w, x, y, rrms, norm_weight, bias, want_gamma)
         else:  # du = dy @ w, then the RMSNorm backward over K in the same kernel's epilogue
-            dx, dgamma, _ = gemm_norm_input_grad(dy, w, x, rrms, norm_weight, True, True, want_gamma)
+            dx, dgamma, _ = input_grad_op(dy, w, x, rrms, norm_weight, True, True, want_gamma)
         dx = dx if needs[0] else None
         dgamma = dgamma if want_gamma else None
     if needs[2]:
-        dw = dy.t() @ row_col_scale(x, rrms, norm_weight)
+        dw = dy.t() @ scale_op(x, rrms, norm_weight)
     if ctx.has_bias and needs[3]:
         dbias = dy.sum(dim=0)
     return dx, dgamma, dw, dbias, None
 
 
-@torch.library.custom_op("ads_norm_fusion::rmsnorm_linear_dx", mutates_args=())
-def rmsnorm_linear_dx(
+def _rmsnorm_linear_dx(
     dy: Tensor,
     w: Tensor,
     x: Tensor,
@@ -330,19 +354,26 @@ def rmsnorm_linear_dx(
     return dx, dgamma
 
 
+rmsnorm_linear_dx = torch.library.custom_op(
+    "ads_norm_fusion::rmsnorm_linear_dx", _rmsnorm_linear_dx, mutates_args=()
+)
+
+
 @rmsnorm_linear_dx.register_fake
 def _(dy, w, x, y, rrms, norm_weight, bias, weight_grad):
     pdtype = norm_weight.dtype if norm_weight is not None else x.dtype
     return x.new_empty(x.shape), x.new_empty((x.shape[1],) if weight_grad else _EMPTY, dtype=pdtype)
 
 
-@torch.library.custom_op("ads_norm_fusion::row_col_scale", mutates_args=())
-def row_col_scale(x: Tensor, r: Tensor, g: Tensor | None) -> Tensor:
+def _row_col_scale(x: Tensor, r: Tensor, g: Tensor | None) -> Tensor:
     """x · r[:, None] · g[None, :] in x's dtype (the RMSNorm output rmsnorm_linear's dW needs)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     launch_row_col_scale(x, r, g, out)
     return out
+
+
+row_col_scale = torch.library.custom_op("ads_norm_fusion::row_col_scale", _row_col_scale, mutates_args=())
 
 
 @row_col_scale.register_fake
@@ -351,6 +382,77 @@ def _(x, r, g):
 
 
 rmsnorm_linear_fwd.register_autograd(_rmsnorm_linear_backward, setup_context=_rmsnorm_linear_setup)
+
+
+# ---------------------------------------------------------------- the eager path
+class _EagerFunction(torch.autograd.Function):
+    """A custom op's forward, setup and backward without the op, for plain eager calls
+    (``ads_kernel_tools.dispatch.plain_eager``): the op's dispatch and generated autograd wrapper are
+    host time only there (BENCHMARKS.md, Experiments). Same impls, same kernels, same bits.
+    Subclasses name ``impl``, ``setup`` and ``bwd``."""
+
+    @classmethod
+    def forward(cls, ctx, *inputs):
+        out = cls.impl(*inputs)
+        cls.setup(ctx, inputs, out)
+        ctx.set_materialize_grads(False)  # the statistics' gradients are never read
+        return out
+
+    @classmethod
+    @once_differentiable
+    def backward(cls, ctx, dy, *_stat_grads):
+        n_inputs = len(ctx.needs_input_grad)
+        if dy is None:
+            return (None,) * n_inputs
+        return cls.bwd(ctx, dy, plain_eager((dy,)))
+
+
+def _ln_eager_bwd(ctx, dy, eager):
+    _check_saved(ctx)
+    return _linear_norm_backward(ctx, dy, rms=False, eager=eager)
+
+
+def _rms_eager_bwd(ctx, dy, eager):
+    _check_saved(ctx)
+    return _linear_norm_backward(ctx, dy, rms=True, eager=eager)
+
+
+class _EagerLinearLayerNorm(_EagerFunction):
+    impl, setup, bwd = staticmethod(_ln_fwd), staticmethod(_ln_setup), staticmethod(_ln_eager_bwd)
+
+
+class _EagerLinearRMSNorm(_EagerFunction):
+    impl, setup, bwd = staticmethod(_rms_fwd), staticmethod(_rms_setup), staticmethod(_rms_eager_bwd)
+
+
+class _EagerRMSNormLinear(_EagerFunction):
+    impl, setup = staticmethod(_rmsnorm_linear_fwd), staticmethod(_rmsnorm_linear_setup)
+    bwd = staticmethod(lambda ctx, dy, eager: _rmsnorm_linear_backward(ctx, dy, None, eager))
+
+
+def _route(fn: type[_EagerFunction], op, tensors, grad: bool, *inputs):
+    """Plain eager calls run the impl (no grad wanted) or the autograd.Function; the rest the op."""
+    if not plain_eager(tensors):
+        return op(*inputs)
+    return fn.apply(*inputs) if grad else fn.impl(*inputs)
+
+
+def linear_layernorm(x, w, bias, weight, norm_bias, eps: float, save_xhat: bool, grad: bool):
+    """``linear_layernorm_fwd`` with autograd; ``grad``: some input needs a gradient."""
+    tensors = (x, w, bias, weight, norm_bias)
+    return _route(_EagerLinearLayerNorm, linear_layernorm_fwd, tensors, grad, *tensors, eps, save_xhat)
+
+
+def linear_rmsnorm(x, w, bias, weight, eps: float, save_xhat: bool, grad: bool):
+    """``linear_rmsnorm_fwd`` with autograd; ``grad`` as :func:`linear_layernorm`."""
+    tensors = (x, w, bias, weight)
+    return _route(_EagerLinearRMSNorm, linear_rmsnorm_fwd, tensors, grad, *tensors, eps, save_xhat)
+
+
+def rmsnorm_linear(x, norm_weight, w, bias, eps: float, grad: bool):
+    """``rmsnorm_linear_fwd`` with autograd; ``grad`` as :func:`linear_layernorm`."""
+    tensors = (x, norm_weight, w, bias)
+    return _route(_EagerRMSNormLinear, rmsnorm_linear_fwd, tensors, grad, *tensors, eps)
 
 
 # ---------------------------------------------------------------- FLOP formulas (the GEMMs; norms are O(MN))

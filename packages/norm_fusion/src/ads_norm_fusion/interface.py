@@ -96,8 +96,10 @@ def linear_layernorm(
     for name, t in (("bias", bias), ("norm_weight", norm_weight), ("norm_bias", norm_bias)):
         _check_vector(name, t, n, x2)
     affine = norm_weight is not None or norm_bias is not None
-    save = affine and _needs_grad(x, w, bias, norm_weight, norm_bias)
-    y, mean, rstd, _ = _ops.linear_layernorm_fwd(x2, w, bias, norm_weight, norm_bias, _check_eps(eps), save)
+    grad = _needs_grad(x, w, bias, norm_weight, norm_bias)
+    y, mean, rstd, _ = _ops.linear_layernorm(
+        x2, w, bias, norm_weight, norm_bias, _check_eps(eps), affine and grad, grad
+    )
     y = y.reshape(*lead, n)
     return (y, mean.reshape(lead), rstd.reshape(lead)) if return_stats else y
 
@@ -119,8 +121,10 @@ def linear_rmsnorm(
     x2, w, n, _k = _linear_inputs(x, w)
     for name, t in (("bias", bias), ("norm_weight", norm_weight)):
         _check_vector(name, t, n, x2)
-    save = norm_weight is not None and _needs_grad(x, w, bias, norm_weight)
-    y, rrms, _ = _ops.linear_rmsnorm_fwd(x2, w, bias, norm_weight, _check_eps(eps), save)
+    grad = _needs_grad(x, w, bias, norm_weight)
+    y, rrms, _ = _ops.linear_rmsnorm(
+        x2, w, bias, norm_weight, _check_eps(eps), norm_weight is not None and grad, grad
+    )
     y = y.reshape(*lead, n)
     return (y, rrms.reshape(lead)) if return_stats else y
 
@@ -139,7 +143,8 @@ def rmsnorm_linear(
     x2, w, n, k = _linear_inputs(x, w)
     _check_vector("norm_weight", norm_weight, k, x2)
     _check_vector("bias", bias, n, x2)
-    y, _ = _ops.rmsnorm_linear_fwd(x2, norm_weight, w, bias, _check_eps(eps))
+    grad = _needs_grad(x, norm_weight, w, bias)
+    y, _ = _ops.rmsnorm_linear(x2, norm_weight, w, bias, _check_eps(eps), grad)
     return y.reshape(*lead, n)
 
 

@@ -1,0 +1,34 @@
+"""When a custom op can be skipped: the "plain eager" test of the packages' fast paths.
+
+A ``torch.library`` custom op costs tens of microseconds of host time per call (dispatcher, schema
+check, generated autograd wrapper), more than the GPU work of a small call. Plain eager calls can take
+a ``torch.autograd.Function`` over the same kernels instead; everything else (torch.compile, export,
+tracing, fake / meta tensors, dispatch modes such as FlopCounterMode or opcheck's, functorch
+transforms, tensor subclasses) must keep going through the op, whose fake impl and registrations they
+rely on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+__all__ = ["plain_eager"]
+
+# nn.Parameter only marks a module's leaf tensor (it disables __torch_function__): plain for this test
+_PLAIN = (Tensor, Parameter)
+
+
+def plain_eager(tensors: Iterable[Tensor | None]) -> bool:
+    """True outside torch.compile / export / tracing, with no dispatch mode or functorch transform
+    active and only plain, non-meta tensors, parameters or None: there the custom op adds host time
+    and nothing else, so the same kernels may run without it."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or _get_current_dispatch_mode() is not None:
+        return False
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    return all(t is None or (type(t) in _PLAIN and not t.is_meta) for t in tensors)

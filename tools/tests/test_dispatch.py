@@ -1,0 +1,54 @@
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from ads_kernel_tools.dispatch import plain_eager
+
+
+def test_plain_tensors_parameters_and_none():
+    assert plain_eager([torch.ones(2), None, torch.zeros(3, requires_grad=True)])
+    assert plain_eager([torch.nn.Parameter(torch.ones(2)), torch.nn.Linear(2, 2).weight])
+    assert plain_eager([])
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def test_meta_and_subclass_tensors_are_not_plain():
+    assert not plain_eager([torch.ones(2), torch.empty(2, device="meta")])
+    assert not plain_eager([torch.nn.Parameter(torch.empty(2, device="meta"))])
+    assert not plain_eager([torch.ones(2).as_subclass(_Sub)])
+
+
+def test_dispatch_modes_are_not_plain():
+    x = torch.ones(2)
+    with FlopCounterMode(display=False):
+        assert not plain_eager([x])
+    with FakeTensorMode():
+        assert not plain_eager([x])
+    assert plain_eager([x])
+
+
+def test_functorch_transforms_are_not_plain():
+    seen = []
+
+    def f(t):
+        seen.append(plain_eager([t]))
+        return t * 2
+
+    torch.vmap(f)(torch.ones(3, 2))
+    torch.func.grad(lambda t: f(t).sum())(torch.ones(2))
+    assert seen == [False, False]
+
+
+def test_torch_compile_is_not_plain():
+    seen = []
+
+    def f(t):
+        seen.append(plain_eager([t]))
+        return t + 1
+
+    torch._dynamo.reset()
+    torch.compile(f, backend="eager", fullgraph=False)(torch.ones(2))
+    assert seen and not any(seen)
