@@ -1,9 +1,13 @@
-"""Public API: validate and flatten inputs, call the custom ops.
+"""Public API: validate and flatten inputs, call the ops (``_ops``: the custom ops, or for plain eager
+calls an autograd.Function over the same kernels).
 
-Validation reads only shapes, dtypes and devices, so it never synchronises with the GPU.
+Validation reads only shapes, dtypes and devices, so it never synchronises with the GPU; it reads each
+attribute once, and a device's capability once per process.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -24,12 +28,18 @@ def _check_matrix(name: str, t: object) -> Tensor:
     return t
 
 
+@functools.cache
+def _has_tma(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
 def _check_device(x: Tensor) -> None:
-    if x.device.type == "cuda":
-        if torch.cuda.get_device_capability(x.device) < (9, 0):
+    device = x.device
+    if device.type == "cuda":
+        if not _has_tma(device.index):
             raise ValueError("the fused kernels use TMA descriptors: they need an sm_90+ GPU")
     elif not interpreter_active():
-        raise ValueError(f"{x.device} tensors need TRITON_INTERPRET=1 (Triton's interpreter runs them)")
+        raise ValueError(f"{device} tensors need TRITON_INTERPRET=1 (Triton's interpreter runs them)")
 
 
 def _check_size(name: str, value: int) -> None:
@@ -37,13 +47,28 @@ def _check_size(name: str, value: int) -> None:
         raise ValueError(f"{name}={value} must be a positive multiple of {SUPPORTED_MULTIPLE}")
 
 
+def _check_vectors(like: Tensor, size: int, names: tuple[str, ...], vectors: tuple) -> None:
+    """Each vector None or a (size,) tensor of like's dtype and device (read once for all of them)."""
+    dtype = device = None
+    for name, t in zip(names, vectors):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor) or t.shape != (size,):
+            raise ValueError(
+                f"{name} must be a ({size},) tensor, got {getattr(t, 'shape', type(t).__name__)}"
+            )
+        if dtype is None:
+            dtype, device = like.dtype, like.device
+        if t.dtype != dtype or t.device != device:
+            raise ValueError(f"{name} is {t.dtype} on {t.device}; x is {like.dtype} on {like.device}")
+
+
 def _check_vector(name: str, t: Tensor | None, size: int, like: Tensor) -> None:
-    if t is None:
-        return
-    if not isinstance(t, Tensor) or t.dim() != 1 or t.shape[0] != size:
-        raise ValueError(f"{name} must be a ({size},) tensor, got {getattr(t, 'shape', type(t).__name__)}")
-    if t.dtype != like.dtype or t.device != like.device:
-        raise ValueError(f"{name} is {t.dtype} on {t.device}; x is {like.dtype} on {like.device}")
+    _check_vectors(like, size, (name,), (t,))
+
+
+_LN_VECTORS = ("bias", "norm_weight", "norm_bias")
+_RMS_VECTORS = ("bias", "norm_weight")
 
 
 def _check_eps(eps: object) -> float:
@@ -55,17 +80,20 @@ def _check_eps(eps: object) -> float:
 def _linear_inputs(x: Tensor, w: Tensor) -> tuple[Tensor, Tensor, int, int]:
     """x (..., K), w (N, K) in nn.Linear's layout -> (x2 (M, K) contiguous, w contiguous, N, K)."""
     x, w = _check_matrix("x", x), _check_matrix("w", w)
-    if x.dim() < 1 or w.dim() != 2:
-        raise ValueError(f"x must be (..., K) and w (N, K); got {tuple(x.shape)} and {tuple(w.shape)}")
-    n, k = w.shape
-    if x.shape[-1] != k:
-        raise ValueError(f"x has {x.shape[-1]} features, w expects K={k} (w is (N, K) like nn.Linear.weight)")
+    xs, ws = x.shape, w.shape
+    if not xs or len(ws) != 2:
+        raise ValueError(f"x must be (..., K) and w (N, K); got {tuple(xs)} and {tuple(ws)}")
+    n, k = ws
+    if xs[-1] != k:
+        raise ValueError(f"x has {xs[-1]} features, w expects K={k} (w is (N, K) like nn.Linear.weight)")
     if w.dtype != x.dtype or w.device != x.device:
         raise ValueError(f"w is {w.dtype} on {w.device}; x is {x.dtype} on {x.device}")
-    _check_size("K", k)
-    _check_size("N", n)
+    if n <= 0 or k <= 0 or (n | k) % SUPPORTED_MULTIPLE:  # a power of two: one test for both
+        _check_size("K", k)
+        _check_size("N", n)
     _check_device(x)
-    return x.reshape(-1, k).contiguous(), w.contiguous(), n, k
+    x2 = x if len(xs) == 2 else x.reshape(-1, k)  # no reshape (and no autograd view node) for 2-D x
+    return x2.contiguous(), w.contiguous(), n, k
 
 
 def _needs_grad(*tensors: Tensor | None) -> bool:
@@ -93,15 +121,15 @@ def linear_layernorm(
     """
     lead = x.shape[:-1] if isinstance(x, Tensor) else ()
     x2, w, n, _k = _linear_inputs(x, w)
-    for name, t in (("bias", bias), ("norm_weight", norm_weight), ("norm_bias", norm_bias)):
-        _check_vector(name, t, n, x2)
+    _check_vectors(x2, n, _LN_VECTORS, (bias, norm_weight, norm_bias))
     affine = norm_weight is not None or norm_bias is not None
     grad = _needs_grad(x, w, bias, norm_weight, norm_bias)
     y, mean, rstd, _ = _ops.linear_layernorm(
         x2, w, bias, norm_weight, norm_bias, _check_eps(eps), affine and grad, grad
     )
-    y = y.reshape(*lead, n)
-    return (y, mean.reshape(lead), rstd.reshape(lead)) if return_stats else y
+    if len(lead) != 1:
+        y, mean, rstd = y.reshape(*lead, n), mean.reshape(lead), rstd.reshape(lead)
+    return (y, mean, rstd) if return_stats else y
 
 
 def linear_rmsnorm(
@@ -119,14 +147,14 @@ def linear_rmsnorm(
     """
     lead = x.shape[:-1] if isinstance(x, Tensor) else ()
     x2, w, n, _k = _linear_inputs(x, w)
-    for name, t in (("bias", bias), ("norm_weight", norm_weight)):
-        _check_vector(name, t, n, x2)
+    _check_vectors(x2, n, _RMS_VECTORS, (bias, norm_weight))
     grad = _needs_grad(x, w, bias, norm_weight)
     y, rrms, _ = _ops.linear_rmsnorm(
         x2, w, bias, norm_weight, _check_eps(eps), norm_weight is not None and grad, grad
     )
-    y = y.reshape(*lead, n)
-    return (y, rrms.reshape(lead)) if return_stats else y
+    if len(lead) != 1:
+        y, rrms = y.reshape(*lead, n), rrms.reshape(lead)
+    return (y, rrms) if return_stats else y
 
 
 def rmsnorm_linear(
@@ -145,7 +173,7 @@ def rmsnorm_linear(
     _check_vector("bias", bias, n, x2)
     grad = _needs_grad(x, norm_weight, w, bias)
     y, _ = _ops.rmsnorm_linear(x2, norm_weight, w, bias, _check_eps(eps), grad)
-    return y.reshape(*lead, n)
+    return y if len(lead) == 1 else y.reshape(*lead, n)
 
 
 def _input_grad_inputs(dy, w_next_t, x_hat, rstat, stat_name):
