@@ -83,3 +83,17 @@ def test_dispatch_modes_take_the_op() -> None:
         y = linear_rmsnorm(d["x"], d["w"].requires_grad_())
     assert not _node(y).startswith("_Eager")
     assert counter.get_total_flops() == 2 * 20 * 32 * 48
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_folded_weight_rounds_once(dtype: torch.dtype) -> None:
+    """rmsnorm_linear's W·γ in w's dtype equals the fp32 product rounded once (every finite pattern)."""
+    bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype)
+    bits = bits[torch.isfinite(bits)]
+    g = torch.Generator().manual_seed(0)
+    w = bits[torch.randint(0, bits.numel(), (256, 256), generator=g)].to(DEVICE)
+    gamma = bits[torch.randint(0, bits.numel(), (256,), generator=g)].to(DEVICE)
+    ref = (w.float() * gamma.float()[None, :]).to(dtype)
+    got = _ops._folded(w, gamma)
+    assert torch.equal(got.isnan(), ref.isnan())
+    assert torch.equal(got.nan_to_num(), ref.nan_to_num())

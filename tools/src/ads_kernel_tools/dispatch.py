@@ -31,4 +31,7 @@ def plain_eager(tensors: Iterable[Tensor | None]) -> bool:
         return False
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return False
-    return all(t is None or (type(t) in _PLAIN and not t.is_meta) for t in tensors)
+    for t in tensors:  # a loop, not all(<genexpr>): this runs on every call
+        if t is not None and (type(t) not in _PLAIN or t.is_meta):
+            return False
+    return True

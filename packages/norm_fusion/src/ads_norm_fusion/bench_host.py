@@ -1,0 +1,112 @@
+"""Host time per call, kernels stubbed: ``TRITON_INTERPRET=1 python -m ads_norm_fusion.bench_host``.
+
+CPU tensors, the Triton launchers replaced by no-ops (the norm backward's by an allocation of its
+partial sums), so what is timed is the Python and dispatch cost of one call: the checks, the op or the
+eager autograd.Function, allocations. Not a GPU measurement. The forward runs at ``--shape``
+(default 8192 512 512); forward+backward at ``--bwd-shape`` (default 64 64 64), because the backward's
+dense GEMMs (cuBLAS on a GPU) are real CPU work here and would swamp the host time at larger shapes.
+Each op is timed on the eager path and with the custom ops forced (``plain_eager`` patched to False).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from . import _ops
+from .interface import linear_layernorm, linear_rmsnorm, rmsnorm_linear
+from .triton import launch
+
+_STUBBED = (
+    "launch_rownorm",
+    "launch_row_stat",
+    "launch_scaled_gemm",
+    "launch_rms_gemm",
+    "launch_row_col_scale",
+)
+
+
+def _stub_norm_bwd(dy, xhat, rstat, dz, **_kw):
+    m, n = dy.shape
+    return torch.zeros((3, launch.num_row_blocks(m, n, n, dy.device), n), dtype=torch.float32)
+
+
+def _stub() -> None:
+    for name in _STUBBED:
+        setattr(_ops, name, lambda *a, **k: None)
+    _ops.launch_norm_bwd = _stub_norm_bwd
+
+
+def _leaves(m: int, k: int, n: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    shapes = ((m, k), (n, k), (n,), (n,), (n,), (k,))
+    return [torch.randn(s, generator=g).to(torch.bfloat16).requires_grad_() for s in shapes]
+
+
+CALLS = {
+    "linear_layernorm": lambda t: linear_layernorm(t[0], t[1], t[2], t[3], t[4]),
+    "linear_rmsnorm": lambda t: linear_rmsnorm(t[0], t[1], t[2], t[3]),
+    "rmsnorm_linear": lambda t: rmsnorm_linear(t[0], t[5], t[1], t[2]),
+}
+_INPUTS = {
+    "linear_layernorm": (0, 1, 2, 3, 4),
+    "linear_rmsnorm": (0, 1, 2, 3),
+    "rmsnorm_linear": (0, 5, 1, 2),
+}
+
+
+def _us(fn, n: int, repeats: int = 7) -> float:
+    for _ in range(max(n // 10, 5)):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(samples)
+
+
+def measure(op: str, shape, bwd_shape, n: int = 300) -> dict[str, float]:
+    """Median us per call: forward without grad, forward with grad (at shape), forward+backward."""
+    call, idx = CALLS[op], _INPUTS[op]
+    t = _leaves(*shape)
+    plain = [a.detach() for a in t]
+    out = {"fwd_nograd": _us(lambda: call(plain), n), "fwd_grad": _us(lambda: call(t), n)}
+    tb = _leaves(*bwd_shape)
+    dy = torch.ones((bwd_shape[0], bwd_shape[2]), dtype=torch.bfloat16)
+    inputs = [tb[i] for i in idx]
+    out["fwd_bwd"] = _us(lambda: torch.autograd.backward(call(tb), dy, inputs=inputs), n)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ads_norm_fusion.bench_host", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--shape", type=int, nargs=3, default=(8192, 512, 512), metavar=("M", "K", "N"))
+    parser.add_argument("--bwd-shape", type=int, nargs=3, default=(64, 64, 64), metavar=("M", "K", "N"))
+    parser.add_argument("-n", type=int, default=300, help="calls per sample (7 samples, median)")
+    args = parser.parse_args(argv)
+    _stub()
+    eager = _ops.plain_eager
+    print(
+        f"host us per call, kernels stubbed; fwd at {tuple(args.shape)}, fwd+bwd at {tuple(args.bwd_shape)}"
+    )
+    for op in CALLS:
+        for path, pred in (("eager", eager), ("custom op", lambda tensors: False)):
+            _ops.plain_eager = pred
+            r = measure(op, args.shape, args.bwd_shape, args.n)
+            print(
+                f"{op:17s} {path:9s} fwd (no grad) {r['fwd_nograd']:6.1f}  fwd (grad) {r['fwd_grad']:6.1f}"
+                f"  fwd+bwd {r['fwd_bwd']:6.1f}"
+            )
+    _ops.plain_eager = eager
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
