@@ -97,3 +97,31 @@ def test_folded_weight_rounds_once(dtype: torch.dtype) -> None:
     got = _ops._folded(w, gamma)
     assert torch.equal(got.isnan(), ref.isnan())
     assert torch.equal(got.nan_to_num(), ref.nan_to_num())
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_input_grad_eager_matches_custom_op(rms: bool, monkeypatch) -> None:
+    from ads_norm_fusion import linear_layernorm_input_grad, linear_rmsnorm_input_grad
+
+    d = inputs(Case(20, 32, 48))
+    dy, w_next_t = torch.randn(20, 32, device=DEVICE).to(torch.bfloat16), d["w"].t().contiguous()
+    rstat = torch.rand(20, device=DEVICE) + 0.5
+    impl, calls = _ops._gemm_norm_input_grad, []
+
+    def counted(*args):  # the custom op keeps the original impl: only the eager path counts
+        calls.append(1)
+        return impl(*args)
+
+    def run(eager: bool):
+        monkeypatch.setattr(_ops, "plain_eager", _ops.plain_eager if eager else (lambda tensors: False))
+        if rms:
+            return (linear_rmsnorm_input_grad(dy, w_next_t, d["dy"], rstat),)
+        return linear_layernorm_input_grad(dy, w_next_t, d["dy"], rstat, d["gamma"], weight_grads=True)
+
+    monkeypatch.setattr(_ops, "_gemm_norm_input_grad", counted)
+    eager = run(True)
+    assert len(calls) == 1
+    op = run(False)
+    assert len(calls) == 1
+    for a, b in zip(eager, op, strict=True):
+        assert torch.equal(a, b)

@@ -451,6 +451,15 @@ def linear_rmsnorm(x, w, bias, weight, eps: float, save_xhat: bool, grad: bool):
     return _route(_EagerLinearRMSNorm, linear_rmsnorm_fwd, tensors, grad, *tensors, eps, save_xhat)
 
 
+def norm_input_grad(dy, w_next_t, aux, rstat, weight, rms: bool, aux_raw: bool, weight_grads: bool):
+    """``gemm_norm_input_grad`` (no autograd of its own): plain eager calls on tensors that need no
+    gradient run the impl, the rest the op."""
+    tensors = (dy, w_next_t, aux, rstat, weight)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    fn = _gemm_norm_input_grad if not grad and plain_eager(tensors) else gemm_norm_input_grad
+    return fn(*tensors, rms, aux_raw, weight_grads)
+
+
 def rmsnorm_linear(x, norm_weight, w, bias, eps: float, grad: bool):
     """``rmsnorm_linear_fwd`` with autograd; ``grad`` as :func:`linear_layernorm`."""
     tensors = (x, norm_weight, w, bias)

@@ -219,9 +219,7 @@ def linear_layernorm_input_grad(
     """
     dy, w_next_t, x_hat, rstd, n = _input_grad_inputs(dy, w_next_t, x_hat, rstd, "rstd")
     _check_vector("weight", weight, n, dy)
-    dz, dweight, dbias = _ops.gemm_norm_input_grad(
-        dy, w_next_t, x_hat, rstd, weight, False, False, weight_grads
-    )
+    dz, dweight, dbias = _ops.norm_input_grad(dy, w_next_t, x_hat, rstd, weight, False, False, weight_grads)
     return (dz, dweight, dbias) if weight_grads else dz
 
 
@@ -230,5 +228,5 @@ def linear_rmsnorm_input_grad(dy: Tensor, w_next_t: Tensor, x_hat: Tensor, rrms:
     ``g = dy @ w_next_t``, ``dz = (g - x̂·mean_N(g·x̂))·rrms``. Shapes as
     :func:`linear_layernorm_input_grad`; returns dz (M, N)."""
     dy, w_next_t, x_hat, rrms, _n = _input_grad_inputs(dy, w_next_t, x_hat, rrms, "rrms")
-    dz, _, _ = _ops.gemm_norm_input_grad(dy, w_next_t, x_hat, rrms, None, True, False, False)
+    dz, _, _ = _ops.norm_input_grad(dy, w_next_t, x_hat, rrms, None, True, False, False)
     return dz
