@@ -79,7 +79,7 @@ def measure(op: str, shape, bwd_shape, n: int = 300) -> dict[str, float]:
     tb = _leaves(*bwd_shape)
     dy = torch.ones((bwd_shape[0], bwd_shape[2]), dtype=torch.bfloat16)
     inputs = [tb[i] for i in idx]
-    out["fwd_bwd"] = _us(lambda: torch.autograd.backward(call(tb), dy, inputs=inputs), n)
+    out["fwd_bwd"] = _us(lambda: torch.autograd.grad(call(tb), inputs, dy), n)
     return out
 
 
