@@ -1,5 +1,9 @@
 """torch.library custom ops (fake impls, autograd, FLOP formulas) around the Triton launchers.
 
+Plain eager calls (``ads_kernel_tools.dispatch.plain_eager``) take ``_EagerFunction`` subclasses
+instead: the same impls, setup and backward without the op's dispatch (``linear_layernorm``,
+``linear_rmsnorm``, ``rmsnorm_linear``, ``norm_input_grad`` at the end choose the route).
+
 ``custom_op`` (not ``triton_op``) is deliberate: it also passes opcheck and torch.compile on CPU under
 TRITON_INTERPRET, where ``triton_op`` would read data pointers of fake tensors.
 
