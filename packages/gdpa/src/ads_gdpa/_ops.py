@@ -17,10 +17,10 @@ from typing import NamedTuple
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.autograd.function import once_differentiable
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 from torch.utils.flop_counter import register_flop_formula
 
 from ads_kernel_tools.bench.flops import valid_pairs
+from ads_kernel_tools.dispatch import plain_eager
 from ads_kernel_tools.offsets import check_inputs_enabled
 
 from . import dispatch
@@ -416,27 +416,16 @@ class _EagerGDPA(torch.autograd.Function):
     def backward(ctx, do):
         args = _backward_args(ctx, do)
         # a dispatch mode may have been entered since the forward (FlopCounterMode around backward)
-        plain = _plain_eager((args.do, args.q, args.k, args.v, args.cu_q, args.cu_k))
+        plain = plain_eager((args.do, args.q, args.k, args.v, args.cu_q, args.cu_k))
         grads = bwd_impl(*args) if plain else torch.ops.ads_gdpa.bwd(*args)
         return _input_grads(args, grads)
-
-
-def _plain_eager(tensors) -> bool:
-    """True outside torch.compile / export / tracing, with no dispatch mode (FlopCounterMode, fake
-    tensors) or functorch transform active and only plain tensors: there the custom op adds nothing
-    but host time. Everywhere else the op goes through the dispatcher."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or _current_dispatch_mode() is not None:
-        return False
-    if torch._C._functorch.peek_interpreter_stack() is not None:
-        return False
-    return all(t is None or type(t) is Tensor for t in tensors)
 
 
 def gdpa_fwd(*inputs) -> Tensor:
     """``ads_gdpa::fwd`` with autograd; arguments as the op's (``FwdArgs``). Plain eager calls take
     ``_EagerGDPA``, the rest the registered custom op (same kernels, same results)."""
     a = FwdArgs(*inputs)  # every field, defaults filled: the eager backward returns one gradient each
-    if _plain_eager([getattr(a, name) for name in _FWD_TENSORS]):
+    if plain_eager([getattr(a, name) for name in _FWD_TENSORS]):
         return _EagerGDPA.apply(*a)
     return torch.ops.ads_gdpa.fwd(*a)
 
