@@ -348,16 +348,17 @@ def demo() -> int:
 def main(argv: list[str] | None = None) -> int:
     from ads_kernel_tools.bench import cli
 
+    flags = {
+        "--sweep": "only sweep tile settings of ours",
+        "--sweep-rms": "only time rmsnorm_linear's pieces",
+    }
     prog = "python -m ads_norm_fusion.bench"
-    parser = cli.parser(prog, __doc__.splitlines()[0])
-    parser.add_argument("--sweep", action="store_true", help="only sweep tile settings of ours")
-    parser.add_argument("--sweep-rms", action="store_true", help="only time rmsnorm_linear's pieces")
-    args = parser.parse_args(argv)
-    if args.demo:
-        return demo()
-    if not cli.gpu_present(prog):
-        return 0
+    return cli.main(prog, __doc__.splitlines()[0], measure, demo=demo, flags=flags, argv=argv)
+
+
+def measure(args) -> int:
     from ads_kernel_tools import bench
+    from ads_kernel_tools.bench import cli
 
     if args.sweep:
         sweep(bench)
@@ -379,10 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in bench.peers.notes().items():
         print(f"note: {name}: {why}")
     _summary(report)
-    if args.json:
-        report.write_json(args.json)
-    if args.plot:
-        report.plot_png(args.plot, "M")
+    cli.save(report, args, x_key="M")
     return 0
 
 
