@@ -52,3 +52,23 @@ def test_torch_compile_is_not_plain():
     torch._dynamo.reset()
     torch.compile(f, backend="eager", fullgraph=False)(torch.ones(2))
     assert seen and not any(seen)
+
+
+def test_eager_function_runs_impl_setup_and_backward():
+    from ads_kernel_tools.dispatch import eager_function
+
+    def impl(x, scale):
+        return x * scale, x.sum()
+
+    def setup(ctx, inputs, output):
+        ctx.scale = inputs[1]
+
+    def backward(ctx, dy, dsum):
+        assert ctx.eager and dsum is None  # the unused output's gradient is not materialised
+        return dy * ctx.scale, None
+
+    fn = eager_function("_Scale", impl, setup, backward)
+    x = torch.randn(3, requires_grad=True)
+    y, _ = fn.apply(x, 2.0)
+    (g,) = torch.autograd.grad(y, x, torch.ones(3))
+    assert fn.__name__ == "_Scale" and torch.equal(g, torch.full((3,), 2.0))

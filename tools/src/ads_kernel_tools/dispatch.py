@@ -10,14 +10,15 @@ rely on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.nn import Parameter
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["plain_eager"]
+__all__ = ["plain_eager", "eager_function"]
 
 # nn.Parameter only marks a module's leaf tensor (it disables __torch_function__): plain for this test
 _PLAIN = (Tensor, Parameter)
@@ -35,3 +36,27 @@ def plain_eager(tensors: Iterable[Tensor | None]) -> bool:
         if t is not None and (type(t) not in _PLAIN or t.is_meta):
             return False
     return True
+
+
+def eager_function(
+    name: str, impl: Callable, setup_context: Callable, backward: Callable
+) -> type[torch.autograd.Function]:
+    """The ``torch.autograd.Function`` a package's plain eager calls take instead of its custom op:
+    ``impl(*inputs)`` (the op's implementation), then ``setup_context(ctx, inputs, output)`` and
+    ``backward(ctx, *grads)`` exactly as registered with the op's ``register_autograd``. The backward
+    finds ``ctx.eager = True`` (it may then call implementations instead of ops, while
+    ``plain_eager`` still holds for its gradients) and gradients of unused outputs as None (not
+    materialised); it runs once-differentiable."""
+
+    def forward(ctx, *inputs):
+        out = impl(*inputs)
+        setup_context(ctx, inputs, out)
+        ctx.eager = True
+        ctx.set_materialize_grads(False)
+        return out
+
+    def run_backward(ctx, *grads):
+        return backward(ctx, *grads)
+
+    body = {"forward": staticmethod(forward), "backward": staticmethod(once_differentiable(run_backward))}
+    return type(name, (torch.autograd.Function,), body)

@@ -16,11 +16,10 @@ from typing import NamedTuple
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.autograd.function import once_differentiable
 from torch.utils.flop_counter import register_flop_formula
 
 from ads_kernel_tools.bench.flops import valid_pairs
-from ads_kernel_tools.dispatch import plain_eager
+from ads_kernel_tools.dispatch import eager_function, plain_eager
 from ads_kernel_tools.offsets import check_inputs_enabled
 
 from . import dispatch
@@ -400,25 +399,19 @@ def _backward(ctx, do):
 torch.library.register_autograd("ads_gdpa::fwd", _backward, setup_context=_setup_context)
 
 
-class _EagerGDPA(torch.autograd.Function):
-    """The same forward and backward as the custom op, for plain eager calls: the custom op's
-    dispatch and generated autograd wrapper cost ~115 us of host time per forward (measured on a CPU
-    build), more than the GPU work of small batches."""
+def _eager_backward(ctx, do):
+    args = _backward_args(ctx, do)
+    # a dispatch mode may have been entered since the forward (FlopCounterMode around backward)
+    plain = plain_eager((args.do, args.q, args.k, args.v, args.cu_q, args.cu_k))
+    grads = bwd_impl(*args) if plain else torch.ops.ads_gdpa.bwd(*args)
+    return _input_grads(args, grads)
 
-    @staticmethod
-    def forward(ctx, *inputs):
-        out = fwd_impl(*inputs)
-        _setup_context(ctx, inputs, out)
-        return out
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, do):
-        args = _backward_args(ctx, do)
-        # a dispatch mode may have been entered since the forward (FlopCounterMode around backward)
-        plain = plain_eager((args.do, args.q, args.k, args.v, args.cu_q, args.cu_k))
-        grads = bwd_impl(*args) if plain else torch.ops.ads_gdpa.bwd(*args)
-        return _input_grads(args, grads)
+# plain eager calls: the custom op's dispatch and generated autograd wrapper cost ~115 us of host time
+# per forward (measured on a CPU build), more than the GPU work of small batches
+_EagerGDPA = eager_function(
+    "_EagerGDPA", lambda *inputs: fwd_impl(*inputs), _setup_context, _eager_backward
+)  # fwd_impl looked up per call (tests count its calls)
 
 
 def gdpa_fwd(*inputs) -> Tensor:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.autograd.function import once_differentiable
 from torch.utils.flop_counter import register_flop_formula
 
+from ads_kernel_tools.dispatch import eager_function
 from ads_kernel_tools.dispatch import plain_eager as _plain_eager
 
 from .gluon import dispatch as fwd_dispatch
@@ -265,24 +265,10 @@ def _backward(ctx, dout, dlse):
 torch.library.register_autograd("lp_fa4::fwd", _backward, setup_context=_setup_context)
 
 
-class _EagerAttention(torch.autograd.Function):
-    """The custom op's forward and backward for plain eager calls: the op's dispatch and generated
-    autograd wrapper cost ~330 us of host time per differentiable call on a CPU build (430 against
-    100 us without grad, kernels stubbed), more than the GPU work of small batches. Same kernels,
-    same bits."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        out, lse = fwd_impl(*inputs)
-        _setup_context(ctx, inputs, (out, lse))
-        ctx.eager = True
-        ctx.set_materialize_grads(False)
-        return out, lse
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)
+# plain eager calls: the op's dispatch and generated autograd wrapper cost ~330 us of host time per
+# differentiable call on a CPU build (430 against 100 us without grad, kernels stubbed), more than the
+# GPU work of small batches. Same kernels, same bits.
+_EagerAttention = eager_function("_EagerAttention", fwd_impl, _setup_context, _backward)
 
 
 def attention(*inputs) -> tuple[Tensor, Tensor]:

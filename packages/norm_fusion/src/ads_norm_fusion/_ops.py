@@ -1,7 +1,7 @@
 """torch.library custom ops (fake impls, autograd, FLOP formulas) around the Triton launchers.
 
-Plain eager calls (``ads_kernel_tools.dispatch.plain_eager``) take ``_EagerFunction`` subclasses
-instead: the same impls, setup and backward without the op's dispatch (``linear_layernorm``,
+Plain eager calls (``ads_kernel_tools.dispatch.plain_eager``) take ``eager_function`` autograd
+Functions instead: the same impls, setup and backward without the op's dispatch (``linear_layernorm``,
 ``linear_rmsnorm``, ``rmsnorm_linear``, ``norm_input_grad`` at the end choose the route).
 
 ``custom_op`` (not ``triton_op``) is deliberate: it also passes opcheck and torch.compile on CPU under
@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 from torch.utils.flop_counter import register_flop_formula
 
-from ads_kernel_tools.dispatch import plain_eager
+from ads_kernel_tools.dispatch import eager_function, plain_eager
 
 from .config import rms_backward_from_output
 from .costs import gemm_flops
@@ -166,7 +165,7 @@ def _(dy, xhat, rstat, weight, rms, weight_grads, bias_grad):
 
 def _linear_norm_backward(ctx, dy: Tensor, rms: bool, eager: bool = False):
     """Gradients of linear_layernorm_fwd / linear_rmsnorm_fwd; ``eager`` calls the kernels directly
-    instead of through the ``norm_bwd`` op (see ``_EagerFunction``)."""
+    instead of through the ``norm_bwd`` op (the eager path below)."""
     x, w, weight, xhat, rstat = ctx.saved_tensors
     needs = ctx.needs_input_grad
     want_bias = ctx.has_bias and needs[2]
@@ -391,26 +390,19 @@ rmsnorm_linear_fwd.register_autograd(_rmsnorm_linear_backward, setup_context=_rm
 
 
 # ---------------------------------------------------------------- the eager path
-class _EagerFunction(torch.autograd.Function):
-    """A custom op's forward, setup and backward without the op, for plain eager calls
-    (``ads_kernel_tools.dispatch.plain_eager``): the op's dispatch and generated autograd wrapper are
-    host time only there (BENCHMARKS.md, Experiments). Same impls, same kernels, same bits.
-    Subclasses name ``impl``, ``setup`` and ``bwd``."""
+# Plain eager calls (``ads_kernel_tools.dispatch.plain_eager``) skip the ops: their dispatch and
+# generated autograd wrapper are host time only there (BENCHMARKS.md, Experiments). Same impls, same
+# kernels, same bits.
+def _eager_backward(bwd):
+    """An op backward for ``eager_function``: the statistics' gradients are never read; ``eager``
+    (call impls, not ops) while the gradient is still a plain tensor."""
 
-    @classmethod
-    def forward(cls, ctx, *inputs):
-        out = cls.impl(*inputs)
-        cls.setup(ctx, inputs, out)
-        ctx.set_materialize_grads(False)  # the statistics' gradients are never read
-        return out
-
-    @classmethod
-    @once_differentiable
-    def backward(cls, ctx, dy, *_stat_grads):
-        n_inputs = len(ctx.needs_input_grad)
+    def backward(ctx, dy, *_stat_grads):
         if dy is None:
-            return (None,) * n_inputs
-        return cls.bwd(ctx, dy, plain_eager((dy,)))
+            return (None,) * len(ctx.needs_input_grad)
+        return bwd(ctx, dy, plain_eager((dy,)))
+
+    return backward
 
 
 def _ln_eager_bwd(ctx, dy, eager):
@@ -423,36 +415,37 @@ def _rms_eager_bwd(ctx, dy, eager):
     return _linear_norm_backward(ctx, dy, rms=True, eager=eager)
 
 
-class _EagerLinearLayerNorm(_EagerFunction):
-    impl, setup, bwd = staticmethod(_ln_fwd), staticmethod(_ln_setup), staticmethod(_ln_eager_bwd)
+def _rmsnorm_linear_eager_bwd(ctx, dy, eager):
+    return _rmsnorm_linear_backward(ctx, dy, None, eager)
 
 
-class _EagerLinearRMSNorm(_EagerFunction):
-    impl, setup, bwd = staticmethod(_rms_fwd), staticmethod(_rms_setup), staticmethod(_rms_eager_bwd)
+_LN_EAGER = eager_function("_EagerLinearLayerNorm", _ln_fwd, _ln_setup, _eager_backward(_ln_eager_bwd))
+_RMS_EAGER = eager_function("_EagerLinearRMSNorm", _rms_fwd, _rms_setup, _eager_backward(_rms_eager_bwd))
+_RMS_LINEAR_EAGER = eager_function(
+    "_EagerRMSNormLinear",
+    _rmsnorm_linear_fwd,
+    _rmsnorm_linear_setup,
+    _eager_backward(_rmsnorm_linear_eager_bwd),
+)
 
 
-class _EagerRMSNormLinear(_EagerFunction):
-    impl, setup = staticmethod(_rmsnorm_linear_fwd), staticmethod(_rmsnorm_linear_setup)
-    bwd = staticmethod(lambda ctx, dy, eager: _rmsnorm_linear_backward(ctx, dy, None, eager))
-
-
-def _route(fn: type[_EagerFunction], op, tensors, grad: bool, *inputs):
-    """Plain eager calls run the impl (no grad wanted) or the autograd.Function; the rest the op."""
+def _route(fn, impl, op, tensors, grad: bool, *inputs):
+    """Plain eager calls run the impl (no grad wanted) or the eager autograd.Function; the rest the op."""
     if not plain_eager(tensors):
         return op(*inputs)
-    return fn.apply(*inputs) if grad else fn.impl(*inputs)
+    return fn.apply(*inputs) if grad else impl(*inputs)
 
 
 def linear_layernorm(x, w, bias, weight, norm_bias, eps: float, save_xhat: bool, grad: bool):
     """``linear_layernorm_fwd`` with autograd; ``grad``: some input needs a gradient."""
     tensors = (x, w, bias, weight, norm_bias)
-    return _route(_EagerLinearLayerNorm, linear_layernorm_fwd, tensors, grad, *tensors, eps, save_xhat)
+    return _route(_LN_EAGER, _ln_fwd, linear_layernorm_fwd, tensors, grad, *tensors, eps, save_xhat)
 
 
 def linear_rmsnorm(x, w, bias, weight, eps: float, save_xhat: bool, grad: bool):
     """``linear_rmsnorm_fwd`` with autograd; ``grad`` as :func:`linear_layernorm`."""
     tensors = (x, w, bias, weight)
-    return _route(_EagerLinearRMSNorm, linear_rmsnorm_fwd, tensors, grad, *tensors, eps, save_xhat)
+    return _route(_RMS_EAGER, _rms_fwd, linear_rmsnorm_fwd, tensors, grad, *tensors, eps, save_xhat)
 
 
 def norm_input_grad(dy, w_next_t, aux, rstat, weight, rms: bool, aux_raw: bool, weight_grads: bool):
@@ -467,7 +460,7 @@ def norm_input_grad(dy, w_next_t, aux, rstat, weight, rms: bool, aux_raw: bool, 
 def rmsnorm_linear(x, norm_weight, w, bias, eps: float, grad: bool):
     """``rmsnorm_linear_fwd`` with autograd; ``grad`` as :func:`linear_layernorm`."""
     tensors = (x, norm_weight, w, bias)
-    return _route(_EagerRMSNormLinear, rmsnorm_linear_fwd, tensors, grad, *tensors, eps)
+    return _route(_RMS_LINEAR_EAGER, _rmsnorm_linear_fwd, rmsnorm_linear_fwd, tensors, grad, *tensors, eps)
 
 
 # ---------------------------------------------------------------- FLOP formulas (the GEMMs; norms are O(MN))
