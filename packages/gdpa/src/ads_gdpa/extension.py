@@ -27,6 +27,14 @@ Tensor = torch.Tensor
 _NO_MASK = dict(mask_mode=int(MaskMode.NONE), win_left=BIG, win_right=BIG, broadcast_q=False)
 
 
+def _common(cu_q, cu_k, max_q, max_k, activation, scale, host_q, host_k, deterministic) -> dict:
+    """The op arguments both directions share: offsets, bounds, activation, scale, no mask."""
+    return dict(
+        cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, act=activation_id(activation), act_per_head=None,
+        scale=float(scale), host_q=host_q, host_k=host_k, deterministic=deterministic, **_NO_MASK,
+    )  # fmt: skip
+
+
 def forward(
     q: Tensor,
     k: Tensor,
@@ -58,12 +66,9 @@ def forward(
     Returns:
         (Tq, H, D) like q.
     """
-    args = FwdArgs(
-        q=q, k=k, v=v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, max_q=max_seqlen_q, max_k=max_seqlen_k,
-        act=activation_id(activation), act_per_head=None, scale=float(scale), q_descale=None,
-        k_descale=None, v_descale=None, host_q=cu_seqlens_q_cpu, host_k=cu_seqlens_k_cpu,
-        deterministic=deterministic, **_NO_MASK,
-    )  # fmt: skip
+    common = _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, activation, scale,
+                     cu_seqlens_q_cpu, cu_seqlens_k_cpu, deterministic)  # fmt: skip
+    args = FwdArgs(q=q, k=k, v=v, q_descale=None, k_descale=None, v_descale=None, **common)
     return torch.ops.ads_gdpa.fwd(*args)
 
 
@@ -89,10 +94,8 @@ def backward(
     repeatable. dk/dv of a GQA group are summed over its query heads. Returns tensors shaped and
     typed like q, k, v.
     """
-    args = BwdArgs(
-        do=dout, q=q, k=k, v=v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, max_q=max_seqlen_q,
-        max_k=max_seqlen_k, act=activation_id(activation), act_per_head=None, scale=float(scale),
-        deterministic=deterministic, host_q=cu_seqlens_q_cpu, host_k=cu_seqlens_k_cpu, **_NO_MASK,
-    )  # fmt: skip
+    common = _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, activation, scale,
+                     cu_seqlens_q_cpu, cu_seqlens_k_cpu, deterministic)  # fmt: skip
+    args = BwdArgs(do=dout, q=q, k=k, v=v, **common)
     grads = torch.ops.ads_gdpa.bwd(*args)
     return grads[0], grads[1], grads[2]
