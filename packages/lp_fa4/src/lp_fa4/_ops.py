@@ -16,6 +16,7 @@ from torch.utils.flop_counter import register_flop_formula
 from ads_kernel_tools.dispatch import eager_function
 from ads_kernel_tools.dispatch import plain_eager as _plain_eager
 
+from .gluon import bwd_dispatch
 from .gluon import dispatch as fwd_dispatch
 from .triton import launch
 
@@ -164,7 +165,7 @@ def bwd_impl(
     lse_f = _flat(lse, lse_dense).contiguous()
     dlse_f = _flat(dlse, lse_dense).float().contiguous() if dlse is not None else None
     do = do if do.stride(-1) == 1 else do.contiguous()
-    dq, dk, dv, delta = launch.bwd(
+    dq, dk, dv, delta = bwd_dispatch.bwd(
         do, q, k, v, out, lse_f, dlse_f, cu_q, cu_k, used_q, used_k, pb, deterministic
     )
     if sink is None:
