@@ -16,9 +16,9 @@ def _dense(b=1, s=8, h=2, hk=1, d=32, dtype=BF):
     return tuple(randn((b, s, n, d), dtype=dtype, device="cpu", seed=i) for i, n in enumerate((h, hk, hk)))
 
 
-def _varlen(t=8, h=2, hk=1, d=32):
-    q, k, v = (randn((t, n, d), dtype=BF, device="cpu", seed=i) for i, n in enumerate((h, hk, hk)))
-    cu = torch.tensor([0, 3, t], dtype=torch.int32)
+def _varlen(t=8, h=2, hk=1, d=32, device="cpu"):
+    q, k, v = (randn((t, n, d), dtype=BF, device=device, seed=i) for i, n in enumerate((h, hk, hk)))
+    cu = torch.tensor([0, 3, t], dtype=torch.int32, device=device)
     return q, k, v, cu
 
 
@@ -149,11 +149,11 @@ def test_cpu_tensors_without_interpreter(monkeypatch):
         flash_attn_func(*_dense(h=3, hk=2))
 
 
-def test_check_inputs_with_seqused(monkeypatch):
-    """With seqused, max_seqlen bounds the used prefixes, not the slots."""
+def test_check_inputs_with_seqused(monkeypatch, device):
+    """With seqused, max_seqlen bounds the used prefixes, not the slots (the first call runs)."""
     monkeypatch.setenv("ADS_CHECK_INPUTS", "1")
-    q, k, v, cu = _varlen()  # slots of 3 and 5 rows
-    used = torch.tensor([2, 2], dtype=torch.int32)
+    q, k, v, cu = _varlen(device=device)  # slots of 3 and 5 rows
+    used = torch.tensor([2, 2], dtype=torch.int32, device=device)
     flash_attn_varlen_func(q, k, v, cu, cu, 2, 2, seqused_q=used, seqused_k=used)
     with pytest.raises(ValueError, match="seqused_q"):
         flash_attn_varlen_func(q, k, v, cu, cu, 1, 2, seqused_q=used, seqused_k=used)

@@ -199,7 +199,7 @@ def test_bad_offsets_stay_in_bounds(cu_q, cu_k, device):
     q, k, v, _, _ = _inputs(device, grad=True)
     cq, ck = (torch.tensor(x, dtype=torch.int32, device=device) for x in (cu_q, cu_k))
     out, lse = flash_attn_varlen_func(q, k, v, cq, ck, 40, 40, return_lse=True)
-    covered = torch.zeros(q.shape[0], dtype=torch.bool)
+    covered = torch.zeros(q.shape[0], dtype=torch.bool, device=device)
     rows = q.shape[0]
     for b in range(len(cu_q) - 1):
         lo = min(max(cu_q[b], 0), rows)
