@@ -89,10 +89,10 @@ RMS_LINEAR_CASES = [pytest.param(c, id=str(c)) for c in RMS_LINEAR_CPU] + [
 ]
 
 
-# "verified" is the default; "fast" the row-pass forward and the from-output backward (opt-in knobs)
+# both forwards and both backwards, whatever the defaults pick at a shape
 RMS_PATHS = {
-    "verified": {},
-    "fast": {"ADS_NORM_FUSION_RMS_FWD": "rowpass", "ADS_NORM_FUSION_RMS_BWD": "output"},
+    "fused-input": {"ADS_NORM_FUSION_RMS_FWD": "fused", "ADS_NORM_FUSION_RMS_BWD": "input"},
+    "rowpass-output": {"ADS_NORM_FUSION_RMS_FWD": "rowpass", "ADS_NORM_FUSION_RMS_BWD": "output"},
 }
 
 

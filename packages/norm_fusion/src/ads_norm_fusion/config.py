@@ -110,19 +110,19 @@ def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
 
 def rms_forward_rowpass(k: int) -> bool:
     """Which ``rmsnorm_linear`` forward runs: the row pass + persistent scaled GEMM, or the single
-    kernel with Σx² in its K loop. ``ADS_NORM_FUSION_RMS_FWD``: ``fused`` (default: the kernel the
-    GPU suite has verified), ``auto`` (the row pass at K >= 1024, where the H200 measured it faster;
-    the default once the GPU suite has run it) or ``rowpass`` (always)."""
-    mode = _choice("ADS_NORM_FUSION_RMS_FWD", "fused", ("fused", "auto", "rowpass"))
+    kernel with Σx² in its K loop. ``ADS_NORM_FUSION_RMS_FWD``: ``auto`` (default: the row pass at
+    K >= 1024, where the H200 measured it faster, the single kernel below), ``fused`` (always the
+    single kernel) or ``rowpass`` (always the row pass)."""
+    mode = _choice("ADS_NORM_FUSION_RMS_FWD", "auto", ("fused", "auto", "rowpass"))
     return mode == "rowpass" or (mode == "auto" and k >= RMS_ROWPASS_MIN_K)
 
 
 def rms_backward_from_output() -> bool:
-    """``ADS_NORM_FUSION_RMS_BWD=output``: ``rmsnorm_linear``'s dx from the saved output (a row pass
-    for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue; faster on the H200, not yet
-    run by the GPU suite). Default ``input``: dy @ W with the RMSNorm backward over K in the GEMM's
-    epilogue (``gemm_norm_input_grad``, GPU-verified)."""
-    return _choice("ADS_NORM_FUSION_RMS_BWD", "input", ("input", "output")) == "output"
+    """``ADS_NORM_FUSION_RMS_BWD``: ``output`` (default) forms ``rmsnorm_linear``'s dx from the saved
+    output (a row pass for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue; faster on
+    the H200 at every measured shape); ``input``: dy @ W with the RMSNorm backward over K in the
+    GEMM's epilogue (``gemm_norm_input_grad``)."""
+    return _choice("ADS_NORM_FUSION_RMS_BWD", "output", ("input", "output")) == "output"
 
 
 def rms_tma_store() -> bool:
