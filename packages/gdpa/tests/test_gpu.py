@@ -6,13 +6,15 @@ conftest pins one config per specialisation (the tests check numerics, the bench
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from gdpa_testlib import Case, make_inputs, run_case
 
 from ads_gdpa import gdpa, gdpa_varlen
 from ads_kernel_tools.reference.gdpa import gdpa_ref
-from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
+from ads_kernel_tools.testing import assert_memcheck_clean, jagged_lengths, lengths_to_offsets
 
 pytestmark = pytest.mark.gpu
 
@@ -134,20 +136,7 @@ def test_fp8_forward_mismatch_rate(descale):
 def test_bad_offsets_are_memcheck_clean():
     """Every path (Gluon and Triton, forward and backward, deterministic, windows, FP8) on offsets that
     decrease, pass the end or start below 0: compute-sanitizer's memcheck must find 0 errors."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    tool = shutil.which("compute-sanitizer")
-    if tool is None:
-        pytest.skip("compute-sanitizer is not installed")
     script = Path(__file__).with_name("memcheck_bad_offsets.py")
-    done = subprocess.run(
-        [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, str(script)],
-        capture_output=True, text=True, timeout=900, env=dict(os.environ, ADS_GDPA_DISABLE_AUTOTUNE="1"),
-    )  # fmt: skip
-    report = done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.returncode == 0 and "all paths ran" in done.stdout, report
-    assert "ERROR SUMMARY: 0 errors" in done.stdout + done.stderr, report
+    assert_memcheck_clean(
+        script, done_marker="memcheck_bad_offsets: all paths ran", env=dict(ADS_GDPA_DISABLE_AUTOTUNE="1")
+    )

@@ -3,11 +3,13 @@ every option, the backward's determinism, and bad offsets under compute-sanitize
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from _cases import Case, check, make_inputs, run_ours
 
-from ads_kernel_tools.testing import jagged_lengths
+from ads_kernel_tools.testing import assert_memcheck_clean, jagged_lengths
 
 pytestmark = pytest.mark.gpu
 
@@ -54,20 +56,5 @@ def test_deterministic_real_size():
 def test_bad_offsets_are_memcheck_clean():
     """Offsets that decrease, pass the end or start below 0 through every kernel, forward and
     backward: compute-sanitizer's memcheck must find 0 errors."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    tool = shutil.which("compute-sanitizer")
-    if tool is None:
-        pytest.skip("compute-sanitizer is not installed")
     script = Path(__file__).with_name("memcheck_case.py")
-    done = subprocess.run(
-        [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, str(script)],
-        capture_output=True, text=True, timeout=600, env=dict(os.environ, ADS_GDPA_DISABLE_AUTOTUNE="1"),
-    )  # fmt: skip
-    report = done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.returncode == 0 and "all paths ran" in done.stdout, report
-    assert "ERROR SUMMARY: 0 errors" in done.stdout + done.stderr, report
+    assert_memcheck_clean(script, done_marker="all paths ran", env=dict(ADS_GDPA_DISABLE_AUTOTUNE="1"))

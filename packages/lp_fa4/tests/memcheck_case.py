@@ -47,7 +47,7 @@ def main() -> None:
             q[:256].view(2, 128, 4, 128), k[:128].view(2, 64, 2, 128), v[:128].view(2, 64, 2, 128)
         )
     torch.cuda.synchronize()
-    print("memcheck cases done")
+    print("memcheck cases: all paths ran")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -98,6 +102,30 @@ def assert_rows_written(out: torch.Tensor, valid_rows: torch.Tensor, *, name: st
         problems.append(f"{len(clobbered)} rows written that should not be, first {clobbered[:8]}")
     if problems:
         raise AssertionError(f"{name}: " + "; ".join(problems))
+
+
+def assert_memcheck_clean(
+    script: str | os.PathLike,
+    *,
+    done_marker: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 900,
+) -> None:
+    """Run ``python script`` under ``compute-sanitizer --tool memcheck``; pass when it exits 0, prints
+    ``done_marker`` (so a script that stopped early cannot pass) and memcheck reports 0 errors.
+    Skips the calling test when compute-sanitizer is not installed. ``env`` adds variables."""
+    import pytest
+
+    tool = shutil.which("compute-sanitizer")
+    if tool is None:
+        pytest.skip("compute-sanitizer is not installed")
+    done = subprocess.run(
+        [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})),
+    )  # fmt: skip
+    report = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0 and done_marker in done.stdout, report
+    assert "ERROR SUMMARY: 0 errors" in done.stdout + done.stderr, report
 
 
 # --- Triton interpreter fixes --------------------------------------------------------------------
