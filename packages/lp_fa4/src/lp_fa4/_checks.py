@@ -18,6 +18,7 @@ from .triton.launch import BIG
 
 Tensor = torch.Tensor
 DTYPES = (torch.bfloat16, torch.float16)
+FP8 = torch.float8_e4m3fn
 MAX_HEAD_DIM = 256
 
 
@@ -65,10 +66,10 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, q_dims: int, kv_dims: int) -> No
             raise ValueError(f"lp_fa4: {name} must be a tensor, got {type(t).__name__}")
         if t.dim() != dims:
             raise ValueError(f"lp_fa4: {name} must be {dims}-D here, got shape {tuple(t.shape)}")
-    if q.dtype not in DTYPES:
-        if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            raise NotImplementedError("lp_fa4: FP8 inputs are not supported yet (bf16/fp16 only)")
-        raise ValueError(f"lp_fa4: q must be bfloat16 or float16, got {q.dtype}")
+    if torch.float8_e5m2 in (q.dtype, k.dtype, v.dtype):
+        raise NotImplementedError("lp_fa4: float8_e5m2 inputs are not supported (FP8 means float8_e4m3fn)")
+    if q.dtype not in DTYPES and q.dtype != FP8:
+        raise ValueError(f"lp_fa4: q must be bfloat16 or float16 (or float8_e4m3fn), got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"lp_fa4: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -205,3 +206,44 @@ def _check_paged(q: Tensor, k: Tensor, v: Tensor, page_table: Tensor, n_b: int, 
         raise ValueError("lp_fa4: page_table needs at least one page of at least one row")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError("lp_fa4: paged KV (page_table) is forward-only; call it under no_grad")
+
+
+def _check_fp8(q: Tensor, k: Tensor, v: Tensor, q_descale, k_descale, v_descale, n_b: int, *, paged: bool,
+               sink, softcap: float, window: tuple[int, int], broadcast_q: bool = False):  # fmt: skip
+    """The FP8 (float8_e4m3fn) forward's arguments: None for bf16/fp16 inputs (which take no
+    descale), else (q_descale, k_descale, v_descale) as contiguous fp32 (B, Hkv) on q's device, FA3's
+    layout (None = 1.0; q heads of a GQA group share their kv head's q_descale). The user's values are
+    q·q_descale[b, h // G] and likewise for k and v. Options the FP8 path lacks raise
+    NotImplementedError, as does a gradient (the FP8 path is forward-only, as FA3's is)."""
+    given = [n for n, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+             if t is not None]  # fmt: skip
+    if q.dtype != FP8:
+        if given:
+            raise ValueError(f"lp_fa4: {', '.join(given)} need float8_e4m3fn q, k, v (got {q.dtype})")
+        return None
+    lacking = [
+        ("paged KV (page_table)", paged),
+        ("softcap", softcap > 0),
+        ("learnable_sink", sink is not None),
+        ("a local window (window_size)", window[0] != BIG or window[1] not in (0, BIG)),
+        ("broadcast_q", broadcast_q),
+    ]
+    for what, present in lacking:
+        if present:
+            raise NotImplementedError(f"lp_fa4: the FP8 forward does not support {what}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError("lp_fa4: the FP8 path is forward-only (no backward): call it under no_grad")
+    hkv = k.shape[-2]
+    out = []
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            out.append(torch.ones((n_b, hkv), dtype=torch.float32, device=q.device))
+            continue
+        if not isinstance(t, Tensor) or t.dtype != torch.float32 or tuple(t.shape) != (n_b, hkv):
+            desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"lp_fa4: {name} must be a float32 tensor of shape (batch, kv heads) = "
+                             f"({n_b}, {hkv}), got {desc}")  # fmt: skip
+        if t.device != q.device:
+            raise ValueError(f"lp_fa4: {name} is on {t.device}, q on {q.device}")
+        out.append(t.contiguous())
+    return tuple(out)

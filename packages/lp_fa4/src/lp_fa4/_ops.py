@@ -39,6 +39,10 @@ def _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense):
     return out, (h, rows)
 
 
+def _out_dtype(q: Tensor) -> torch.dtype:
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+
+
 def _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap):
     return launch.Problem(
         max_q=max_q,
@@ -77,21 +81,28 @@ def fwd_impl(
     deterministic: bool,
     host_q: Tensor | None = None,
     host_k: Tensor | None = None,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse): out like the query rows (broadcast_q: B·Lq rows), lse fp32 natural log, (B, H, S)
     when ``lse_dense`` else (H, rows). ``zero_fill`` pre-fills out 0 / lse -inf for rows no kernel
     program reaches (jagged rows past max_seqlen_q; the sink gradient reads every LSE row).
     ``deterministic`` is the backward's (the forward is always deterministic). ``host_q/k``: optional
-    CPU copies of the offsets, read only by the FLOP formula (exact per-sequence counts)."""
+    CPU copies of the offsets, read only by the FLOP formula (exact per-sequence counts).
+    FP8 (float8_e4m3fn q, k, v): ``q/k/v_descale`` contiguous fp32 (B, Hkv), all three; out bf16."""
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
+    out_dtype = _out_dtype(q)
     if zero_fill:
-        out = q.new_zeros(out_shape, dtype=q.dtype)
+        out = q.new_zeros(out_shape, dtype=out_dtype)
         lse = torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device)
     else:
-        out = q.new_empty(out_shape, dtype=q.dtype)
+        out = q.new_empty(out_shape, dtype=out_dtype)
         lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
-    fwd_dispatch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense)
+    descale = None if q_descale is None else (q_descale, k_descale, v_descale)
+    fwd_dispatch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense,
+                     descale=descale)  # fmt: skip
     return out, lse
 
 
@@ -123,9 +134,12 @@ def _(
     deterministic,
     host_q=None,
     host_k=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
-    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+    return q.new_empty(out_shape, dtype=_out_dtype(q)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _flat(lse: Tensor, lse_dense: bool) -> Tensor:

@@ -15,6 +15,7 @@ import torch
 from . import _ops
 from . import config as cfg
 from ._checks import (
+    _check_fp8,
     _check_index,
     _check_max,
     _check_paged,
@@ -85,6 +86,7 @@ def _run(
     deterministic=False,
     host_q=None,
     host_k=None,
+    descale=None,
 ):
     _check_runnable(q3)
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
@@ -113,6 +115,7 @@ def _run(
         bool(deterministic),
         host_q,
         host_k,
+        *(descale if descale is not None else (None, None, None)),
     )
 
 
@@ -139,11 +142,17 @@ def flash_attn_func(
     block_sparse_tensors_bwd=None,
     gather_kv_indices: Tensor | None = None,
     return_lse: bool = False,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Softmax attention on dense batches, FlashAttention-4's interface.
 
     q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); bf16 or fp16; H % Hkv == 0 (GQA/MQA).
-    Returns ``(out, lse)``: out (B, Sq, H, Dv) in q's dtype; lse (B, H, Sq) fp32 natural-log
+    FP8: float8_e4m3fn q, k, v with ``q_descale`` / ``k_descale`` / ``v_descale`` fp32 (B, Hkv) each
+    (FA3's layout; None = 1.0): the attention of q·q_descale[b, h // G], k·k_descale[b, hk],
+    v·v_descale[b, hk]; out is bf16; forward only, no window other than causal, softcap or sink.
+    Returns ``(out, lse)``: out (B, Sq, H, Dv) in q's dtype (bf16 for FP8); lse (B, H, Sq) fp32 natural-log
     logsumexp of the scaled (and softcapped) scores, including the sink, when ``return_lse`` (else
     None); differentiable. Masks are bottom-right aligned: query i sees key j iff
     ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` for ``window_size=(left, right)`` (None =
@@ -172,6 +181,8 @@ def flash_attn_func(
         raise ValueError(f"lp_fa4: q has batch {n_b} but k has {k.shape[0]}")
     scores = (causal, window_size, softmax_scale, softcap, learnable_sink)
     wl, wr, scale, cap = _score_options(*scores, h, d, q.device)
+    fp8 = (q_descale, k_descale, v_descale)
+    descale = _check_fp8(q, k, v, *fp8, n_b, paged=False, sink=learnable_sink, softcap=cap, window=(wl, wr))
     cu_q, cu_k = _dense_offsets(n_b, sq, q.device), _dense_offsets(n_b, sk, q.device)
     q3 = q.reshape(n_b * sq, h, d)
     k3, v3 = k.reshape(n_b * sk, *k.shape[2:]), v.reshape(n_b * sk, *v.shape[2:])
@@ -193,6 +204,7 @@ def flash_attn_func(
         wr,
         lse_dense=True,
         deterministic=deterministic,
+        descale=descale,
     )
     return out.view(n_b, sq, h, v.shape[-1]), (lse if return_lse else None)
 
@@ -230,6 +242,9 @@ def flash_attn_varlen_func(
     broadcast_q: bool = False,
     cpu_cu_seqlens_k=None,
     return_lse: bool = False,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Softmax attention on packed variable-length batches, FlashAttention-4's interface.
 
@@ -246,7 +261,8 @@ def flash_attn_varlen_func(
     sequence (cu_seqlens_q = [0, Lq]) attends to each of the B kv sequences; out (B·Lq, H, Dv), dQ
     summed over the batch. Returns ``(out, lse)``: out (Tq, H, Dv), lse (H, Tq) fp32 natural log (for
     4-D q: (B, Sq, H, Dv) and (B, H, Sq)) when ``return_lse``, else None. Rows before cu_seqlens_q[0]
-    or after cu_seqlens_q[B] are left unwritten. Other options as :func:`flash_attn_func`.
+    or after cu_seqlens_q[B] are left unwritten. FP8 descales are (B, Hkv), B the number of
+    sequences. Other options as :func:`flash_attn_func`.
     """
     _fa4_keywords(
         num_splits,
@@ -328,6 +344,9 @@ def flash_attn_varlen_func(
         raise ValueError("lp_fa4: broadcast_q does not take seqused_q")
     scores = (causal, window_size, softmax_scale, softcap, learnable_sink)
     wl, wr, scale, cap = _score_options(*scores, h, d, dev)
+    fp8 = (q_descale, k_descale, v_descale)
+    descale = _check_fp8(q, k, v, *fp8, n_b, paged=paged, sink=learnable_sink, softcap=cap, window=(wl, wr),
+                         broadcast_q=broadcast_q)  # fmt: skip
     if cfg.check_inputs():
         n_pages = k.shape[0] if paged else 0
         k_rows = k3.shape[0] if not paged else 0
@@ -363,6 +382,7 @@ def flash_attn_varlen_func(
         broadcast_q=broadcast_q,
         lse_dense=dense_q,
         deterministic=deterministic,
+        descale=descale,
     )
     if dense_q:
         out = out.view(n_b, q.shape[1], h, v.shape[-1])
@@ -399,6 +419,10 @@ def jagged_attention(
     natural log (the upstream TLX kernel stores lse / ln 2); both differentiable.
     """
     _check_qkv(q, k, v, 3, 3)
+    if q.dtype == torch.float8_e4m3fn:
+        raise NotImplementedError(
+            "lp_fa4: jagged_attention takes bf16/fp16 (FP8 is in flash_attn_func / _varlen_func)"
+        )
     dev = q.device
     _check_index("cu_seqlens_q", cu_seqlens_q, 2 if broadcast_q else None, dev)
     _check_index("cu_seqlens_k", cu_seqlens_k, None if broadcast_q else cu_seqlens_q.shape[0], dev)

@@ -49,10 +49,10 @@ from ads_kernel_tools.kernels.gluon_hopper import (
 )
 from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords
 from ads_kernel_tools.kernels.tile_list import schedule
+from ads_kernel_tools.kernels.transpose import v_kmajor, v_kmajor_relabel
 
 from .. import config as cfg
 from ..activations import Activation
-from ..triton._transpose import v_kmajor, v_kmajor_relabel
 from ._act import DEFERRED_GAIN, act_deferred, act_scaled
 from ._fp8 import act_fp8, fp8_gain, row_scaled_p
 
@@ -667,9 +667,9 @@ def gdpa_fwd_gluon(
 
     ``descale`` = (q_descale, k_descale, v_descale), fp32 (H,), (H_kv,), (H_kv,), positive, for
     float8_e4m3fn q, k, v (the user's values are q·q_descale[h] and so on); ``out`` is then bf16.
-    The kernel reads V through a K-major copy (``triton._transpose``) made here; ``relabel``
-    (FP8 only) renumbers P's columns so P reaches the second GEMM without moving values between
-    threads, and the copy puts V's keys in the same order.
+    The kernel reads V through a K-major copy (``ads_kernel_tools.kernels.transpose``) made here;
+    ``relabel`` (FP8 only) renumbers P's columns so P reaches the second GEMM without moving values
+    between threads, and the copy puts V's keys in the same order.
 
     ``variant`` (default ``config.gluon_variant()``; "ws" for FP8), see ``SCHEDULES``: "ws"
     (ping-pong consumers with S_{j+1} overlapping P_j·V) or "ws_simple" (free-running).

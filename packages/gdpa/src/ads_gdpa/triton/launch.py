@@ -105,7 +105,7 @@ def fwd(
         return out
     fp8 = descale is not None
     if fp8:
-        from ._transpose import v_kmajor
+        from ads_kernel_tools.kernels.transpose import v_kmajor
 
         # (H_KV·D_V, Tk_pad) by one tiled transpose (torch's permute-copy of fp8 is ~35x slower)
         v_arg = v_kmajor(v)

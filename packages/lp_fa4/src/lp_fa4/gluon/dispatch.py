@@ -1,7 +1,8 @@
 """Which forward kernel runs a call: the Gluon Hopper kernel (``fwd_sm90``) where ``why_not`` finds
 nothing against it, else the portable Triton forward. The one place that decides.
 
-The Gluon forward covers: bf16/fp16, head dims 64 and 128 (D == Dv), MHA/GQA/MQA, no mask or a
+The Gluon forward covers: bf16/fp16 and float8_e4m3fn (bf16 out, descales per (batch, kv head)),
+head dims 64 and 128 (D == Dv), MHA/GQA/MQA, no mask or a
 bottom-right causal mask, dense and varlen (dense arrives as varlen with cu_seqlens), seqused_q/k,
 the LSE in either layout, and ``jagged_attention`` without a window (its rows past max_seqlen_q are
 pre-filled with zeros by the op); on an sm_90 GPU with ``LP_FA4_BACKEND=auto`` (the default).
@@ -19,6 +20,9 @@ import torch
 
 from .. import config as cfg
 from ..triton import launch
+
+# input dtype -> output dtype of the Gluon forward
+_DTYPES = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float16, torch.float8_e4m3fn: torch.bfloat16}
 
 
 @functools.cache
@@ -60,12 +64,12 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return "local window"
     if not (pb.scale > 0 and pb.scale < float("inf")):
         return "softmax_scale <= 0"
-    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtype {q.dtype}"
     d = q.shape[-1]
     if d not in (64, 128) or k.shape[-1] != d or v.shape[-1] != d:
         return f"head dims {d}/{v.shape[-1]}"
-    if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)) or out.dtype != q.dtype:
+    if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)) or out.dtype != _DTYPES[q.dtype]:
         return "strided or unaligned tensors"
     if cfg.interpreter_active():
         return "interpreter"
@@ -77,14 +81,15 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
 
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Problem, out, lse,
-        lse_dense: bool) -> None:  # fmt: skip
-    """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows."""
+        lse_dense: bool, descale=None) -> None:  # fmt: skip
+    """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows.
+    ``descale``: (q, k, v) fp32 (B, Hkv) descales of float8_e4m3fn inputs, else None."""
     if why_not(q, k, v, page_table, sink, pb, out) is not None:
-        launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense)
+        launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense,
+                   descale=descale)  # fmt: skip
         return
     from . import fwd_sm90
 
     causal = pb.win_right == 0
-    fwd_sm90.fwd(
-        q, k, v, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k, pb.scale, causal, out, lse, lse_dense
-    )
+    fwd_sm90.fwd(q, k, v, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k, pb.scale, causal, out, lse,
+                 lse_dense, descale=descale)  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import triton
 
+from ads_kernel_tools.kernels.transpose import v_kmajor
+
 from .. import config as cfg
 from ._fwd import fwd_kernel
 from .launch import Problem, _allocator, _pad
@@ -26,10 +28,13 @@ def _fwd_tma_ok(k: torch.Tensor, v: torch.Tensor, paged: bool) -> bool:
     return True
 
 
-def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out, lse, lse_dense: bool):
+def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out, lse, lse_dense: bool,
+        descale=None):  # fmt: skip
     """Fill out (TO, H, Dv) and lse ((B, H, S) when ``lse_dense``, else (H, TO)).
 
     q (TQ, H, D); k/v (TK, Hkv, ·) or paged (pages, page_size, Hkv, ·) with page_table (B, max_pages).
+    ``descale``: (q, k, v) contiguous fp32 (B, Hkv) for float8_e4m3fn q, k, v (not paged); V is then
+    read through a K-major copy made here.
     """
     n_b = (cu_k if pb.broadcast_q else cu_q).shape[0] - 1
     h, d, dv = q.shape[1], q.shape[2], v.shape[-1]
@@ -50,7 +55,13 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
     else:
         stride_lb, stride_lh = 0, lse.stride(0)
     dummy = cu_q
-    use_tma = _fwd_tma_ok(k, v, paged)
+    fp8 = descale is not None
+    qd, kd, vd = descale if fp8 else (dummy, dummy, dummy)
+    if fp8:
+        # (Hkv·Dv, Tk_pad): keys contiguous, the B operand of P·V as fp8 wgmma reads it
+        v = v_kmajor(v)
+        sv = (0, v.stride(0), 0)
+    use_tma = not fp8 and _fwd_tma_ok(k, v, paged)
     _allocator(use_tma)
     k_cap = min(pb.max_k, max_pages * page_size) if paged else pb.max_k
     grid = (n_b * h, triton.cdiv(pb.max_q, tile.block_m))
@@ -60,9 +71,9 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
         page_table if paged else dummy, sink if sink is not None else dummy,
         q.stride(0), q.stride(1), *sk, *sv, out.stride(0), out.stride(1), stride_lb, stride_lh, spt_b,
         q.shape[0], 0 if paged else k.shape[0], out.shape[0], n_pages, max_pages,
-        k_cap, pb.caps()[0], h, h // hkv, *pb.score_args(),
+        k_cap, pb.caps()[0], h, h // hkv, *pb.score_args(), qd, kd, vd,
         D_QK=d, D_V=dv, BLOCK_D=_pad(d), BLOCK_DV=_pad(dv), PAGE_SIZE=page_size,
         HAS_USED_Q=used_q is not None, HAS_USED_K=used_k is not None, PAGED=paged,
         HAS_SINK=sink is not None, SOFTCAP=pb.softcap > 0, TOP_LEFT=pb.top_left,
-        BROADCAST_Q=pb.broadcast_q, LSE_PER_SEQ=lse_dense, USE_TMA=use_tma, **tile.launch(),
+        BROADCAST_Q=pb.broadcast_q, LSE_PER_SEQ=lse_dense, USE_TMA=use_tma, FP8=fp8, **tile.launch(),
     )  # fmt: skip

@@ -1,13 +1,15 @@
-"""K-major copies of V for the FP8 forwards: Hopper's fp8 wgmma reads its B operand only K-major,
-and for P·V the reduction runs over keys, so V (Tk, H_kv, D) is copied to (H_kv·D, keys).
+"""K-major copies of an attention V for FP8 kernels on Hopper: its fp8 wgmma reads the B operand
+only K-major, and for P·V the reduction runs over keys, so V (Tk, H_kv, D) is copied to
+(H_kv·D, keys) by one tiled Triton transpose (torch's permute-copy of fp8 is ~35x slower).
 
 Rows of the copy are 16-byte aligned (TMA's stride rule): the key count is padded to a multiple of
 16 with zeros (padded keys meet P = 0, and 0·NaN would not be 0).
 
-``relabel``: the Gluon forward can hand P to its second GEMM without moving values between threads
-when P's columns are renumbered within each 32-key group (``KEY_ORDER``); V's keys must then follow
-the same order, group by group from each sequence's first key, so each sequence starts at a column
-that is a multiple of 32 (``kv_cols`` gives the starts; the gaps are zeros).
+``relabel``: a kernel can hand P from its accumulator layout to the second GEMM's register operand
+without moving values between threads when P's columns are renumbered within each 32-key group
+(``KEY_ORDER``); V's keys must then follow the same order, group by group from each sequence's first
+key, so each sequence starts at a column that is a multiple of 32 (``kv_cols`` gives the starts; the
+gaps are zeros). Used by ads-gdpa's and lp-fa4's FP8 forwards.
 """
 
 from __future__ import annotations
