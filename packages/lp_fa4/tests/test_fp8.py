@@ -307,3 +307,56 @@ def test_gpu_d128_s2048_triton(monkeypatch):
     monkeypatch.setenv("LP_FA4_BACKEND", "triton")
     out, _, ref, _ = _dense_case("cuda", 1, 2048, 4, 2, 128, False, True, seed=5)
     _gate(out, ref, "triton D128 S2048 outliers")
+
+
+# --- the sm_90 FP8 build, checked on any machine (Triton's offline compiler) ---------------------------
+
+SMEM_LIMIT = 232448  # 227 KB, the most one sm_90 block may ask for
+
+
+def _gluon_job(d: int, causal: bool = False, dense: bool = False) -> dict:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from lp_fa4.gluon import fwd_sm90 as g
+
+    heads = 4
+
+    def desc(rows, cols, t, gdt, width):
+        host = torch.empty(256, width, dtype=t)
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)
+        return mangle_type(TensorDescriptor(host, [256, width], [width, 1], [rows, cols], layout))
+
+    f8 = (E4M3, gl.float8e4nv, heads * d)
+    types = {"q_desc": desc(g.BLOCK_M, d, *f8), "k_desc": desc(g.BLOCK_N, d, *f8),
+             "v_desc": desc(d, g.BLOCK_N, E4M3, gl.float8e4nv, 256),
+             "o_desc": desc(g.BLOCK_M // 2, d, torch.bfloat16, gl.bfloat16, heads * d), "out_ptr": "*bf16",
+             "lse_ptr": "*fp32", "qk_scale2": "fp32", **{n: "*fp32" for n in ("qd_ptr", "kd_ptr", "vd_ptr")},
+             **{n: "*i32" for n in ("tiles_ptr", "count_ptr", "cu_q_ptr", "cu_k_ptr", "used_q_ptr",
+                                    "used_k_ptr", "vcol_ptr")}}  # fmt: skip
+    stages, qbuf = g.stages_for(d, fp8=True)
+    consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=stages, QBUF=qbuf, CAUSAL=causal, HAS_USED_Q=False,
+                  HAS_USED_K=False, LSE_PER_SEQ=dense, CONSUMER_REGS=232, PRODUCER_REGS=24,
+                  LPT=False)  # fmt: skip
+    return dict(module=g.__name__, kernel="attn_fwd_ws", types=types, constexprs=consts, gluon=True)
+
+
+GLUON_JOBS = {"fp8-d128": dict(d=128), "fp8-d128-causal-dense": dict(d=128, causal=True, dense=True),
+              "fp8-d64": dict(d=64)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gluon_counts():
+    from ads_kernel_tools.compile_check import ptx_counts_batch
+
+    return dict(zip(GLUON_JOBS, ptx_counts_batch([_gluon_job(**kw) for kw in GLUON_JOBS.values()])))
+
+
+@pytest.mark.parametrize("name", list(GLUON_JOBS))
+def test_gluon_fp8_compiles_for_sm90(name, gluon_counts):
+    c = gluon_counts[name]
+    assert "error" not in c, c.get("error")
+    assert c["wgmma"] > 0 and c["tma"] > 0, c
+    assert c["local_memory"] == 0, f"{name}: {c['local_memory']} local-memory accesses (spills)"
+    assert 0 < c["shared_bytes"] <= SMEM_LIMIT, c["shared_bytes"]

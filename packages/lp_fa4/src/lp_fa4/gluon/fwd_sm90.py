@@ -23,6 +23,15 @@ min(Lk_b, seqused_k[b], max_seqlen_k). Causal masks are bottom-right aligned (qu
 j <= i + Lk - Lq, with Lq the used query length). A row with no key gets 0 / -inf.
 Keys of a K/V tile past the sequence get P = 0 (their scores are -inf): they are another sequence's
 rows, or TMA zero fill past the tensor.
+
+FP8 (``FP8``; float8_e4m3fn Q, K, V, bf16 out), the Triton forward's rule (``lp_fa4.triton._fwd``):
+both GEMMs are e4m3 wgmma (K step 32 bytes), q_descale·k_descale of the (sequence, kv head) folded
+into the score scale, P = exp2(s - m + 8) ∈ [0, 256] rounded to e4m3 as the register A operand of
+P·V, O = acc / l · v_descale. fp8 wgmma reads B only K-major, so V comes from a (Hkv·D, keys) copy
+(``ads_kernel_tools.kernels.transpose``) as [D, BN] tiles. A step issues the next Q·Kᵀ with its own
+P·V and retires that P·V inside the step (8-bit registers cannot be a wgmma wait's dependency in
+Triton 3.6, so P may not be carried into the next step's softmax): the overlap is between the two
+warpgroups, not within one.
 """
 
 from __future__ import annotations
@@ -42,7 +51,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ads_kernel_tools.capability import num_sms
 from ads_kernel_tools.kernels.gluon_hopper import (
-    acc_layout,
     init_ring,
     smem_layout,
     split_entry,
@@ -51,12 +59,14 @@ from ads_kernel_tools.kernels.gluon_hopper import (
 )
 from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.tile_list import schedule
+from ads_kernel_tools.kernels.transpose import v_kmajor
 
 BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
 BLOCK_N = 128  # keys per step
 ROWS = BLOCK_M // 2
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+P_SHIFT = gl.constexpr(8.0)  # FP8: P scaled by 2^8 before its e4m3 rounding (module docstring)
 
 
 @gluon.jit
@@ -112,12 +122,13 @@ def _item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, 
 @gluon.jit
 def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-              HAS_USED_K: gl.constexpr, LPT: gl.constexpr):  # fmt: skip
+              HAS_USED_K: gl.constexpr, LPT: gl.constexpr, FP8: gl.constexpr):  # fmt: skip
     """TMA loads: per work item its Q tile, then its K/V tiles into the ring (position ``it``
-    continues across items, as the consumers count it)."""
+    continues across items, as the consumers count it). FP8 reads V from its K-major copy
+    (Hkv·D, keys), sequence b's keys from column vcol_ptr[b]."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES, max_q,
-     max_k, HG, BH, N_ITEMS) = args  # fmt: skip
+     max_k, HG, BH, N_ITEMS, vcol_ptr) = args  # fmt: skip
     it = 0
     ti = 0
     n_items = N_ITEMS if LPT else gl.load(count_ptr)
@@ -131,6 +142,8 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
         mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, h * D], q_ready.index(qb), q_smem.index(qb))
         hk = h // GROUP
+        if FP8:
+            v0 = gl.load(vcol_ptr + b)
         for j in range(n_k):
             s = it % STAGES
             ph = ((it // STAGES) & 1) ^ 1
@@ -139,17 +152,22 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
             tma.async_copy_global_to_shared(k_desc, [k0 + j * BN, hk * D], k_ready.index(s), k_smem.index(s))
             mbarrier.wait(v_empty.index(s), ph)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [k0 + j * BN, hk * D], v_ready.index(s), v_smem.index(s))
+            if FP8:
+                v_at = [hk * D, v0 + j * BN]
+            else:
+                v_at = [k0 + j * BN, hk * D]
+            tma.async_copy_global_to_shared(v_desc, v_at, v_ready.index(s), v_smem.index(s))
             it += 1
         ti += 1
 
 
 @gluon.jit
 def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2, BN: gl.constexpr,
-                  CAUSAL: gl.constexpr):  # fmt: skip
+                  CAUSAL: gl.constexpr, FP8: gl.constexpr = False):  # fmt: skip
     """Online softmax of one 64 x BN score tile (raw Q·Kᵀ): masks tiles from n_full on (sequence
     end, causal diagonal), returns (P fp32, alpha = the rescale of the running sums, m, l) with m the
-    running row maximum in log2 units. A row with no key so far keeps m = -inf and shifts by 0."""
+    running row maximum in log2 units. A row with no key so far keeps m = -inf and shifts by 0.
+    FP8: P (and so l) carries the factor 2^P_SHIFT (module docstring)."""
     if j >= n_full:
         kj = j * BN + cols2
         ok = kj < k_len
@@ -158,7 +176,10 @@ def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2
         sacc = gl.where(ok, sacc, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(sacc, 1) * qk_scale2)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(sacc * qk_scale2 - gl.expand_dims(m_use, 1))
+    if FP8:
+        p = gl.exp2(sacc * qk_scale2 - gl.expand_dims(m_use - P_SHIFT, 1))
+    else:
+        p = gl.exp2(sacc * qk_scale2 - gl.expand_dims(m_use, 1))
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -169,18 +190,29 @@ def _k_width(dtype):
     return 32 // dtype.primitive_bitwidth
 
 
+@gluon.constexpr_function
+def _acc_layout(n, dtype):
+    """``acc_layout`` for operands of ``dtype``: the instruction's K is 32 bytes (16 for 16-bit
+    operands, 32 for fp8)."""
+    k = 256 // dtype.primitive_bitwidth
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
+
+
 @gluon.jit
 def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-              HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr):  # fmt: skip
+              HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr,
+              FP8: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
-     used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS) = args  # fmt: skip
+     used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
+     GROUP) = args  # fmt: skip
     R: gl.constexpr = BM // 2
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = acc_layout(BN)
-    o_layout: gl.constexpr = acc_layout(D)
+    o_dtype: gl.constexpr = o_smem.dtype
+    s_layout: gl.constexpr = _acc_layout(BN, dtype)
+    o_layout: gl.constexpr = _acc_layout(D, dtype)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=_k_width(dtype))
     row_l: gl.constexpr = gl.SliceLayout(1, s_layout)
     orow_l: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -209,7 +241,49 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
         m_i = gl.full([R], float("-inf"), gl.float32, row_l)
         l_i = gl.zeros([R], gl.float32, row_l)
         acc = gl.zeros([R, D], gl.float32, o_layout)
-        if n_k > 0:
+        if FP8:
+            # the (sequence, kv head)'s descales: Q·Kᵀ's into the score scale, V's into the output
+            d_at = b.to(gl.int64) * (H // GROUP) + h // GROUP
+            s_scale2 = qk_scale2 * gl.load(qd_ptr + d_at) * gl.load(kd_ptr + d_at)
+        else:
+            s_scale2 = qk_scale2
+        if FP8:
+            if n_k > 0:
+                s = it % STAGES
+                mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+                sacc = warpgroup_mma(
+                    q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
+                )
+                sacc = warpgroup_mma_wait(0, deps=(sacc,))
+                mbarrier.arrive(k_empty.index(s), count=1)
+                for j in range(n_k - 1):
+                    # P_j from S_j, then S_{j+1} and P_j·V_j issued together; P_j·V_j retires in the step
+                    p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
+                                                       s_scale2, BN, CAUSAL, FP8)  # fmt: skip
+                    p = gl.convert_layout(p.to(dtype), p_layout)
+                    accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
+                    sv = (it + j) % STAGES
+                    sk = (it + j + 1) % STAGES
+                    mbarrier.wait(k_ready.index(sk), ((it + j + 1) // STAGES) & 1)
+                    mbarrier.wait(v_ready.index(sv), ((it + j) // STAGES) & 1)
+                    sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
+                                         is_async=True)  # fmt: skip
+                    accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
+                    sacc = warpgroup_mma_wait(1, deps=(sacc,))
+                    mbarrier.arrive(k_empty.index(sk), count=1)
+                    acc = warpgroup_mma_wait(0, deps=(accw,))
+                    mbarrier.arrive(v_empty.index(sv), count=1)
+                p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, n_k - 1, n_full, k_len, rows2, cols2, off,
+                                                   s_scale2, BN, CAUSAL, FP8)  # fmt: skip
+                p = gl.convert_layout(p.to(dtype), p_layout)
+                accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
+                sv = (it + n_k - 1) % STAGES
+                mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
+                accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(accw,))
+                mbarrier.arrive(v_empty.index(sv), count=1)
+                it += n_k
+        elif n_k > 0:
             accw = warpgroup_mma_init(acc)
             # step 0: S_0 alone
             s = it % STAGES
@@ -219,7 +293,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
             )
             sacc = warpgroup_mma_wait(0, deps=(sacc,))
             mbarrier.arrive(k_empty.index(s), count=1)
-            p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, 0, n_full, k_len, rows2, cols2, off, qk_scale2,
+            p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, 0, n_full, k_len, rows2, cols2, off, s_scale2,
                                                BN, CAUSAL)  # fmt: skip
             p = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, n_k):
@@ -234,7 +308,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                 sacc = warpgroup_mma_wait(1, deps=(sacc,))
                 mbarrier.arrive(k_empty.index(sk), count=1)
                 p_next, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
-                                                        qk_scale2, BN, CAUSAL)  # fmt: skip
+                                                        s_scale2, BN, CAUSAL)  # fmt: skip
                 acc_t, p = warpgroup_mma_wait(0, deps=(accw, p))
                 mbarrier.arrive(v_empty.index(sv), count=1)
                 accw = warpgroup_mma_init(acc_t * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
@@ -251,13 +325,16 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
         # epilogue: O = acc / l, LSE = (m + log2 l)·ln2; rows without a key give 0 / -inf
         has = l_i > 0.0
         l_o = gl.convert_layout(gl.where(has, l_i, 1.0), orow_l)
+        if FP8:
+            l_o = l_o / gl.load(vd_ptr + d_at)
+            m_i = m_i - P_SHIFT  # l summed P·2^P_SHIFT
         o = acc / gl.expand_dims(l_o, 1)
         o = gl.where(gl.expand_dims(gl.convert_layout(has, orow_l), 1), o, 0.0)
         lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         n_valid = rows - r0
         n_rows = slot - r0
         if (n_valid >= R) & (n_rows >= R):
-            stage_for_tma(o_s, o.to(dtype))
+            stage_for_tma(o_s, o.to(o_dtype))
             tma.async_copy_shared_to_global(o_desc, [q0 + r0, h * D], o_s)
         else:
             store_rows(out_ptr, o, q0 + r0, n_rows, n_valid, h * D, H * D, R, D, 4, True)
@@ -274,16 +351,20 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
 def attn_fwd_ws(
     q_desc, k_desc, v_desc, o_desc, out_ptr, lse_ptr, stride_lb, stride_lh,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
-    H, GROUP, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS,
+    H, GROUP, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr, vcol_ptr,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
+    FP8: gl.constexpr = dtype.primitive_bitwidth == 8  # e4m3 q, k, v (module docstring)
     q_smem = gl.allocate_shared_memory(dtype, [QBUF, BM, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    o_smem = gl.allocate_shared_memory(dtype, [2, BM // 2, D], o_desc.layout)
+    if FP8:  # V K-major, as fp8 wgmma reads its B operand
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, D, BN], v_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, BM // 2, D], o_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -296,23 +377,24 @@ def attn_fwd_ws(
 
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
-             used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS)  # fmt: skip
+             used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
+             GROUP)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
-             max_q, max_k, HG, BH, N_ITEMS)  # fmt: skip
+             max_q, max_k, HG, BH, N_ITEMS, vcol_ptr)  # fmt: skip
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     gl.warp_specialize(
         [
             (
                 _consumer,
-                (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ, LPT),
+                (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ, LPT, FP8),
             ),
             (
                 _consumer,
-                (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ, LPT),
+                (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ, LPT, FP8),
             ),
-            (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT)),
+            (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -323,12 +405,15 @@ def attn_fwd_ws(
 # Host side
 # ----------------------------------------------------------------------------------------------
 
-_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
 
-def stages_for(d: int) -> tuple[int, int]:
+def stages_for(d: int, fp8: bool = False) -> tuple[int, int]:
     """(K/V stages, Q buffers) inside 227 KB of shared memory with the two 64-row output buffers:
-    D=128: 2 x 64 KB of K/V + 2 x 32 KB of Q + 32 KB of output = 224 KB; D=64 goes deeper."""
+    D=128: 2 x 64 KB of K/V + 2 x 32 KB of Q + 32 KB of output = 224 KB; D=64 goes deeper. FP8
+    tiles take half the bytes: D=128 4 x 32 KB of K/V + 2 x 16 KB of Q + 32 KB of bf16 output."""
+    if fp8:
+        return (4, 2) if d == 128 else (6, 2)
     return (2, 2) if d == 128 else (4, 2)
 
 
@@ -339,13 +424,16 @@ LPT_MAX_S = 4096
 
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
-        lse_dense: bool, lpt: bool | None = None) -> None:  # fmt: skip
+        lse_dense: bool, lpt: bool | None = None, descale=None) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
     ``lpt`` (default: dense, causal and S <= ``LPT_MAX_S``): walk the dense batch's tiles in head
     groups whose K/V fit in L2, heaviest tiles first in each group, instead of the sequence-major
-    tile list. A dense batch (``lse_dense``) has equal slots, so the order needs no list."""
+    tile list. A dense batch (``lse_dense``) has equal slots, so the order needs no list.
+
+    ``descale``: (q, k, v) contiguous fp32 (B, Hkv) for float8_e4m3fn q, k, v (out bf16); V is then
+    read through a K-major copy made here."""
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     n_b = cu_q.shape[0] - 1
@@ -353,11 +441,12 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         return
     cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
     gdt = _GL[q.dtype]
+    fp8 = descale is not None
     BM, BN = BLOCK_M, BLOCK_N
-    stages, qbuf = stages_for(d)
+    stages, qbuf = stages_for(d, fp8)
     q_desc = TensorDescriptor(q.view(tq, h * d), [tq, h * d], [h * d, 1], [BM, d], smem_layout(BM, d, gdt))
     o_desc = TensorDescriptor(out.view(tq, h * d), [tq, h * d], [h * d, 1], [BM // 2, d],
-                              smem_layout(BM // 2, d, gdt))  # fmt: skip
+                              smem_layout(BM // 2, d, _GL[out.dtype]))  # fmt: skip
     if tk > 0:
         k2, v2, rows_k = k.view(tk, hkv * d), v.view(tk, hkv * d), tk
     else:  # no keys at all: a one-row dummy keeps the descriptors valid; no step loads it
@@ -365,7 +454,14 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         rows_k = 1
     kv_layout = smem_layout(BN, d, gdt)
     k_desc = TensorDescriptor(k2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
-    v_desc = TensorDescriptor(v2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
+    if fp8:  # V K-major (Hkv·D, keys padded to 16): fp8 wgmma reads B only that way
+        vt = v_kmajor(v2.view(rows_k, hkv, d))
+        v_desc = TensorDescriptor(vt, list(vt.shape), [vt.shape[1], 1], [d, BN], smem_layout(d, BN, gdt))
+        qd, kd, vd = descale
+        vcol = cu_k  # sequence b's keys start at column cu_k[b] of the copy
+    else:
+        v_desc = TensorDescriptor(v2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
+        qd = kd = vd = vcol = cu_q  # not read
     m_tiles = triton.cdiv(max_q, BM)
     if lpt is None:
         lpt = lse_dense and causal and tq // n_b <= LPT_MAX_S
@@ -387,7 +483,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     attn_fwd_ws[grid](
         q_desc, k_desc, v_desc, o_desc, out, lse, stride_lb, stride_lh, tiles, count, cu_q, cu_k,
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
-        h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items,
+        h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items, qd, kd, vd, vcol,
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=232, PRODUCER_REGS=24,
         LPT=bool(lpt),
