@@ -62,3 +62,63 @@ def test_compiles_for_sm90_with_wgmma(name, counts):
         assert c["atomic_add"] > 0
     if name.endswith("tma"):
         assert c["tma"] > 0, f"{name}: no TMA loads"
+
+
+# ---------------------------------------------------------------------------------------------
+# The Gluon backward (lp_fa4.gluon.bwd_sm90): wgmma, TMA loads and bulk reductions, no spills,
+# shared memory inside one sm_90 block's 227 KB
+# ---------------------------------------------------------------------------------------------
+
+SMEM_LIMIT = 232448
+
+
+def _gluon_bwd_job(d: int, causal: bool = False, used: bool = False, fp16: bool = False) -> dict:
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from lp_fa4.gluon import bwd_sm90 as g
+
+    heads = 4
+    t, gdt, name = (torch.float16, gl.float16, "fp16") if fp16 else (torch.bfloat16, gl.bfloat16, "bf16")
+
+    def desc(rows, cols=d, dtype=gdt, host_dtype=t):
+        host = torch.empty(256, heads * d, dtype=host_dtype)
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+        return mangle_type(TensorDescriptor(host, [256, heads * d], [heads * d, 1], [rows, cols], layout))
+
+    types = {"q_desc": desc(g.BLOCK_M), "do_desc": desc(g.BLOCK_M), "k_desc": desc(g.BLOCK_N),
+             "v_desc": desc(g.BLOCK_N), "dq_desc": desc(g.BLOCK_M, d // 2, gl.float32, torch.float32),
+             "dk_ptr": f"*{name}", "dv_ptr": f"*{name}", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+             "scale": "fp32", "qk_scale2": "fp32",
+             **{n: "*i32" for n in ("tiles_ptr", "count_ptr", "cu_q_ptr", "cu_k_ptr", "used_q_ptr",
+                                    "used_k_ptr")}}  # fmt: skip
+    consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, CAUSAL=causal, HAS_USED_Q=used,
+                  HAS_USED_K=used, CONSUMER_REGS=g.CONSUMER_REGS, PRODUCER_REGS=g.PRODUCER_REGS)  # fmt: skip
+    return dict(module=g.__name__, kernel="attn_bwd_ws", types=types, constexprs=consts, gluon=True)
+
+
+GLUON_BWD_JOBS = {
+    "d128": dict(d=128),
+    "d128-causal": dict(d=128, causal=True),
+    "d128-causal-seqused-fp16": dict(d=128, causal=True, used=True, fp16=True),
+    "d64": dict(d=64),
+    "d64-causal-seqused-fp16": dict(d=64, causal=True, used=True, fp16=True),
+}
+
+
+@pytest.fixture(scope="module")
+def gluon_bwd_counts():
+    return dict(
+        zip(GLUON_BWD_JOBS, ptx_counts_batch([_gluon_bwd_job(**kw) for kw in GLUON_BWD_JOBS.values()]))
+    )
+
+
+@pytest.mark.parametrize("name", list(GLUON_BWD_JOBS))
+def test_gluon_bwd_compiles_for_sm90(name, gluon_bwd_counts):
+    c = gluon_bwd_counts[name]
+    assert "error" not in c, c.get("error")
+    assert c["wgmma"] > 0 and c["tma"] > 0 and c["tma_reduce"] > 0, c
+    assert c["local_memory"] == 0, f"{name}: {c['local_memory']} local-memory accesses (spills)"
+    assert 0 < c["shared_bytes"] <= SMEM_LIMIT, c["shared_bytes"]

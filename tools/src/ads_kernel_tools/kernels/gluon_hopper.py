@@ -12,10 +12,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 __all__ = [
     "smem_layout", "acc_layout", "split_entry", "decode_tile", "init_ring", "store_rows",
     "coalesced_rows_layout", "masked_row_store", "red_add_v4", "tma_reduce_add", "stage_for_tma",
+    "rows_desc",
 ]  # fmt: skip
 
 
@@ -24,6 +26,18 @@ def smem_layout(rows: int, cols: int, dtype) -> gl.NVMMASharedLayout:
     """Default swizzled shared-memory layout of a [rows, cols] tile of ``dtype``; cached because
     building it costs several microseconds of host time per launch."""
     return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+
+
+def rows_desc(x, rows: int, dtype, cols: int | None = None) -> TensorDescriptor:
+    """TMA descriptor over a contiguous (T, heads, D) tensor seen as (T, heads·D), boxes of
+    [rows, cols or D] in ``dtype``'s default swizzled layout. A tensor without rows gets a one-row
+    zero dummy, which keeps the descriptor valid for a kernel that never loads from it."""
+    t, heads, d = x.shape
+    cols = cols or d
+    if t == 0:
+        x, t = x.new_zeros(1, heads, d), 1
+    layout = smem_layout(rows, cols, dtype)
+    return TensorDescriptor(x.view(t, heads * d), [t, heads * d], [heads * d, 1], [rows, cols], layout)
 
 
 @gluon.constexpr_function

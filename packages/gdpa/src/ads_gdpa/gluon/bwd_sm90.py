@@ -35,14 +35,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ads_kernel_tools.capability import num_sms as sm_count
 from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords
 from ads_kernel_tools.kernels.gluon_hopper import (
     init_ring,
     red_add_v4,
-    smem_layout,
+    rows_desc,
     stage_for_tma,
     store_rows,
     tma_reduce_add,
@@ -361,16 +360,6 @@ def _gdpa_bwd_ws(
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def _rows_desc(x: torch.Tensor, rows: int, dtype, cols: int | None = None) -> TensorDescriptor:
-    """TMA descriptor over a (T, heads, D) tensor seen as (T, heads*D), boxes of [rows, cols or D]."""
-    t, heads, d = x.shape
-    cols = cols or d
-    if t == 0:  # no rows at all: a one-row dummy keeps the descriptor valid; no step touches it
-        x, t = torch.zeros(1, heads, d, dtype=x.dtype, device=x.device), 1
-    layout = smem_layout(rows, cols, dtype)
-    return TensorDescriptor(x.view(t, heads * d), [t, heads * d], [heads * d, 1], [rows, cols], layout)
-
-
 def gdpa_bwd_gluon(
     do: torch.Tensor,
     q: torch.Tensor,
@@ -405,9 +394,9 @@ def gdpa_bwd_gluon(
     cu_k = cu_seqlens_k.to(torch.int32).contiguous()
     gdt = _GL_DTYPES[q.dtype]
     BM, BN = BLOCK_M, BLOCK_N
-    q_desc, do_desc = _rows_desc(q, BM, gdt), _rows_desc(do, BM, gdt)
-    k_desc, v_desc = _rows_desc(k, BN, gdt), _rows_desc(v, BN, gdt)
-    dq_desc = _rows_desc(dq_acc, BM, gl.float32, cols=D // 2)
+    q_desc, do_desc = rows_desc(q, BM, gdt), rows_desc(do, BM, gdt)
+    k_desc, v_desc = rows_desc(k, BN, gdt), rows_desc(v, BN, gdt)
+    dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=D // 2)
     # Heaviest tiles first: a kv tile's work is the query rows it faces. Stays on the device.
     n_kv_tiles = max(triton.cdiv(max_seqlen_k, BN), 1)
     tiles, count = schedule(cu_q, cu_k, max_seqlen_q, tile_q=False, block=BN, slots=n_kv_tiles, heads=H_kv)

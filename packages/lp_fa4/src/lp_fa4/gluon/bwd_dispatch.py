@@ -1,15 +1,71 @@
 """Which backward kernel runs a call: the one place that decides, as ``dispatch`` does for the forward.
 
-Today every call runs the portable Triton backward (``lp_fa4.triton.launch.bwd``); a Hopper kernel
-joins here behind its own support predicate.
+The Gluon Hopper backward (``bwd_sm90``) takes: bf16/fp16, head dims 64 and 128 (D == Dv),
+MHA/GQA/MQA, no mask or a bottom-right causal mask, dense and varlen (dense arrives as varlen),
+seqused_q/k, a gradient on the LSE (it only changes delta), a learnable sink (the kernel reads the
+forward's LSE, which holds the sink; dsink is computed outside), and ``jagged_attention`` without a
+window and without broadcast_q (its max_seqlen_q row cap included); on an sm_90 GPU with
+``LP_FA4_BACKEND=auto`` (the default). Everything else runs the portable Triton backward
+(``lp_fa4.triton.launch.bwd``): ``deterministic=True`` (the Gluon kernel adds dQ by fp32 atomics,
+so its bits depend on the order), softcap, local windows, top-left windows, broadcast_q, other head
+dims, fp32, strided tensors, the interpreter. Both compute delta with the same Triton preprocess.
 """
 
 from __future__ import annotations
 
+import torch
+
+from .. import config as cfg
 from ..triton import launch
+from ..triton.launch_bwd import preprocess
+from .dispatch import _gluon_importable, _packed
+
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def why_not(do, q, k, v, pb: launch.Problem, deterministic: bool) -> str | None:
+    """None when the Gluon backward takes the call, else the first reason it does not (options
+    first, then tensors, then the device, so the reasons are testable on a CPU)."""
+    if cfg.backend() != "auto":
+        return "LP_FA4_BACKEND=triton"
+    if deterministic:
+        return "deterministic"
+    if pb.softcap > 0:
+        return "softcap"
+    if pb.broadcast_q:
+        return "jagged broadcast_q"
+    if pb.top_left and (pb.win_left != launch.BIG or pb.win_right != launch.BIG):
+        return "jagged top-left window"
+    if pb.win_left != launch.BIG or pb.win_right not in (0, launch.BIG):
+        return "local window"
+    if not (pb.scale > 0 and pb.scale < float("inf")):
+        return "softmax_scale <= 0"
+    if q.dtype not in _DTYPES or any(t.dtype != q.dtype for t in (k, v, do)):
+        return f"dtype {q.dtype}"
+    d = q.shape[-1]
+    if d not in (64, 128) or k.shape[-1] != d or v.shape[-1] != d:
+        return f"head dims {d}/{v.shape[-1]}"
+    if not all(_packed(t) for t in (q, k, v, do)) or do.shape != q.shape:
+        return "strided or unaligned tensors"
+    if cfg.interpreter_active():
+        return "interpreter"
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return "not an sm_90 GPU"
+    if not _gluon_importable():
+        return "triton.experimental.gluon missing"
+    return None
 
 
 def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: launch.Problem,
         deterministic: bool):  # fmt: skip
-    """``lp_fa4.triton.launch.bwd``'s contract: (dq, dk, dv, delta)."""
-    return launch.bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb, deterministic)
+    """``lp_fa4.triton.launch.bwd``'s contract: (dq, dk, dv, delta); the Gluon kernel where
+    ``why_not`` allows."""
+    if why_not(do, q, k, v, pb, deterministic) is not None:
+        return launch.bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb, deterministic)
+    from . import bwd_sm90
+
+    delta = preprocess(out, do, dlse)
+    causal = pb.win_right == 0  # bottom-right: a top-left mask with a window stayed on Triton
+    dq, dk, dv = bwd_sm90.bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k,
+                              pb.caps()[0], pb.scale, causal)  # fmt: skip
+    return dq, dk, dv, delta

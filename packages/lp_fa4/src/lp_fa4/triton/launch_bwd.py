@@ -22,15 +22,9 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     mode = cfg.dq_mode(deterministic)
     dq = torch.zeros(q.shape, dtype=torch.float32 if mode == "atomic" else q.dtype, device=q.device)
-    delta = torch.empty((h, to), dtype=torch.float32, device=q.device)
+    delta = preprocess(out, do, dlse)
     if to == 0 or h == 0:
-        return dq.to(q.dtype), dk, dv, delta.zero_()
-    pre_m = 16 if cfg.interpreter_active() else 64
-    preprocess_kernel[(triton.cdiv(to, pre_m), h)](
-        out, do, dlse if dlse is not None else delta, delta, out.stride(0), out.stride(1),
-        do.stride(0), do.stride(1), to, h, D_V=dv_dim, BLOCK_DV=_pad(dv_dim), BLOCK_M=pre_m,
-        HAS_DLSE=dlse is not None,
-    )  # fmt: skip
+        return dq.to(q.dtype), dk, dv, delta
     if n_b <= 0 or pb.max_q <= 0 or pb.max_k <= 0 or q.shape[0] == 0 or k.shape[0] == 0:
         return dq.to(q.dtype), dk, dv, delta
     dummy = cu_q
@@ -83,6 +77,22 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
         red = 256 if cfg.interpreter_active() else 1024
         reduce_chunks_kernel[(triton.cdiv(n, red),)](dq_buf, dq, n, n_chunks, BLOCK=red)
     return dq, dk, dv, delta
+
+
+def preprocess(out, do, dlse):
+    """delta (H, TO) fp32 = rowsum(dO∘O) - dLSE (dLSE (H, TO) or None): the backward's row term, for
+    every backward kernel (the Triton one here and ``lp_fa4.gluon.bwd_sm90``)."""
+    to, h, dv_dim = out.shape
+    delta = torch.empty((h, to), dtype=torch.float32, device=out.device)
+    if to == 0 or h == 0:
+        return delta.zero_()
+    pre_m = 16 if cfg.interpreter_active() else 64
+    preprocess_kernel[(triton.cdiv(to, pre_m), h)](
+        out, do, dlse if dlse is not None else delta, delta, out.stride(0), out.stride(1),
+        do.stride(0), do.stride(1), to, h, D_V=dv_dim, BLOCK_DV=_pad(dv_dim), BLOCK_M=pre_m,
+        HAS_DLSE=dlse is not None,
+    )  # fmt: skip
+    return delta
 
 
 def _batch_chunks(n_b: int, base_progs: int, q_elems: int, device) -> tuple[int, int]:

@@ -1,0 +1,334 @@
+"""Softmax attention backward for Hopper (sm_90) in Gluon: dK, dV and (by bulk reductions) dQ in one
+persistent, warp-specialised pass per 128-key tile.
+
+Partitions of each persistent program (one per SM at most), as ads-gdpa's backward:
+  - a 1-warp TMA producer: the K and V tile of the work item once, then the 64-row Q and dO tiles
+    of every query head of the kv head's group through a ring of shared-memory stages (ready /
+    empty mbarrier pairs);
+  - two 4-warp consumer warpgroups, each owning 64 of the 128 keys. Per query tile:
+
+        Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (wgmma, both in flight at once)
+        Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e), dSᵀ = Pᵀ∘(dPᵀ - delta) (masked on edge tiles only)
+        dV += Pᵀ dO (Pᵀ from registers), dK += dSᵀ Q (dSᵀ from shared memory)
+        dQ[:, half] = scale · dS K[:, half] over all 128 keys, added into a zeroed fp32 buffer.
+
+    Both warpgroups write their halves of dSᵀ into one shared [128, 64] buffer (double-buffered),
+    so each dQ product spans the 128 keys and each warpgroup reduces D/2 columns of dQ: one bulk
+    TMA reduce-add (``cp.reduce.async.bulk.tensor``) per warpgroup and step.
+delta = rowsum(dO∘O) - dLSE comes from the Triton preprocess kernel (``lp_fa4.triton._bwd``); LSE
+and delta are read per query tile from global memory (256 bytes each, L2 resident).
+
+Semantics (the Triton backward's, ``lp_fa4.triton._bwd``, for the subset ``bwd_dispatch.why_not``
+admits): query rows [0, rows) of sequence b count, rows = min(Lq_b, seqused_q[b], row cap); keys
+[0, k_len), k_len = min(Lk_b, seqused_k[b], max_seqlen_k). Causal is bottom-right: query i sees
+key j iff j <= i + k_len - q_len (q_len the used length); a kv tile skips the query tiles wholly
+above the diagonal and masks only the tiles it crosses. Keys past k_len keep dK = dV = 0 (the
+buffers start zeroed), query rows outside [0, rows) get dQ = 0 (their P is 0: LSE read as +inf).
+Work items are (sequence, kv head, kv tile) from ``ads_kernel_tools.kernels.tile_list.schedule``,
+heaviest sequence first.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+from ads_kernel_tools.capability import num_sms
+from ads_kernel_tools.kernels.gluon_hopper import (
+    acc_layout,
+    init_ring,
+    rows_desc,
+    split_entry,
+    stage_for_tma,
+    store_rows,
+    tma_reduce_add,
+)
+from ads_kernel_tools.kernels.offsets import clamp_offsets
+from ads_kernel_tools.kernels.tile_list import schedule
+
+BLOCK_M = 64  # query rows per step
+BLOCK_N = 128  # keys per work item: 64 per consumer warpgroup
+STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ + 32 KB dQ staging)
+LOG2E = 1.4426950408889634
+CONSUMER_REGS = 240
+PRODUCER_REGS = 24
+
+
+@gluon.jit
+def _kv_item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
+             HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr):  # fmt: skip
+    """Entry t of the tile list -> (kv head, first kv tile, q start, computed rows, diagonal offset,
+    k start, k_len)."""
+    b, hk, n_first = split_entry(gl.load(tiles_ptr + t), H_KV, N_TILES)
+    q0 = gl.load(cu_q_ptr + b)
+    q_len = gl.load(cu_q_ptr + b + 1) - q0
+    k0 = gl.load(cu_k_ptr + b)
+    k_len = gl.minimum(gl.load(cu_k_ptr + b + 1) - k0, max_k)
+    if HAS_USED_Q:
+        q_len = gl.minimum(gl.maximum(gl.load(used_q_ptr + b), 0), q_len)
+    if HAS_USED_K:
+        k_len = gl.minimum(gl.maximum(gl.load(used_k_ptr + b), 0), k_len)
+    k_len = gl.maximum(k_len, 0)
+    rows = gl.minimum(q_len, rows_cap)
+    return hk, n_first, q0, rows, k_len - q_len, k0, k_len
+
+
+@gluon.jit
+def _q_tiles(n, rows, off, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    """Query tiles [lo, hi) that kv tile n meets: under CAUSAL, from the first tile holding a row
+    i with i + off >= n·BN (the tile's first key)."""
+    lo = n * 0
+    if CAUSAL:
+        lo = gl.maximum(n * BN - off, 0) // BM
+    return lo, gl.cdiv(rows, BM)
+
+
+@gluon.jit
+def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr):  # fmt: skip
+    """TMA loads: per kv tile its K and V, then Q/dO tiles into the ring (``it`` continues across
+    items, as the consumers count it)."""
+    (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_ready, qd_empty, kv_ready,
+     kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap,
+     max_k, H_KV, G) = args  # fmt: skip
+    it = 0
+    kc = 0
+    for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
+        hk, n_first, q0, rows, off, k0, k_len = _kv_item(
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
+            HAS_USED_Q, HAS_USED_K,
+        )  # fmt: skip
+        for n in range(n_first, gl.cdiv(k_len, BN), N_TILES):
+            lo, hi = _q_tiles(n, rows, off, BM, BN, CAUSAL)
+            mbarrier.wait(kv_empty, (kc & 1) ^ 1)
+            mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k0 + n * BN, hk * D], kv_ready, k_smem)
+            tma.async_copy_global_to_shared(v_desc, [k0 + n * BN, hk * D], kv_ready, v_smem)
+            kc += 1
+            for g in range(G):
+                col = (hk * G + g) * D
+                for m in range(lo, hi):
+                    s = it % STAGES
+                    mbarrier.wait(qd_empty.index(s), ((it // STAGES) & 1) ^ 1)
+                    ready = qd_ready.index(s)
+                    mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, col], ready, q_smem.index(s))
+                    tma.async_copy_global_to_shared(do_desc, [q0 + m * BM, col], ready, do_smem.index(s))
+                    it += 1
+
+
+@gluon.jit
+def _row_stats(lse_row, delta_row, cq, rows):
+    """LSE·log2e (+inf on rows not computed or without keys, so that P = 0 there) and delta of the
+    query rows ``cq`` of one tile."""
+    ok = cq < rows
+    lse = gl.load(lse_row + cq, mask=ok, other=float("inf"))
+    lse2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    return lse2, gl.load(delta_row + cq, mask=ok, other=0.0)
+
+
+@gluon.jit
+def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
+              HAS_USED_K: gl.constexpr):  # fmt: skip
+    """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2)."""
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
+     ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
+     used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args  # fmt: skip
+    ROWS: gl.constexpr = BN // 2
+    DH: gl.constexpr = D // 2
+    s_layout: gl.constexpr = acc_layout(BM)
+    kv_layout: gl.constexpr = acc_layout(D)
+    dq_layout: gl.constexpr = acc_layout(DH)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+    in_dtype: gl.constexpr = q_smem.dtype
+    rows2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, s_layout)), 1)
+    c_idx = gl.arange(0, BM, col_l)
+    cols2 = gl.expand_dims(c_idx, 0)
+    s_zero = gl.zeros([ROWS, BM], gl.float32, s_layout)
+    dq_zero = gl.zeros([BM, DH], gl.float32, dq_layout)
+    k_half = k_smem.slice(WG * ROWS, ROWS, dim=0)
+    v_half = v_smem.slice(WG * ROWS, ROWS, dim=0)
+    k_cols = k_smem.slice(WG * DH, DH, dim=1)
+    dq_s = dq_smem.index(WG)
+
+    it = 0
+    kc = 0
+    for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
+        hk, n_first, q0, rows, off, k0, k_len = _kv_item(
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
+            HAS_USED_Q, HAS_USED_K,
+        )  # fmt: skip
+        for n in range(n_first, gl.cdiv(k_len, BN), N_TILES):
+            lo, hi = _q_tiles(n, rows, off, BM, BN, CAUSAL)
+            kv_first = n * BN + WG * ROWS  # first key of this warpgroup inside the sequence
+            kv_valid = k_len - kv_first  # keys of this half inside the sequence (may be <= 0)
+            mbarrier.wait(kv_ready, kc & 1)
+            dk = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
+            dv = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
+            for g in range(G):
+                h = hk * G + g
+                stat_base = h.to(gl.int64) * TO + q0
+                for m in range(lo, hi):
+                    s = it % STAGES
+                    db = it % 2
+                    dph = (it // 2) & 1
+                    cq = m * BM + c_idx
+                    lse2, delta = _row_stats(lse_ptr + stat_base, delta_ptr + stat_base, cq, rows)
+                    mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
+                    q_s = q_smem.index(s)
+                    do_s = do_smem.index(s)
+                    st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    # Sᵀ retires first (groups complete in order); dPᵀ keeps running under exp2
+                    st = warpgroup_mma_wait(1, deps=(st,))
+                    pt = gl.exp2(st * qk_scale2 - gl.expand_dims(lse2, 0))
+                    dpt = warpgroup_mma_wait(0, deps=(dpt,))
+                    dst = pt * (dpt - gl.expand_dims(delta, 0))
+                    q_valid = rows - m * BM
+                    edge = (kv_valid < ROWS) | (q_valid < BM)
+                    if CAUSAL:
+                        edge = edge | (kv_first + ROWS - 1 > m * BM + off)
+                    if edge:
+                        # keys past the sequence (TMA brought a neighbour's rows or zeros), query
+                        # rows past it, and keys right of the causal diagonal
+                        keep = (rows2 < kv_valid) & (cols2 < q_valid)
+                        if CAUSAL:
+                            keep = keep & (rows2 + kv_first <= cols2 + m * BM + off)
+                        pt = gl.where(keep, pt, 0.0)
+                        dst = gl.where(keep, dst, 0.0)
+                    # this half of dSᵀ goes to shared memory: the A operand of dK here, of dQ in both
+                    mbarrier.wait(ds_free.index(db), dph ^ 1)
+                    ds_half = ds_smem.index(db).slice(WG * ROWS, ROWS, dim=0)
+                    ds_half.store(dst.to(in_dtype))
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    mbarrier.arrive(ds_full.index(db), count=1)
+                    p_op = gl.convert_layout(pt.to(in_dtype), p_layout)
+                    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+                    dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
+                    mbarrier.wait(ds_full.index(db), dph)
+                    dq = warpgroup_mma(
+                        ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True
+                    )
+                    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+                    dv = warpgroup_mma_init(dv)
+                    dk = warpgroup_mma_init(dk)
+                    mbarrier.arrive(qd_empty.index(s), count=1)
+                    mbarrier.arrive(ds_free.index(db), count=1)
+                    # rows past the sequence carry exact zeros (dSᵀ is masked): the whole box may be
+                    # added, a neighbouring sequence's rows included
+                    stage_for_tma(dq_s, dq * scale)
+                    tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
+                    it += 1
+            dk = warpgroup_mma_wait(0, deps=(dk,))
+            dv = warpgroup_mma_wait(0, deps=(dv,))
+            # every read of this K/V tile (the other half's dQ products included) has retired
+            mbarrier.arrive(kv_empty, count=1)
+            row0 = k0 + kv_first
+            store_rows(dk_ptr, dk * scale, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
+            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
+            kc += 1
+    tma.store_wait(0)  # shared memory must outlive the last reduction's read
+
+
+@gluon.jit
+def attn_bwd_ws(
+    q_desc, do_desc, k_desc, v_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO,
+    tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
+    N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2,
+    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BN, BM], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BM, D // 2], dq_desc.layout)  # one per warpgroup
+    qd_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qd_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    init_ring(qd_ready, qd_empty, STAGES, 2)  # released by each of the two consumer warpgroups
+    mbarrier.init(kv_ready, count=1)
+    mbarrier.init(kv_empty, count=2)
+    for i in gl.static_range(2):  # a dSᵀ buffer is full / free once both warpgroups arrived
+        mbarrier.init(ds_full.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=2)
+
+    cargs = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty,
+             ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr,
+             cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale,
+             qk_scale2)  # fmt: skip
+    pargs = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_ready, qd_empty, kv_ready,
+             kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap,
+             max_k, H_KV, G)  # fmt: skip
+    WG0: gl.constexpr = 0
+    WG1: gl.constexpr = 1
+    gl.warp_specialize(
+        [
+            (_consumer, (cargs, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K)),
+            (_consumer, (cargs, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K)),
+            (_producer, (pargs, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+
+_GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, rows_cap: int,
+        scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) like (q, k, v). q, do (TQ, H, D); k, v (TK, Hkv, D); lse and delta (H, TQ) fp32
+    (natural-log LSE of the forward; delta = rowsum(dO∘O) - dLSE). Query rows past
+    min(seqused_q, rows_cap, max_q) and keys past min(seqused_k, max_k) contribute nothing; their
+    gradients are 0. The caller checked ``bwd_dispatch.why_not``. No host sync."""
+    tq, h, d = q.shape
+    tk, hkv, _ = k.shape
+    n_b = cu_q.shape[0] - 1
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    rows_cap = min(int(rows_cap), int(max_q))
+    if n_b <= 0 or h == 0 or rows_cap <= 0 or max_k <= 0 or tq == 0 or tk == 0:
+        return torch.zeros_like(q), dk, dv
+    dq_acc = torch.zeros((tq, h, d), dtype=torch.float32, device=q.device)
+    cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
+    gdt = _GL[q.dtype]
+    BM, BN = BLOCK_M, BLOCK_N
+    q_desc, do_desc = rows_desc(q, BM, gdt), rows_desc(do, BM, gdt)
+    k_desc, v_desc = rows_desc(k, BN, gdt), rows_desc(v, BN, gdt)
+    dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=d // 2)
+    n_tiles = triton.cdiv(max_k, BN)
+    tiles, count = schedule(cu_q, cu_k, rows_cap, tile_q=False, block=BN, slots=n_tiles, heads=hkv)
+    grid = (max(1, min(n_b * hkv * n_tiles, num_sms(q.device))),)
+    attn_bwd_ws[grid](
+        q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, lse, delta, lse.shape[1], tiles, count, cu_q, cu_k,
+        used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
+        n_tiles, rows_cap, max_k, hkv, h // hkv, float(scale), float(scale) * LOG2E,
+        D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
+        HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+        num_warps=4,
+    )  # fmt: skip
+    return dq_acc.to(q.dtype), dk, dv
