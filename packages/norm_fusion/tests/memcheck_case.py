@@ -19,7 +19,8 @@ from ads_norm_fusion import (
 
 def main() -> None:
     dev, dt = "cuda", torch.bfloat16
-    for m, k, n in ((77, 48, 80), (1, 48, 1040), (300, 1040, 1040), (129, 80, 272)):
+    # 17000 rows: 133 row blocks of 128 over 132 persistent programs, the second of program 0 partial
+    for m, k, n in ((77, 48, 80), (1, 48, 1040), (300, 1040, 1040), (129, 80, 272), (17000, 48, 272)):
         leaves = [
             torch.randn(m, k, device=dev, dtype=dt),
             torch.randn(n, k, device=dev, dtype=dt) * k**-0.5,

@@ -85,6 +85,16 @@ def _jobs() -> dict[str, dict]:
         constexprs=dict(HAS_BIAS=True, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_STAGES=3),
         num_warps=8,
     )  # fmt: skip
+    # the persistent forward (config.persistent_config's H200 tiles): still software-pipelined, i.e.
+    # three-stage TMA buffers, with the read-back barrier inside its loop
+    jobs["ln_fwd_persistent"] = dict(
+        module="ads_norm_fusion.triton._rownorm", kernel="rownorm_persistent_kernel",
+        types={p: "*bf16" for p in ("A", "B", "BIAS", "GAMMA", "BETA", "OUT", "XHAT")}
+        | {"STAT1": "*fp32", "STAT2": "*fp32", "eps": "fp32"},
+        constexprs=dict(MODE=0, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=True, SAVE_XHAT=False, BLOCK_M=128,
+                        BLOCK_N=256, BLOCK_K=64, NUM_PROGS=132, FLATTEN=True, SYNC_ASM=True),
+        num_warps=8, num_stages=3,
+    )  # fmt: skip
     jobs["norm_bwd"] = dict(
         module="ads_norm_fusion.triton._norm_bwd", kernel="norm_bwd_kernel",
         types={p: "*bf16" for p in ("DY", "XHAT", "GAMMA", "DZ")} | {"RSTAT": "*fp32", "PART": "*fp32"},
@@ -103,11 +113,11 @@ def ptx(request) -> dict[str, dict]:
     return dict(zip(jobs, ptx_counts_batch(list(jobs.values()))))
 
 
-# each compile costs 10-20 s of CPU: four representative kernels by default, the rest with --run-slow
-_DEFAULT = ("ln_fwd_n1024", "rms_input_grad_raw", "rms_gemm", "rms_gemm_dx", "norm_bwd")
+# each compile costs 10-20 s of CPU: six representative kernels by default, the rest with --run-slow
+_DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "rms_input_grad_raw", "rms_gemm", "rms_gemm_dx", "norm_bwd")
 CASES = [
     c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
-    for c in [*ROWNORM_CASES, "rms_gemm", "rms_gemm_dx", "rms_gemm_fused", "norm_bwd"]
+    for c in [*ROWNORM_CASES, "ln_fwd_persistent", "rms_gemm", "rms_gemm_dx", "rms_gemm_fused", "norm_bwd"]
 ]
 
 
@@ -119,3 +129,5 @@ def test_compiles_for_sm90(ptx, case) -> None:
         assert counts["wgmma"] > 0, f"{case}: no wgmma"
         assert counts["tma"] > 0, f"{case}: no TMA loads"
     assert counts["local_memory"] == 0, f"{case} spills registers"
+    if case == "ln_fwd_persistent":  # 3 stages of 128x64 + 256x64 bf16 tiles: the K loop is pipelined
+        assert counts["shared_bytes"] >= 3 * (128 + 256) * 64 * 2, counts["shared_bytes"]

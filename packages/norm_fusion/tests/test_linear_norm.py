@@ -115,6 +115,45 @@ def test_rmsnorm_linear(case: Case, path: str, monkeypatch) -> None:
         check(g, gref[name], gbase[name], f"d{name}")
 
 
+# forward only, both forward kernels: several row blocks per persistent program (the interpreter runs
+# three programs of 32 rows; the H200 132 of 128), the last row block partial
+FWD_PATH_CPU = [Case(161, 48, 80), Case(129, 32, 96, FP16, bias=False, norm_bias=False)]
+FWD_PATH_GPU = [Case(40000, 128, 1024), Case(17000, 256, 2064, FP16, affine=False, norm_bias=False)]
+FWD_PATH_CASES = [pytest.param(c, id=str(c)) for c in FWD_PATH_CPU] + [
+    pytest.param(c, id=str(c), marks=pytest.mark.gpu) for c in FWD_PATH_GPU
+]
+
+
+@pytest.mark.parametrize("persistent", ["1", "0"])
+@pytest.mark.parametrize("case", FWD_PATH_CASES)
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_linear_norm_forward_paths(kind: str, case: Case, persistent: str, monkeypatch) -> None:
+    monkeypatch.setenv("ADS_NORM_FUSION_PERSISTENT", persistent)
+    eps = 1e-5 if kind == "ln" else 1e-6
+    d = inputs(case)
+    with torch.no_grad():
+        if kind == "ln":
+            y, *stats = linear_layernorm(
+                d["x"], d["w"], d["bias"], d["gamma"], d["beta"], eps, return_stats=True
+            )
+        else:
+            y, *stats = linear_rmsnorm(d["x"], d["w"], d["bias"], d["gamma"], eps, return_stats=True)
+    (ref, _), (base, _) = ref_and_baseline(
+        lambda t, dt: linear_norm_torch(kind, t, dt, eps), d, (), case.dtype, grads=False
+    )
+    check(y, ref, base, "y")
+    z = torch.nn.functional.linear(
+        d["x"].float(), d["w"].float(), None if d["bias"] is None else d["bias"].float()
+    )
+    if kind == "ln":
+        var = (z - z.mean(-1, keepdim=True)).square().mean(-1)
+        torch.testing.assert_close(stats[0], z.mean(-1), atol=1e-4, rtol=1e-4)
+        want = torch.rsqrt(var + eps)
+    else:
+        want = torch.rsqrt(z.square().mean(-1) + eps)
+    torch.testing.assert_close(stats[-1], want, atol=1e-4, rtol=1e-3)
+
+
 def test_leading_dims_and_empty() -> None:
     d = inputs(Case(6, 32, 48))
     x3 = d["x"].reshape(2, 3, 32)

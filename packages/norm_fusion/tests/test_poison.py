@@ -23,7 +23,18 @@ def _assert_written(full, m, name):
     assert guard.isnan().all(), f"{name}: wrote outside its rows"
 
 
-@pytest.mark.parametrize("m,k,n", [(33, 32, 32), (37, 48, 80), (1, 16, 112)])
+# 161 rows: five row blocks of 32 and a partial one, several per persistent program under the
+# interpreter; 17000: 133 row blocks of 128 on the H200's 132 programs, the last one partial
+@pytest.mark.parametrize(
+    "m,k,n",
+    [
+        (33, 32, 32),
+        (37, 48, 80),
+        (1, 16, 112),
+        (161, 16, 80),
+        pytest.param(17000, 64, 528, marks=pytest.mark.gpu),
+    ],
+)
 @pytest.mark.parametrize("mode", ["ln_fwd", "rms_fwd"])
 def test_forward_writes_all(m, k, n, mode) -> None:
     dt = torch.bfloat16

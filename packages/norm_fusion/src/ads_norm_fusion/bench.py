@@ -167,41 +167,62 @@ def _run_providers(report, bench, op, shape, providers, leaves, dy) -> None:
                 )
 
 
+# persistent-forward settings the sweep times (config.py knobs; {} = the defaults)
+SWEEP_VARIANTS = {
+    "per-row-block kernel": {"ADS_NORM_FUSION_PERSISTENT": "0"},
+    "persistent default": {},
+    "persistent 4 stages": {"ADS_NORM_FUSION_STAGES": "4"},
+    "persistent no flatten": {"ADS_NORM_FUSION_FLATTEN": "0"},
+    "persistent 64x256 4 warps 2 stages 2/SM": {
+        "ADS_NORM_FUSION_BLOCK_M": "64", "ADS_NORM_FUSION_WARPS": "4", "ADS_NORM_FUSION_STAGES": "2",
+        "ADS_NORM_FUSION_PROGS_PER_SM": "2",
+    },
+    "persistent 128x128 4 warps 3 stages 2/SM": {
+        "ADS_NORM_FUSION_BLOCK_N": "128", "ADS_NORM_FUSION_WARPS": "4", "ADS_NORM_FUSION_STAGES": "3",
+        "ADS_NORM_FUSION_PROGS_PER_SM": "2",
+    },
+}  # fmt: skip
+
+
 def sweep(bench) -> None:
-    """At the headline shape: cuBLAS, our kernel without the norm (the Triton GEMM alone with our
-    tiles), then the LayerNorm forward under tile settings and loop flattening (config.py knobs)."""
-    from . import linear_layernorm
+    """Every LayerNorm shape: cuBLAS (with the GEMM bias), the forward op (bias, γ, β) under the
+    settings of ``SWEEP_VARIANTS`` and our persistent kernel without the norm (mode gemm)."""
+
+    def show(tag, name, fn, ref=None):
+        try:
+            ms = bench.time_fn(fn)["ms"]
+            rel = f" = {ms / ref:.3f}x cuBLAS" if ref else ""
+            print(f"sweep {tag} {name}: {ms * 1e3:.1f} us{rel}", flush=True)
+            return ms
+        except Exception as e:  # a setting that fails to compile must not end the sweep
+            print(f"sweep {tag} {name}: {type(e).__name__}: {e}"[:300], flush=True)
+            return None
+
+    for shape in LN_SHAPES:
+        _sweep_shape(bench, show, shape)
+        torch.cuda.empty_cache()
+
+
+def _sweep_shape(bench, show, shape) -> None:
+    from . import linear_layernorm, linear_rmsnorm
     from .triton.launch import launch_rownorm
 
-    m, k, n = HEADLINE
+    m, k, n = shape
+    tag = f"{m}x{k}x{n}"
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(n, k, device="cuda") * k**-0.5).to(torch.bfloat16)
+    b, g, be = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     stat = torch.empty(m, device="cuda")
-    cublas = bench.time_fn(lambda: F.linear(x, w))["ms"]
-    print(f"sweep cuBLAS GEMM: {cublas * 1e3:.0f} us", flush=True)
-    gemm = bench.time_fn(lambda: launch_rownorm("gemm", x, y, stat, b=w))["ms"]
-    print(
-        f"sweep our kernel, no norm (mode gemm): {gemm * 1e3:.0f} us = {gemm / cublas:.3f}x cuBLAS",
-        flush=True,
-    )
-    knobs = ("ADS_NORM_FUSION_BLOCK_M", "ADS_NORM_FUSION_BLOCK_N", "ADS_NORM_FUSION_WARPS",
-             "ADS_NORM_FUSION_STAGES", "ADS_NORM_FUSION_FLATTEN")  # fmt: skip
-    for setting in ((128, 256, 8, 4, 0), (128, 256, 8, 4, 1), (128, 256, 8, 3, 1), (128, 128, 8, 4, 1)):
-        for knob, value in zip(knobs, setting):
-            os.environ[knob] = str(value)
-        try:
-            ms = bench.time_fn(lambda: linear_layernorm(x, w))["ms"]
-            ours_gemm = bench.time_fn(lambda: launch_rownorm("gemm", x, y, stat, b=w))["ms"]
-            print(
-                f"sweep {dict(zip(knobs, setting))}: {ms * 1e3:.0f} us = {ms / cublas:.3f}x cuBLAS"
-                f" (same tiles without the norm: {ours_gemm * 1e3:.0f} us)",
-                flush=True,
-            )
-        except Exception as e:  # a setting that fails to compile must not end the sweep
-            print(f"sweep {setting}: {type(e).__name__}: {e}"[:300], flush=True)
-    for knob in knobs:
-        os.environ.pop(knob, None)
+    with torch.no_grad():
+        cublas = show(tag, "cuBLAS F.linear", lambda: F.linear(x, w, b))
+        for name, env in SWEEP_VARIANTS.items():
+            os.environ.update(env)
+            show(tag, f"LN {name}", lambda: linear_layernorm(x, w, b, g, be), cublas)
+            for knob in env:
+                os.environ.pop(knob)
+        show(tag, "RMS persistent default", lambda: linear_rmsnorm(x, w, b, g), cublas)
+        show(tag, "GEMM alone, persistent", lambda: launch_rownorm("gemm", x, y, stat, b=w, bias=b), cublas)
 
 
 def sweep_rms(bench) -> None:

@@ -11,7 +11,9 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_FLATTEN``, ``ADS_NORM_FUSION_RMS_TMA_STORE`` (0/1, see ``rms_flatten``),
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
 ``ADS_NORM_FUSION_RMS_BWD`` (input/output, see ``rms_backward_from_output``),
-``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``).
+``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
+``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
+(see ``persistent_config``).
 """
 
 from __future__ import annotations
@@ -135,9 +137,53 @@ def rms_tma_store() -> bool:
 ROWNORM_MODES = {"ln_fwd": 0, "rms_fwd": 1, "ln_bwd": 2, "rms_bwd": 3, "gemm": 4}
 
 
-def flatten_loops() -> bool:
-    """``ADS_NORM_FUSION_FLATTEN=1``: let Triton flatten the column-tile and K loops into one pipeline."""
-    return os.environ.get("ADS_NORM_FUSION_FLATTEN", "0") == "1"
+def flatten_loops(default: bool = False) -> bool:
+    """``ADS_NORM_FUSION_FLATTEN=1``/``0``: let Triton flatten the column-tile (or step) and K loops
+    into one pipeline; unset: ``default`` (off for ``rownorm_kernel``, on for the persistent one)."""
+    value = os.environ.get("ADS_NORM_FUSION_FLATTEN", "")
+    return default if not value else value == "1"
+
+
+PERSISTENT_MAX_N = 16384  # widest rows the persistent forward takes (N up to 4096 measured, BENCHMARKS.md)
+
+
+def rownorm_persistent(n: int, block_n: int) -> bool:
+    """Whether the ``linear_*norm`` forward runs the persistent kernel (``rownorm_persistent_kernel``)
+    rather than one program per row block: rows wider than one column tile, up to
+    ``PERSISTENT_MAX_N``. ``ADS_NORM_FUSION_PERSISTENT=0`` keeps the per-row-block kernel (A/B knob)."""
+    if os.environ.get("ADS_NORM_FUSION_PERSISTENT", "1") != "1":
+        return False
+    return block_n < n <= PERSISTENT_MAX_N
+
+
+@dataclass(frozen=True)
+class PersistentConfig:
+    tiles: TileConfig
+    programs: int
+
+
+def persistent_config(m: int, n: int, k: int, num_sms: int) -> PersistentConfig:
+    """Tiles and grid of the persistent forward: 128×256×64 tiles, 8 warps, 3 stages, one program
+    per SM (no more programs than row blocks). The interpreter takes its small tiles and three
+    programs, so the CPU suite walks several row blocks per program."""
+    if interpreter_active():
+        tiles = TileConfig(*_INTERP)
+        tiles = TileConfig(tiles.block_m, max(16, min(tiles.block_n, _pow2_at_least(n))), *_INTERP[2:])
+        per_sm, sms = 1, 3
+    else:
+        bn = 256 if n % 256 == 0 else 128
+        tiles = TileConfig(128, bn, 64, 8, 3)
+        per_sm, sms = 1, num_sms
+    tiles = TileConfig(
+        block_m=_env_int("ADS_NORM_FUSION_BLOCK_M") or tiles.block_m,
+        block_n=_env_int("ADS_NORM_FUSION_BLOCK_N") or tiles.block_n,
+        block_k=_env_int("ADS_NORM_FUSION_BLOCK_K") or tiles.block_k,
+        num_warps=_env_int("ADS_NORM_FUSION_WARPS") or tiles.num_warps,
+        num_stages=_env_int("ADS_NORM_FUSION_STAGES") or tiles.num_stages,
+    )
+    per_sm = _env_int("ADS_NORM_FUSION_PROGS_PER_SM") or per_sm
+    blocks = -(-m // tiles.block_m)
+    return PersistentConfig(tiles, max(1, min(blocks, per_sm * sms)))
 
 
 NORM_BWD_MAX_N = 16384  # whole rows in registers; wider rows use the two-phase row-norm kernel

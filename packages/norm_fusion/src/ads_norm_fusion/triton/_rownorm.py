@@ -251,3 +251,134 @@ def _finish_stats(acc1, mean, rstat, rows, row_ok, nf, eps, STAT1, STAT2, MODE: 
             tl.store(STAT1 + rows, mean, mask=row_ok)
         tl.store(STAT2 + rows, rstat, mask=row_ok)
     return rstat
+
+
+@triton.jit
+def _cta_barrier(SYNC_ASM: tl.constexpr):
+    """A CTA-wide barrier (``bar.sync 0``, which also orders the threads' earlier memory accesses
+    before their later ones) that returns 0, to be added to the offsets of the loads it must precede.
+    As inline assembly, unlike ``tl.debug_barrier``, it leaves the loop to Triton's software
+    pipeliner. The interpreter (``SYNC_ASM`` off) runs programs sequentially and needs none."""
+    if SYNC_ASM:
+        dep = tl.inline_asm_elementwise(
+            "bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [tl.full((1,), 0, tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1,
+        )  # fmt: skip
+    else:
+        dep = tl.zeros((1,), tl.int32)
+    return tl.sum(dep, axis=0).to(tl.int64)
+
+
+@triton.jit
+def rownorm_persistent_kernel(
+    A, B, BIAS, GAMMA, BETA, OUT, XHAT, STAT1, STAT2, M, N, K, eps, stride_a, stride_b, stride_out,
+    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr,
+    SAVE_XHAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, SYNC_ASM: tl.constexpr,
+):  # fmt: skip
+    """Persistent forward (modes 0, 1 and the plain GEMM 4) for rows wider than one column tile.
+
+    ``NUM_PROGS`` programs; program p owns row blocks p, p + NUM_PROGS, ... and walks its (row block,
+    column tile) steps in one loop, so the TMA/wgmma pipeline runs on across column tiles and row
+    blocks. Step (i, j): GEMM tile j of row block i, its statistics merged (Chan) and the tile staged
+    in OUT (shifted, as in ``rownorm_kernel``); then tile j of the program's previous row block i - 1,
+    whose statistics are final, is read back (L2: it was staged ``cdiv(N, BLOCK_N)`` steps ago) and
+    normalised. The last row block is normalised after the loop. Each program reads back only what
+    its own threads staged, so any grid is deadlock-free. Needs ``NUM_PROGS <= cdiv(M, BLOCK_M)``.
+    """
+    pid = tl.program_id(0)
+    num_rb = tl.cdiv(M, BLOCK_M)
+    nt = tl.cdiv(N, BLOCK_N)
+    my_blocks = tl.cdiv(num_rb - pid, NUM_PROGS)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    a_desc = tl.make_tensor_descriptor(A, [M, K], [stride_a, 1], [BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(B, [N, K], [stride_b, 1], [BLOCK_N, BLOCK_K])
+    nf = N.to(tl.float32)
+    zero = tl.zeros((BLOCK_M,), tl.float32)
+    mean = zero  # running mean (mode 0) of the current row block
+    acc1 = zero  # running M2 (mode 0) or Σz² (mode 1)
+    shift = zero  # mode 0: the first tile's mean, subtracted from the staged tiles
+    p_mean = zero  # final statistics of the previous row block
+    p_shift = zero
+    p_rstat = zero
+    for s in tl.range(0, my_blocks * nt, flatten=FLATTEN):
+        i = s // nt
+        off_m = (pid + i * NUM_PROGS) * BLOCK_M
+        off_n = (s - i * nt) * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            acc = tl.dot(a, b_desc.load([off_n, ki * BLOCK_K]).T, acc)
+        # epilogue (coordinates recomputed so the pipeliner need not keep them live across the K loop)
+        i = s // nt
+        j = s - i * nt
+        off_m = (pid + i * NUM_PROGS) * BLOCK_M
+        off_n = j * BLOCK_N
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        row_ok = rows < M
+        col_ok = cols < N
+        rows64 = rows.to(tl.int64)
+        mask = row_ok[:, None] & col_ok[None, :]
+        v = acc
+        if HAS_BIAS:
+            v += tl.load(BIAS + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if MODE == 4:
+            tl.store(
+                OUT + rows64[:, None] * stride_out + cols[None, :], v.to(OUT.dtype.element_ty), mask=mask
+            )
+        else:
+            first = j == 0
+            last = j == nt - 1
+            if MODE == 0:
+                n_j = tl.minimum(N - off_n, BLOCK_N).to(tl.float32)
+                count = off_n.to(tl.float32)  # columns merged before this tile (all earlier tiles are full)
+                mean_j = tl.sum(tl.where(mask, v, 0.0), axis=1) / n_j
+                d = tl.where(mask, v - mean_j[:, None], 0.0)
+                m2_j = tl.sum(d * d, axis=1)
+                total = count + n_j
+                mean = tl.where(first, 0.0, mean)
+                delta = mean_j - mean
+                mean += delta * (n_j / total)
+                acc1 = tl.where(first, 0.0, acc1) + (m2_j + delta * delta * (count * n_j / total))
+                shift = tl.where(first, mean_j, shift)
+                staged = v - shift[:, None]
+            else:
+                acc1 = tl.where(first, 0.0, acc1) + tl.sum(v * v, axis=1)
+                staged = v
+            tl.store(
+                OUT + rows64[:, None] * stride_out + cols[None, :], staged.to(OUT.dtype.element_ty), mask=mask
+            )
+            rstat = tl.rsqrt(acc1 / nf + eps)
+            stat_ok = row_ok & last
+            if MODE == 0:
+                tl.store(STAT1 + rows, mean, mask=stat_ok)
+            tl.store(STAT2 + rows, rstat, mask=stat_ok)
+            # tile j of the previous row block (full rows: only the last row block can be partial)
+            # its staged values were stored by other threads of this program: a CTA barrier first
+            prev64 = rows64 - NUM_PROGS * BLOCK_M + _cta_barrier(SYNC_ASM)
+            prev_mask = (i > 0) & col_ok[None, :] & (prev64 >= 0)[:, None]
+            w = _load_f32(OUT, prev64, cols, stride_out, prev_mask)
+            _emit(
+                w, prev_mask, cols, col_ok, prev64, p_mean, p_shift, p_rstat, p_rstat, p_rstat, GAMMA,
+                BETA, OUT, OUT, XHAT, STAT2, 0, 0, stride_out, MODE, HAS_GAMMA, HAS_BETA, SAVE_XHAT,
+                False, False,
+            )  # fmt: skip
+            p_mean = tl.where(last, mean, p_mean)
+            p_shift = tl.where(last, shift, p_shift)
+            p_rstat = tl.where(last, rstat, p_rstat)
+    if MODE != 4:
+        tl.debug_barrier()
+        rows = (pid + (my_blocks - 1) * NUM_PROGS) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        rows64 = rows.to(tl.int64)
+        for j in range(nt):
+            cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+            col_ok = cols < N
+            mask = row_ok[:, None] & col_ok[None, :]
+            w = _load_f32(OUT, rows64, cols, stride_out, mask)
+            _emit(
+                w, mask, cols, col_ok, rows64, p_mean, p_shift, p_rstat, p_rstat, p_rstat, GAMMA, BETA,
+                OUT, OUT, XHAT, STAT2, 0, 0, stride_out, MODE, HAS_GAMMA, HAS_BETA, SAVE_XHAT, False,
+                False,
+            )  # fmt: skip

@@ -9,21 +9,23 @@ from __future__ import annotations
 import torch
 import triton
 
-from ads_kernel_tools.capability import num_sms
+from ads_kernel_tools.capability import interpreter_active, num_sms
 
 from ..config import (
     ROWNORM_MODES,
     flatten_loops,
     norm_bwd_config,
+    persistent_config,
     rms_flatten,
     rms_forward_rowpass,
     rms_gemm_config,
     rms_tma_store,
     rownorm_config,
+    rownorm_persistent,
 )
 from ._norm_bwd import norm_bwd_kernel
 from ._rms_gemm import rms_gemm_kernel, row_stat_kernel, scaled_gemm_kernel
-from ._rownorm import rownorm_kernel
+from ._rownorm import rownorm_kernel, rownorm_persistent_kernel
 from ._scale import row_col_scale_kernel
 
 _GROUP_M = 8
@@ -76,7 +78,13 @@ def launch_rownorm(
     if m == 0:
         return
     k = a.shape[1] if b is not None else n
-    cfg = rownorm_config(m, n, k, num_sms(a.device) if a.device.type == "cuda" else 1)
+    sms = num_sms(a.device) if a.device.type == "cuda" else 1
+    if mode in ("ln_fwd", "rms_fwd", "gemm") and b is not None and b_trans:
+        pcfg = persistent_config(m, n, k, sms)
+        if rownorm_persistent(n, pcfg.tiles.block_n):
+            _launch_persistent(mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, eps, pcfg)
+            return
+    cfg = rownorm_config(m, n, k, sms)
     blocks = triton.cdiv(m, cfg.block_m)
     if part is not None and tuple(part.shape) != (3, blocks, n):
         raise ValueError(f"partial-sum buffer is {tuple(part.shape)}, need {(3, blocks, n)}")
@@ -121,6 +129,23 @@ def launch_rownorm(
         FLATTEN=flatten_loops(),
         num_warps=cfg.num_warps,
     )
+
+
+def _launch_persistent(mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, eps, pcfg) -> None:
+    m, n = out.shape
+    cfg = pcfg.tiles
+    _ensure_allocator(a)
+    dummy = out
+    rownorm_persistent_kernel[(pcfg.programs,)](
+        a, b, bias if bias is not None else dummy, gamma if gamma is not None else dummy,
+        beta if beta is not None else dummy, out, xhat if xhat is not None else dummy,
+        stat1 if stat1 is not None else stat2, stat2, m, n, a.shape[1], float(eps), a.stride(0), b.stride(0),
+        out.stride(0), MODE=ROWNORM_MODES[mode], HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None,
+        HAS_BETA=beta is not None, SAVE_XHAT=xhat is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, NUM_PROGS=pcfg.programs, FLATTEN=flatten_loops(default=True),
+        SYNC_ASM=not interpreter_active(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
 
 
 def launch_row_stat(
