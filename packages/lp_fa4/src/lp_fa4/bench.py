@@ -6,6 +6,12 @@ Varlen: B = 1152, H = 4, D = 128, max length 512..2048, sparsity 1.0 / 0.5 (the 
 FLOPs = 4·H·D·Σ Lq·Lk forward (halved for causal, exact per sequence), x2.5 backward, for every
 provider, so padded peers are credited with useful work only.
 
+FP8: float8_e4m3fn forward rows (``fp8 ...`` ops) at D=128: dense B·S = 16k, H = 16, S 4096/8192, causal
+and not, and the Llama-style GQA shape (64 query / 8 kv heads, B = 1, S 4096..16384); provider
+ours[fp8] beside ours[bf16] on the same shape. Inputs are quantised once, outside timing, with
+per-(batch, kv head) amax/448 scales; the note gives the out cosine and relative error against fp32
+attention of the dequantised inputs (torch SDPA in fp32).
+
 Providers: ours (the portable Triton kernels; ``--variants`` adds ours[tma], the forward with TMA
 descriptor loads, and ours[dq-atomic], the backward with atomic dQ), FA4 CuTe (when
 ``flash_attn.cute`` imports), cuDNN and flash through torch SDPA (dense; padded for varlen).
@@ -111,6 +117,42 @@ class Bench:
 
             self.fwd_bwd(op, f"sdpa-{backend}", shape, run, flop)
 
+    def fp8(self, b: int, s: int, h: int, hkv: int, d: int, causal: bool) -> None:
+        """ours[fp8] and ours[bf16] forward at one shape; accuracy of the FP8 output in the note."""
+        from ads_kernel_tools.bench import Row, flops, peers
+
+        from . import flash_attn_func
+
+        op = f"fp8 {'gqa' if hkv < h else 'dense'} d{d}{' causal' if causal else ''}"
+        shape = f"B={b} S={s} H={h}/{hkv} D={d}"
+        self.x = s
+        flop = flops.attention_fwd([s] * b, [s] * b, h, d, causal=causal)
+        q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        (q8, qd), (k8, kd), (v8, vd) = (quantise_fp8(t, hkv) for t in (q, k, v))
+        with peers.skip_on_error(f"ours[fp8] {op} {shape}"), torch.no_grad():
+            out = flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)[0]
+            cos, rel = _accuracy(
+                out, *(dequantise_fp8(t, sc) for t, sc in ((q8, qd), (k8, kd), (v8, vd))), causal
+            )
+            del out
+            ms = self._time(lambda: flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd,
+                                                    v_descale=vd))  # fmt: skip
+            tf = flop / (ms * 1e-3) / 1e12
+            note = f"out cos {cos:.5f} rel err {rel:.4f}"
+            self.report.add(Row(op, "ours[fp8]", "fwd", shape, ms, tf, note=note,
+                                extra={"x": self.x, "cos": cos, "rel": rel}))  # fmt: skip
+        with peers.skip_on_error(f"ours[bf16] {op} {shape}"), torch.no_grad():
+            self._add(
+                op,
+                "ours[bf16]",
+                "fwd",
+                shape,
+                self._time(lambda: flash_attn_func(q, k, v, causal=causal)),
+                flop,
+            )
+        torch.cuda.empty_cache()
+
     def varlen(self, max_len: int, sparsity: float, batch: int = 1152, h: int = 4, d: int = 128) -> None:
         from ads_kernel_tools.bench import peers
         from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
@@ -167,12 +209,47 @@ class Bench:
             self.fwd_bwd(op, "sdpa-cudnn(padded)", shape, padded, flop)
 
 
+def quantise_fp8(x: torch.Tensor, hkv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, S, H, D) -> (float8_e4m3fn x, fp32 (B, hkv) descales): amax/448 per (batch, kv head), the
+    query heads of a GQA group sharing one scale (FA3's layout)."""
+    b, s, h, d = x.shape
+    amax = x.float().abs().reshape(b, s, hkv, h // hkv, d).amax(dim=(1, 3, 4))
+    scale = (amax / 448.0).clamp_min(1e-12)
+    return (x / scale.repeat_interleave(h // hkv, 1)[:, None, :, None]).to(torch.float8_e4m3fn), scale
+
+
+def dequantise_fp8(x8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    g = x8.shape[2] // scale.shape[1]
+    return x8.float() * scale.repeat_interleave(g, 1)[:, None, :, None]
+
+
+def _accuracy(out, q, k, v, causal) -> tuple[float, float]:
+    """(cosine, relative error) of ``out`` against fp32 SDPA of q, k, v (B, S, H·, D), per batch."""
+    g = q.shape[2] // k.shape[2]
+    dot = err = n_o = n_r = 0.0
+    for i in range(q.shape[0]):
+        qh, kh, vh = (t[i].transpose(0, 1) for t in (q, k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)))
+        ref = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(0, 1)
+        o = out[i].float()
+        dot += float((o * ref).sum())
+        err += float(((o - ref) ** 2).sum())
+        n_o += float((o * o).sum())
+        n_r += float((ref * ref).sum())
+        del ref
+    return dot / (n_o * n_r) ** 0.5, (err / n_r) ** 0.5
+
+
 def main(argv: list[str] | None = None) -> int:
     from ads_kernel_tools.bench import cli
 
     from ._demo import demo
 
-    flags = {"--dense-only": "skip the varlen rows", "--variants": "also time ours[tma] and ours[dq-atomic]"}
+    flags = {
+        "--dense-only": "skip the varlen rows",
+        "--variants": "also time ours[tma] and ours[dq-atomic]",
+        "--fp8-only": "only the FP8 rows (ours[fp8] beside ours[bf16])",
+        "--no-fp8": "skip the FP8 rows",
+    }
     prog = "python -m lp_fa4.bench"
     return cli.main(prog, __doc__.splitlines()[0], measure, demo=demo, flags=flags, argv=argv)
 
@@ -181,6 +258,16 @@ def measure(args) -> int:
     from ads_kernel_tools.bench import cli, peers
 
     bench = Bench(args)
+    if not args.no_fp8:
+        for causal in (False, True):
+            for s in (4096, 8192):
+                bench.fp8(16384 // s, s, 16, 16, 128, causal)
+            for s in (4096,) if args.quick else (4096, 8192, 16384):
+                bench.fp8(1, s, 64, 8, 128, causal)
+    if args.fp8_only:
+        bench.report.print_table()
+        cli.save(bench.report, args, x_key="x", x_label="sequence length")
+        return 0
     dims = (128,) if args.quick else (64, 128, 256)
     seqs = (2048, 4096, 8192) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     for d in dims:
@@ -201,6 +288,7 @@ def measure(args) -> int:
     print(f"targets (H200): dense D=128 S>=2k fwd >= {0.9 * FA4_DENSE['fwd']:.0f}, bwd >= "
           f"{0.85 * FA4_DENSE['bwd']:.0f} (0.9x / 0.85x FA4 at 4x16x4096x128); varlen fwd >= FA4 varlen, "
           f"bwd >= 0.9x: {FA4_VARLEN}")  # fmt: skip
+    print("targets (H200): FP8 fwd >= 1000 at D=128 S>=4k non-causal and >= 1.4x ours[bf16]")
     cli.save(bench.report, args, x_key="x", x_label="sequence length (dense) / max length (varlen)")
     return 0
 
