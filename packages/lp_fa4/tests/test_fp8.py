@@ -269,9 +269,13 @@ def test_gpu_d128_s2048_gluon(causal, outliers):
 
 
 @pytest.mark.gpu
-def test_gpu_gluon_varlen_ragged():
+@pytest.mark.parametrize("relabel", [False, True])
+def test_gpu_gluon_varlen_ragged(monkeypatch, relabel):
     if not _on_h200():
         pytest.skip("needs an sm_90 GPU")
+    from lp_fa4.gluon import fwd_sm90
+
+    monkeypatch.setattr(fwd_sm90, "FP8_RELABEL", relabel)
     lens = [0, 1, 17, 127, 128, 129, 1000, 300]
     cu_l = lengths_to_offsets(lens).tolist()
     cu = torch.tensor(cu_l, dtype=torch.int32, device="cuda")
@@ -295,7 +299,7 @@ def test_gpu_gluon_varlen_ragged():
             cu_l,
             causal=causal,
         )
-        _gate(out, ref, f"gluon varlen causal={causal}")
+        _gate(out, ref, f"gluon varlen causal={causal} relabel={relabel}")
         live = torch.isfinite(ref_lse)
         torch.testing.assert_close(lse[live], ref_lse.float()[live], atol=2e-2, rtol=1e-2)
 
@@ -314,7 +318,7 @@ def test_gpu_d128_s2048_triton(monkeypatch):
 SMEM_LIMIT = 232448  # 227 KB, the most one sm_90 block may ask for
 
 
-def _gluon_job(d: int, causal: bool = False, dense: bool = False) -> dict:
+def _gluon_job(d: int, causal: bool = False, dense: bool = False, relabel: bool = False) -> dict:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.runtime.jit import mangle_type
@@ -338,12 +342,13 @@ def _gluon_job(d: int, causal: bool = False, dense: bool = False) -> dict:
     stages, qbuf = g.stages_for(d, fp8=True)
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=stages, QBUF=qbuf, CAUSAL=causal, HAS_USED_Q=False,
                   HAS_USED_K=False, LSE_PER_SEQ=dense, CONSUMER_REGS=232, PRODUCER_REGS=24,
-                  LPT=False)  # fmt: skip
+                  LPT=False, RELABEL=relabel)  # fmt: skip
     return dict(module=g.__name__, kernel="attn_fwd_ws", types=types, constexprs=consts, gluon=True)
 
 
 GLUON_JOBS = {"fp8-d128": dict(d=128), "fp8-d128-causal-dense": dict(d=128, causal=True, dense=True),
-              "fp8-d64": dict(d=64)}  # fmt: skip
+              "fp8-d64": dict(d=64), "fp8-d128-relabel": dict(d=128, relabel=True),
+              "fp8-d64-causal-relabel": dict(d=64, causal=True, relabel=True)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
 )
 from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.tile_list import schedule
-from ads_kernel_tools.kernels.transpose import v_kmajor
+from ads_kernel_tools.kernels.transpose import v_kmajor, v_kmajor_relabel
 
 BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
 BLOCK_N = 128  # keys per step
@@ -190,6 +190,23 @@ def _k_width(dtype):
     return 32 // dtype.primitive_bitwidth
 
 
+@gluon.jit
+def _fp8_operand(p, p_layout: gl.constexpr, RELABEL: gl.constexpr):
+    """P (fp32, accumulator layout) as the e4m3 register A operand of P·V. RELABEL renumbers P's
+    columns within each 32-key group (``ads_kernel_tools.kernels.transpose.KEY_ORDER``) so that each
+    thread already holds the values the operand wants from it and the layout change moves nothing;
+    V's K-major copy then holds its keys in the same order (``v_kmajor_relabel``)."""
+    if RELABEL:
+        R: gl.constexpr = p.shape[0]
+        N: gl.constexpr = p.shape[1]
+        # column 32a + 16h + 8g + 2t + i -> position 32a + 16h + 4t + 2g + i (swap the g and t fields)
+        p = gl.reshape(gl.permute(gl.reshape(p, [R, N // 32, 2, 2, 4, 2]), (0, 1, 2, 4, 3, 5)), [R, N])
+        p = gl.convert_layout(p, p_layout, assert_trivial=True).to(gl.float8e4nv)
+    else:
+        p = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+    return p
+
+
 @gluon.constexpr_function
 def _acc_layout(n, dtype):
     """``acc_layout`` for operands of ``dtype``: the instruction's K is 32 bytes (16 for 16-bit
@@ -202,7 +219,7 @@ def _acc_layout(n, dtype):
 def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr,
-              FP8: gl.constexpr):  # fmt: skip
+              FP8: gl.constexpr, RELABEL: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
@@ -260,7 +277,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     # P_j from S_j, then S_{j+1} and P_j·V_j issued together; P_j·V_j retires in the step
                     p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
                                                        s_scale2, BN, CAUSAL, FP8)  # fmt: skip
-                    p = gl.convert_layout(p.to(dtype), p_layout)
+                    p = _fp8_operand(p, p_layout, RELABEL)
                     accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
                     sv = (it + j) % STAGES
                     sk = (it + j + 1) % STAGES
@@ -275,7 +292,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     mbarrier.arrive(v_empty.index(sv), count=1)
                 p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, n_k - 1, n_full, k_len, rows2, cols2, off,
                                                    s_scale2, BN, CAUSAL, FP8)  # fmt: skip
-                p = gl.convert_layout(p.to(dtype), p_layout)
+                p = _fp8_operand(p, p_layout, RELABEL)
                 accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
                 sv = (it + n_k - 1) % STAGES
                 mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
@@ -355,6 +372,7 @@ def attn_fwd_ws(
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
+    RELABEL: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8  # e4m3 q, k, v (module docstring)
@@ -388,11 +406,41 @@ def attn_fwd_ws(
         [
             (
                 _consumer,
-                (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ, LPT, FP8),
+                (
+                    cargs,
+                    WG0,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                    QBUF,
+                    CAUSAL,
+                    HAS_USED_Q,
+                    HAS_USED_K,
+                    LSE_PER_SEQ,
+                    LPT,
+                    FP8,
+                    RELABEL,
+                ),
             ),
             (
                 _consumer,
-                (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ, LPT, FP8),
+                (
+                    cargs,
+                    WG1,
+                    D,
+                    BM,
+                    BN,
+                    STAGES,
+                    QBUF,
+                    CAUSAL,
+                    HAS_USED_Q,
+                    HAS_USED_K,
+                    LSE_PER_SEQ,
+                    LPT,
+                    FP8,
+                    RELABEL,
+                ),
             ),
             (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8)),
         ],
@@ -417,6 +465,7 @@ def stages_for(d: int, fp8: bool = False) -> tuple[int, int]:
     return (2, 2) if d == 128 else (4, 2)
 
 
+FP8_RELABEL = False  # see ``fwd``'s ``relabel``; off until timed on the H200
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
 # The LPT walk measured faster than the tile list for dense causal S = 2048 and 4096 and slower at
 # 8192 (one A/B run on the H200, BENCHMARKS.md): the default takes it up to this length.
@@ -424,7 +473,8 @@ LPT_MAX_S = 4096
 
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
-        lse_dense: bool, lpt: bool | None = None, descale=None) -> None:  # fmt: skip
+        lse_dense: bool, lpt: bool | None = None, descale=None,
+        relabel: bool | None = None) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
@@ -433,7 +483,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     tile list. A dense batch (``lse_dense``) has equal slots, so the order needs no list.
 
     ``descale``: (q, k, v) contiguous fp32 (B, Hkv) for float8_e4m3fn q, k, v (out bf16); V is then
-    read through a K-major copy made here."""
+    read through a K-major copy made here; ``relabel`` (default ``FP8_RELABEL``) puts its keys in
+    ``KEY_ORDER`` groups so P reaches P·V without moving values between threads (``_fp8_operand``)."""
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     n_b = cu_q.shape[0] - 1
@@ -455,13 +506,17 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     kv_layout = smem_layout(BN, d, gdt)
     k_desc = TensorDescriptor(k2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
     if fp8:  # V K-major (Hkv·D, keys padded to 16): fp8 wgmma reads B only that way
-        vt = v_kmajor(v2.view(rows_k, hkv, d))
+        relabel = FP8_RELABEL if relabel is None else relabel
+        if relabel:  # sequence b's keys from column vcol[b] (32-aligned)
+            vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_k if tk > 0 else cu_k * 0)
+        else:  # sequence b's keys start at column cu_k[b] of the copy
+            vt, vcol = v_kmajor(v2.view(rows_k, hkv, d)), cu_k
         v_desc = TensorDescriptor(vt, list(vt.shape), [vt.shape[1], 1], [d, BN], smem_layout(d, BN, gdt))
         qd, kd, vd = descale
-        vcol = cu_k  # sequence b's keys start at column cu_k[b] of the copy
     else:
         v_desc = TensorDescriptor(v2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
         qd = kd = vd = vcol = cu_q  # not read
+        relabel = False
     m_tiles = triton.cdiv(max_q, BM)
     if lpt is None:
         lpt = lse_dense and causal and tq // n_b <= LPT_MAX_S
@@ -486,6 +541,6 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items, qd, kd, vd, vcol,
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=232, PRODUCER_REGS=24,
-        LPT=bool(lpt),
+        LPT=bool(lpt), RELABEL=bool(relabel),
         num_warps=4,
     )  # fmt: skip
