@@ -85,15 +85,15 @@ def _jobs() -> dict[str, dict]:
         constexprs=dict(HAS_BIAS=True, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_STAGES=3),
         num_warps=8,
     )  # fmt: skip
-    # the persistent forward (config.persistent_config's H200 tiles): still software-pipelined, i.e.
-    # three-stage TMA buffers, with the read-back barrier inside its loop
+    # the persistent forward (config.persistent_config's H200 tiles at K >= 1024): still
+    # software-pipelined, i.e. four-stage TMA buffers, with the read-back barrier inside its loop
     jobs["ln_fwd_persistent"] = dict(
         module="ads_norm_fusion.triton._rownorm", kernel="rownorm_persistent_kernel",
         types={p: "*bf16" for p in ("A", "B", "BIAS", "GAMMA", "BETA", "OUT", "XHAT")}
         | {"STAT1": "*fp32", "STAT2": "*fp32", "eps": "fp32"},
         constexprs=dict(MODE=0, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=True, SAVE_XHAT=False, BLOCK_M=128,
                         BLOCK_N=256, BLOCK_K=64, NUM_PROGS=132, FLATTEN=True, SYNC_ASM=True),
-        num_warps=8, num_stages=3,
+        num_warps=8, num_stages=4,
     )  # fmt: skip
     jobs["norm_bwd"] = dict(
         module="ads_norm_fusion.triton._norm_bwd", kernel="norm_bwd_kernel",
@@ -129,5 +129,5 @@ def test_compiles_for_sm90(ptx, case) -> None:
         assert counts["wgmma"] > 0, f"{case}: no wgmma"
         assert counts["tma"] > 0, f"{case}: no TMA loads"
     assert counts["local_memory"] == 0, f"{case} spills registers"
-    if case == "ln_fwd_persistent":  # 3 stages of 128x64 + 256x64 bf16 tiles: the K loop is pipelined
-        assert counts["shared_bytes"] >= 3 * (128 + 256) * 64 * 2, counts["shared_bytes"]
+    if case == "ln_fwd_persistent":  # 4 stages of 128x64 + 256x64 bf16 tiles (the K loop is pipelined)
+        assert 4 * (128 + 256) * 64 * 2 <= counts["shared_bytes"] <= 227 * 1024, counts["shared_bytes"]

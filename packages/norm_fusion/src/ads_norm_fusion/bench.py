@@ -171,6 +171,7 @@ def _run_providers(report, bench, op, shape, providers, leaves, dy) -> None:
 SWEEP_VARIANTS = {
     "per-row-block kernel": {"ADS_NORM_FUSION_PERSISTENT": "0"},
     "persistent default": {},
+    "persistent 3 stages": {"ADS_NORM_FUSION_STAGES": "3"},
     "persistent 4 stages": {"ADS_NORM_FUSION_STAGES": "4"},
     "persistent no flatten": {"ADS_NORM_FUSION_FLATTEN": "0"},
     "persistent 64x256 4 warps 2 stages 2/SM": {

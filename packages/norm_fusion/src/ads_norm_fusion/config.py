@@ -144,7 +144,8 @@ def flatten_loops(default: bool = False) -> bool:
     return default if not value else value == "1"
 
 
-PERSISTENT_MAX_N = 16384  # widest rows the persistent forward takes (N up to 4096 measured, BENCHMARKS.md)
+PERSISTENT_MAX_N = 8192  # widest rows the persistent forward takes: timed to N = 4096, GPU-tested to 8192;
+# wider rows keep the per-row-block two-phase kernel
 
 
 def rownorm_persistent(n: int, block_n: int) -> bool:
@@ -163,16 +164,18 @@ class PersistentConfig:
 
 
 def persistent_config(m: int, n: int, k: int, num_sms: int) -> PersistentConfig:
-    """Tiles and grid of the persistent forward: 128×256×64 tiles, 8 warps, 3 stages, one program
-    per SM (no more programs than row blocks). The interpreter takes its small tiles and three
-    programs, so the CPU suite walks several row blocks per program."""
+    """Tiles and grid of the persistent forward: 128×256×64 tiles, 8 warps, one program per SM (no
+    more programs than row blocks); 4 stages at K >= 1024 (H200: 5-8 % faster than 3 at every such
+    LayerNorm shape; 2 programs per SM with smaller tiles were 25-45 % slower) and 3 below (faster at
+    8192×512×512). The interpreter takes its small tiles and three programs, so the CPU suite walks
+    several row blocks per program."""
     if interpreter_active():
         tiles = TileConfig(*_INTERP)
         tiles = TileConfig(tiles.block_m, max(16, min(tiles.block_n, _pow2_at_least(n))), *_INTERP[2:])
         per_sm, sms = 1, 3
     else:
         bn = 256 if n % 256 == 0 else 128
-        tiles = TileConfig(128, bn, 64, 8, 3)
+        tiles = TileConfig(128, bn, 64, 8, 4 if k >= 1024 else 3)
         per_sm, sms = 1, num_sms
     tiles = TileConfig(
         block_m=_env_int("ADS_NORM_FUSION_BLOCK_M") or tiles.block_m,
