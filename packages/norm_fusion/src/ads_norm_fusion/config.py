@@ -165,7 +165,7 @@ class PersistentConfig:
 
 def persistent_config(m: int, n: int, k: int, num_sms: int) -> PersistentConfig:
     """Tiles and grid of the persistent forward: 128×256×64 tiles, 8 warps, one program per SM (no
-    more programs than row blocks); 4 stages at K >= 1024 (H200: 5-8 % faster than 3 at every such
+    more programs than row blocks); 4 stages at K >= 1024 (H200: 2-10 % faster than 3 at every such
     LayerNorm shape; 2 programs per SM with smaller tiles were 25-45 % slower) and 3 below (faster at
     8192×512×512). The interpreter takes its small tiles and three programs, so the CPU suite walks
     several row blocks per program."""

@@ -5,6 +5,8 @@ GEMM tile, per-row partial statistics merged into running ones, tile staged in `
 row statistics are final it walks them again (phase 2): reads its own staged tiles back (still in L2),
 normalises and overwrites them. When the row fits one tile (``SINGLE``) the accumulator is normalised
 in registers and nothing is staged. No program waits for another, so any grid is deadlock-free.
+``rownorm_persistent_kernel`` is the same forward (modes 0, 1, 4) on a persistent grid, the default
+for rows wider than one tile up to ``config.PERSISTENT_MAX_N``; ``rownorm_kernel`` serves the rest.
 
 Modes (``MODE``):
   0 LayerNorm forward: z = A·B (+ bias); mean/rstd over N (Chan's merge of per-tile mean and M2);
