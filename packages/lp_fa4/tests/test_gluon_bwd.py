@@ -179,7 +179,7 @@ def test_gluon_bwd_seqused_and_poisoned_buffers(causal, device, gluon_bwd_calls)
     used_k = torch.tensor(uk, dtype=torch.int32, device=device)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lq), max(lk), causal=causal, seqused_q=used_q,
-                                 seqused_k=used_k)  # fmt: skip
+                                 seqused_k=used_k)[0]  # fmt: skip
     do = randn(out.shape, dtype=torch.bfloat16, device=device, seed=14)
     _poison_allocator(device)
     dq, dk, dv = torch.autograd.grad(out, leaves, do)

@@ -25,7 +25,8 @@ key j iff j <= i + k_len - q_len (q_len the used length); a kv tile skips the qu
 above the diagonal and masks only the tiles it crosses. Keys past k_len keep dK = dV = 0 (the
 buffers start zeroed), query rows outside [0, rows) get dQ = 0 (their P is 0: LSE read as +inf).
 Work items are (sequence, kv head, kv tile) from ``ads_kernel_tools.kernels.tile_list.schedule``,
-heaviest sequence first.
+heaviest sequence first; under causal an item is a pair of kv tiles, j and T-1-j, of equal total
+work (``_kv_tiles``).
 """
 
 from __future__ import annotations
@@ -84,6 +85,19 @@ def _kv_item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_T
 
 
 @gluon.jit
+def _kv_tiles(j, k_len, N_TILES, BN: gl.constexpr, PAIRS: gl.constexpr):
+    """range(start, stop, step) of the kv tiles of list slot j. PAIRS (causal): slot j holds tiles j
+    and T-1-j of the sequence's T, so that every slot of a dense batch does the same work (the
+    heavy tile first): lockstep programs keep the few heads they touch in L2. Else tile j (and,
+    for a sequence longer than the slots, every N_TILES-th after it)."""
+    t = gl.cdiv(k_len, BN)
+    if PAIRS:
+        return j, t - j, gl.maximum(t - 1 - 2 * j, 1)
+    else:
+        return j, t, N_TILES
+
+
+@gluon.jit
 def _q_tiles(n, rows, off, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
     """Query tiles [lo, hi) that kv tile n meets: under CAUSAL, from the first tile holding a row
     i with i + off >= n·BN (the tile's first key)."""
@@ -108,7 +122,8 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
             t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
             HAS_USED_Q, HAS_USED_K,
         )  # fmt: skip
-        for n in range(n_first, gl.cdiv(k_len, BN), N_TILES):
+        start, stop, step = _kv_tiles(n_first, k_len, N_TILES, BN, CAUSAL)
+        for n in range(start, stop, step):
             lo, hi = _q_tiles(n, rows, off, BM, BN, CAUSAL)
             mbarrier.wait(kv_empty, (kc & 1) ^ 1)
             mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -170,7 +185,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
             t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
             HAS_USED_Q, HAS_USED_K,
         )  # fmt: skip
-        for n in range(n_first, gl.cdiv(k_len, BN), N_TILES):
+        start, stop, step = _kv_tiles(n_first, k_len, N_TILES, BN, CAUSAL)
+        for n in range(start, stop, step):
             lo, hi = _q_tiles(n, rows, off, BM, BN, CAUSAL)
             kv_first = n * BN + WG * ROWS  # first key of this warpgroup inside the sequence
             kv_valid = k_len - kv_first  # keys of this half inside the sequence (may be <= 0)
@@ -320,8 +336,9 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     q_desc, do_desc = rows_desc(q, BM, gdt), rows_desc(do, BM, gdt)
     k_desc, v_desc = rows_desc(k, BN, gdt), rows_desc(v, BN, gdt)
     dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=d // 2)
-    n_tiles = triton.cdiv(max_k, BN)
-    tiles, count = schedule(cu_q, cu_k, rows_cap, tile_q=False, block=BN, slots=n_tiles, heads=hkv)
+    slot_keys = 2 * BN if causal else BN  # causal: a slot pairs kv tiles j and T-1-j (``_kv_tiles``)
+    n_tiles = triton.cdiv(max_k, slot_keys)
+    tiles, count = schedule(cu_q, cu_k, rows_cap, tile_q=False, block=slot_keys, slots=n_tiles, heads=hkv)
     grid = (max(1, min(n_b * hkv * n_tiles, num_sms(q.device))),)
     attn_bwd_ws[grid](
         q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, lse, delta, lse.shape[1], tiles, count, cu_q, cu_k,
