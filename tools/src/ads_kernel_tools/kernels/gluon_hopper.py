@@ -11,13 +11,20 @@ from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 __all__ = [
     "smem_layout", "acc_layout", "split_entry", "decode_tile", "init_ring", "store_rows",
     "coalesced_rows_layout", "masked_row_store", "red_add_v4", "tma_reduce_add", "stage_for_tma",
-    "rows_desc",
+    "rows_desc", "bwd_grad_step",
 ]  # fmt: skip
 
 
@@ -175,3 +182,53 @@ def stage_for_tma(smem, values):
     smem.store(values)
     fence_async_shared()
     gl.thread_barrier()
+
+
+@gluon.jit
+def bwd_grad_step(
+    pt,
+    dst,
+    dv,
+    dk,
+    q_s,
+    do_s,
+    k_cols,
+    ds_smem,
+    db,
+    dph,
+    ds_full,
+    ds_free,
+    qd_empty,
+    dq_zero,
+    WG: gl.constexpr,
+    P_LAYOUT: gl.constexpr,
+):
+    """The GEMM half of one step of an attention backward whose two consumer warpgroups each own
+    half of a kv tile's rows (warpgroup ``WG``: rows [WG·R, WG·R + R) of a 2R-row tile), given this
+    warpgroup's ``pt`` (Pᵀ-like, [R, M], fp32) and ``dst`` (dSᵀ-like) for one M-row query tile.
+
+    Writes this half of dSᵀ into the shared [2R, M] buffer ``ds_smem.index(db)`` (after both
+    warpgroups freed it: ``ds_free``, phase ``dph``) and announces it (``ds_full``); accumulates
+    dV += Pᵀ dO (Pᵀ from registers, ``P_LAYOUT``) and dK += dSᵀ Q (dSᵀ from shared memory); once both
+    halves are in, dQ = dS K[:, cols] over all 2R keys (``k_cols``: this warpgroup's column slice of
+    K, ``dq_zero`` its zero accumulator); then waits for the three GEMMs, releases the Q/dO stage
+    (``qd_empty``) and the dSᵀ buffer. Returns (dv, dk, dq): dv, dk ready for the next step's
+    asynchronous accumulation, dq the fp32 partial for the caller to reduce."""
+    R: gl.constexpr = pt.shape[0]
+    mbarrier.wait(ds_free.index(db), dph ^ 1)
+    ds_half = ds_smem.index(db).slice(WG * R, R, dim=0)
+    ds_half.store(dst.to(q_s.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(ds_full.index(db), count=1)
+    p_op = gl.convert_layout(pt.to(q_s.dtype), P_LAYOUT)
+    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
+    dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
+    mbarrier.wait(ds_full.index(db), dph)
+    dq = warpgroup_mma(ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+    dv = warpgroup_mma_init(dv)
+    dk = warpgroup_mma_init(dk)
+    mbarrier.arrive(qd_empty, count=1)
+    mbarrier.arrive(ds_free.index(db), count=1)
+    return dv, dk, dq

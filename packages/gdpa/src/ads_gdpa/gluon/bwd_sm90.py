@@ -28,7 +28,6 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -37,8 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ads_kernel_tools.capability import num_sms as sm_count
-from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords
 from ads_kernel_tools.kernels.gluon_hopper import (
+    bwd_grad_step,
     init_ring,
     red_add_v4,
     rows_desc,
@@ -46,6 +45,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     store_rows,
     tma_reduce_add,
 )
+from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords
 from ads_kernel_tools.kernels.tile_list import schedule
 
 from ._act import act_and_grad_scaled
@@ -143,7 +143,6 @@ def _bwd_consumer(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16]
     )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    in_dtype: gl.constexpr = q_smem.dtype
     rows2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, s_layout)), 1)
     cols2 = gl.expand_dims(gl.arange(0, BM, gl.SliceLayout(0, s_layout)), 0)
     # dQ partials are added four fp32 columns per instruction: runs of 4 per thread, a warp per row pair
@@ -194,25 +193,9 @@ def _bwd_consumer(
                         keep = (rows2 < kv_valid) & (cols2 < q_valid)
                         pt = gl.where(keep, pt, 0.0)
                         dst = gl.where(keep, dst, 0.0)
-                    # this half of dSᵀ goes to shared memory: the A operand of dK here, of dQ in both
-                    mbarrier.wait(ds_free.index(db), dph ^ 1)
-                    ds_half = ds_smem.index(db).slice(WG * ROWS, ROWS, dim=0)
-                    ds_half.store(dst.to(in_dtype))
-                    fence_async_shared()
-                    gl.thread_barrier()
-                    mbarrier.arrive(ds_full.index(db), count=1)
-                    p_op = gl.convert_layout(pt.to(in_dtype), p_layout)
-                    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-                    dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
-                    mbarrier.wait(ds_full.index(db), dph)
-                    dq = warpgroup_mma(
-                        ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True
-                    )
-                    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-                    dv = warpgroup_mma_init(dv)
-                    dk = warpgroup_mma_init(dk)
-                    mbarrier.arrive(qd_empty.index(s), count=1)
-                    mbarrier.arrive(ds_free.index(db), count=1)
+                    # dSᵀ halves exchanged through shared memory; dV, dK accumulated; dQ over all 128 keys
+                    dv, dk, dq = bwd_grad_step(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
+                                               ds_free, qd_empty.index(s), dq_zero, WG, p_layout)  # fmt: skip
                     if DQ_MODE >= 2:
                         # Rows past the sequence carry exact zeros (dSᵀ is masked), so the whole box
                         # may be added, the neighbouring sequence's rows included.
