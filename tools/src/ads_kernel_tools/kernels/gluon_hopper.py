@@ -24,7 +24,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 __all__ = [
     "smem_layout", "acc_layout", "split_entry", "decode_tile", "init_ring", "store_rows",
     "coalesced_rows_layout", "masked_row_store", "red_add_v4", "tma_reduce_add", "stage_for_tma",
-    "rows_desc", "bwd_grad_step",
+    "rows_desc", "bwd_grad_step", "bwd_buffers",
 ]  # fmt: skip
 
 
@@ -232,3 +232,39 @@ def bwd_grad_step(
     mbarrier.arrive(qd_empty, count=1)
     mbarrier.arrive(ds_free.index(db), count=1)
     return dv, dk, dq
+
+
+@gluon.jit
+def bwd_buffers(q_desc, do_desc, k_desc, v_desc, dq_desc, STAGES: gl.constexpr):
+    """Shared memory and mbarriers of a two-consumer-warpgroup attention backward over one kv tile
+    of BN rows (``k_desc``'s box) and query tiles of BM rows (``q_desc``'s box), D wide: a ring of
+    ``STAGES`` Q/dO tiles, one K and one V tile, two [BN, BM] dSᵀ buffers, one fp32 dQ staging tile
+    per warpgroup (``dq_desc``'s box). Barriers initialised: the Q/dO ring (``init_ring``, two
+    consumers), K/V ready (one producer) / empty (two warpgroups), and each dSᵀ buffer's full / free
+    (two arrivals). Returns (q, do, k, v, ds, dq, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
+    ds_free)."""
+    dtype: gl.constexpr = q_desc.dtype
+    BM: gl.constexpr = q_desc.block_type.shape[0]
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BN, BM], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+    qd_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qd_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    init_ring(qd_ready, qd_empty, STAGES, 2)
+    mbarrier.init(kv_ready, count=1)
+    mbarrier.init(kv_empty, count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_full.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=2)
+    return (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty,
+            ds_full, ds_free)  # fmt: skip

@@ -46,8 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ads_kernel_tools.capability import num_sms
 from ads_kernel_tools.kernels.gluon_hopper import (
     acc_layout,
+    bwd_buffers,
     bwd_grad_step,
-    init_ring,
     rows_desc,
     split_entry,
     stage_for_tma,
@@ -251,26 +251,8 @@ def attn_bwd_ws(
     HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, BN, BM], ds_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BM, D // 2], dq_desc.layout)  # one per warpgroup
-    qd_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    qd_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    init_ring(qd_ready, qd_empty, STAGES, 2)  # released by each of the two consumer warpgroups
-    mbarrier.init(kv_ready, count=1)
-    mbarrier.init(kv_empty, count=2)
-    for i in gl.static_range(2):  # a dSᵀ buffer is full / free once both warpgroups arrived
-        mbarrier.init(ds_full.index(i), count=2)
-        mbarrier.init(ds_free.index(i), count=2)
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
+     ds_free) = bwd_buffers(q_desc, do_desc, k_desc, v_desc, dq_desc, STAGES)  # fmt: skip
 
     cargs = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty,
              ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr,
