@@ -30,12 +30,13 @@ def test_key_order_is_a_permutation_of_each_32_group():
     assert KEY_ORDER[:4] == [0, 1, 8, 9]  # thread 0 of a quad: columns 0, 1, 8, 9 in the accumulator
 
 
-def test_v_kmajor_relabel_places_each_sequence_in_key_order(device):
+@pytest.mark.parametrize("relabel", [True, False])
+def test_v_kmajor_relabel_places_each_sequence_in_key_order(device, relabel):
     lens = [0, 5, 40, 32, 1]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     tk = int(cu[-1])
     v = _fp8((tk, 1, 16), device, seed=1)
-    vt, starts = v_kmajor_relabel(v, cu)
+    vt, starts = v_kmajor_relabel(v, cu, relabel=relabel)
     starts_want = [0]
     for n in lens:
         starts_want.append(starts_want[-1] + (n + 31) // 32 * 32)
@@ -46,7 +47,7 @@ def test_v_kmajor_relabel_places_each_sequence_in_key_order(device):
     for b, n in enumerate(lens):
         k0, c0 = int(cu[b]), starts_want[b]
         for pos in range((n + 31) // 32 * 32):
-            key = pos - pos % 32 + KEY_ORDER[pos % 32]
+            key = pos - pos % 32 + KEY_ORDER[pos % 32] if relabel else pos
             if key < n:
                 expect[:, c0 + pos] = src[k0 + key]
     assert vt.shape[1] % 16 == 0 and vt.shape[1] >= starts_want[-1]

@@ -269,13 +269,13 @@ def test_gpu_d128_s2048_gluon(causal, outliers):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("relabel", [False, True])
-def test_gpu_gluon_varlen_ragged(monkeypatch, relabel):
+@pytest.mark.parametrize("v_copy", ["plain", "aligned", "relabel"])
+def test_gpu_gluon_varlen_ragged(monkeypatch, v_copy):
     if not _on_h200():
         pytest.skip("needs an sm_90 GPU")
     from lp_fa4.gluon import fwd_sm90
 
-    monkeypatch.setattr(fwd_sm90, "FP8_RELABEL", relabel)
+    monkeypatch.setattr(fwd_sm90, "FP8_V_COPY", v_copy)
     lens = [0, 1, 17, 127, 128, 129, 1000, 300]
     cu_l = lengths_to_offsets(lens).tolist()
     cu = torch.tensor(cu_l, dtype=torch.int32, device="cuda")
@@ -299,7 +299,7 @@ def test_gpu_gluon_varlen_ragged(monkeypatch, relabel):
             cu_l,
             causal=causal,
         )
-        _gate(out, ref, f"gluon varlen causal={causal} relabel={relabel}")
+        _gate(out, ref, f"gluon varlen causal={causal} v_copy={v_copy}")
         live = torch.isfinite(ref_lse)
         torch.testing.assert_close(lse[live], ref_lse.float()[live], atol=2e-2, rtol=1e-2)
 

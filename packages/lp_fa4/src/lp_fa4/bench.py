@@ -228,14 +228,19 @@ def _accuracy(out, q, k, v, causal) -> tuple[float, float]:
     g = q.shape[2] // k.shape[2]
     dot = err = n_o = n_r = 0.0
     for i in range(q.shape[0]):
-        qh, kh, vh = (t[i].transpose(0, 1) for t in (q, k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)))
-        ref = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(0, 1)
-        o = out[i].float()
-        dot += float((o * ref).sum())
-        err += float(((o - ref) ** 2).sum())
-        n_o += float((o * o).sum())
-        n_r += float((ref * ref).sum())
-        del ref
+        for h0 in range(0, q.shape[2], 4):  # 4 heads at a time: SDPA's fp32 math path holds S x S scores
+            heads = slice(h0, h0 + 4)
+            kv = [t[i, :, heads].contiguous() for t in (k.repeat_interleave(g, 2), v.repeat_interleave(g, 2))]
+            qh, kh, vh = (t.transpose(0, 1) for t in [q[i, :, heads].contiguous(), *kv])
+            ref = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(
+                0, 1
+            )
+            o = out[i, :, heads].float()
+            dot += float((o * ref).sum())
+            err += float(((o - ref) ** 2).sum())
+            n_o += float((o * o).sum())
+            n_r += float((ref * ref).sum())
+            del ref, kv
     return dot / (n_o * n_r) ** 0.5, (err / n_r) ** 0.5
 
 

@@ -54,8 +54,11 @@ def _transpose_kernel(src, dst, rows, cols, rows_pad, BR: tl.constexpr, BC: tl.c
 
 
 @triton.jit
-def _relabel_kernel(src, dst, cu_k, kv_cols, cols, width, BR: tl.constexpr, BC: tl.constexpr):
-    """Sequence b, columns [c0, c0 + BC) of V: its keys in KEY_ORDER groups from kv_cols[b]."""
+def _relabel_kernel(
+    src, dst, cu_k, kv_cols, cols, width, BR: tl.constexpr, BC: tl.constexpr, RELABEL: tl.constexpr = True
+):
+    """Sequence b, columns [c0, c0 + BC) of V: its keys from kv_cols[b], in KEY_ORDER groups
+    (RELABEL) or in their order."""
     b = tl.program_id(0)
     c0 = tl.program_id(1) * BC
     k0 = tl.load(cu_k + b)
@@ -66,7 +69,10 @@ def _relabel_kernel(src, dst, cu_k, kv_cols, cols, width, BR: tl.constexpr, BC: 
     for r0 in range(0, n_pad, BR):
         pos = r0 + tl.arange(0, BR)
         p = pos & 31
-        key = (pos - p) + (p & 16) + ((p & 2) << 2) + ((p >> 2) & 3) * 2 + (p & 1)
+        if RELABEL:
+            key = (pos - p) + (p & 16) + ((p & 2) << 2) + ((p >> 2) & 3) * 2 + (p & 1)
+        else:
+            key = pos
         tile = tl.load(
             src + (k0 + key[:, None]).to(tl.int64) * cols + c[None, :],
             mask=(key[:, None] < lk) & (c[None, :] < cols),
@@ -100,10 +106,13 @@ def kv_cols(cu_k: torch.Tensor) -> torch.Tensor:
     return starts
 
 
-def v_kmajor_relabel(v: torch.Tensor, cu_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def v_kmajor_relabel(
+    v: torch.Tensor, cu_k: torch.Tensor, relabel: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(Tk, H_kv, D) fp8 V -> ((H_kv·D, width) copy with each sequence's keys in KEY_ORDER groups from
     a 32-aligned column, (B+1,) int32 those columns). No host sync: width is the bound
-    Tk + 32·B rounded to 16, and the columns past the last sequence are zeroed."""
+    Tk + 32·B rounded to 16, and the columns past the last sequence are zeroed. ``relabel=False``
+    keeps each sequence's keys in their order (only the 32-aligned starts)."""
     tk = v.shape[0]
     cols = v.shape[1] * v.shape[2]
     n_seq = cu_k.numel() - 1
@@ -115,5 +124,6 @@ def v_kmajor_relabel(v: torch.Tensor, cu_k: torch.Tensor) -> tuple[torch.Tensor,
     if n_seq > 0 and tk > 0:
         BR, BC = 64, 64
         src = v.reshape(tk, cols).view(torch.uint8)
-        _relabel_kernel[(n_seq, triton.cdiv(cols, BC))](src, dst, cu, starts, cols, width, BR=BR, BC=BC)
+        grid = (n_seq, triton.cdiv(cols, BC))
+        _relabel_kernel[grid](src, dst, cu, starts, cols, width, BR=BR, BC=BC, RELABEL=relabel)
     return dst.view(v.dtype), starts

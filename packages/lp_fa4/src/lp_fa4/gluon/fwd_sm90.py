@@ -465,7 +465,9 @@ def stages_for(d: int, fp8: bool = False) -> tuple[int, int]:
     return (2, 2) if d == 128 else (4, 2)
 
 
-FP8_RELABEL = False  # see ``fwd``'s ``relabel``; off until timed on the H200
+# FP8: how V's K-major copy is laid out (``fwd``'s ``v_copy``): "plain" (sequence b from column
+# cu_k[b]), "aligned" (each sequence from a 32-aligned column), "relabel" (aligned, keys in KEY_ORDER)
+FP8_V_COPY = "aligned"
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
 # The LPT walk measured faster than the tile list for dense causal S = 2048 and 4096 and slower at
 # 8192 (one A/B run on the H200, BENCHMARKS.md): the default takes it up to this length.
@@ -474,7 +476,7 @@ LPT_MAX_S = 4096
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
         lse_dense: bool, lpt: bool | None = None, descale=None,
-        relabel: bool | None = None) -> None:  # fmt: skip
+        v_copy: str | None = None) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
@@ -483,8 +485,9 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     tile list. A dense batch (``lse_dense``) has equal slots, so the order needs no list.
 
     ``descale``: (q, k, v) contiguous fp32 (B, Hkv) for float8_e4m3fn q, k, v (out bf16); V is then
-    read through a K-major copy made here; ``relabel`` (default ``FP8_RELABEL``) puts its keys in
-    ``KEY_ORDER`` groups so P reaches P·V without moving values between threads (``_fp8_operand``)."""
+    read through a K-major copy made here, laid out as ``v_copy`` says (default ``FP8_V_COPY``):
+    "relabel" puts its keys in ``KEY_ORDER`` groups so P reaches P·V without moving values between
+    threads (``_fp8_operand``)."""
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     n_b = cu_q.shape[0] - 1
@@ -506,11 +509,16 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     kv_layout = smem_layout(BN, d, gdt)
     k_desc = TensorDescriptor(k2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
     if fp8:  # V K-major (Hkv·D, keys padded to 16): fp8 wgmma reads B only that way
-        relabel = FP8_RELABEL if relabel is None else relabel
-        if relabel:  # sequence b's keys from column vcol[b] (32-aligned)
-            vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_k if tk > 0 else cu_k * 0)
-        else:  # sequence b's keys start at column cu_k[b] of the copy
+        v_copy = FP8_V_COPY if v_copy is None else v_copy
+        if v_copy not in ("plain", "aligned", "relabel"):
+            raise ValueError(f"v_copy must be plain, aligned or relabel, got {v_copy!r}")
+        relabel = v_copy == "relabel"
+        if v_copy == "plain":  # sequence b's keys start at column cu_k[b] of the copy
             vt, vcol = v_kmajor(v2.view(rows_k, hkv, d)), cu_k
+        else:  # sequence b's keys from column vcol[b] (32-aligned)
+            vt, vcol = v_kmajor_relabel(
+                v2.view(rows_k, hkv, d), cu_k if tk > 0 else cu_k * 0, relabel=relabel
+            )
         v_desc = TensorDescriptor(vt, list(vt.shape), [vt.shape[1], 1], [d, BN], smem_layout(d, BN, gdt))
         qd, kd, vd = descale
     else:
