@@ -30,13 +30,13 @@ def test_key_order_is_a_permutation_of_each_32_group():
     assert KEY_ORDER[:4] == [0, 1, 8, 9]  # thread 0 of a quad: columns 0, 1, 8, 9 in the accumulator
 
 
-@pytest.mark.parametrize("relabel", [True, False])
-def test_v_kmajor_relabel_places_each_sequence_in_key_order(device, relabel):
-    lens = [0, 5, 40, 32, 1]
+@pytest.mark.parametrize("relabel,max_len", [(True, None), (False, None), (True, 40), (False, 200)])
+def test_v_kmajor_relabel_places_each_sequence_in_key_order(device, relabel, max_len):
+    lens = [0, 5, 40, 32, 1, 150]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     tk = int(cu[-1])
     v = _fp8((tk, 1, 16), device, seed=1)
-    vt, starts = v_kmajor_relabel(v, cu, relabel=relabel)
+    vt, starts = v_kmajor_relabel(v, cu, relabel=relabel, max_len=max_len)
     starts_want = [0]
     for n in lens:
         starts_want.append(starts_want[-1] + (n + 31) // 32 * 32)

@@ -66,7 +66,8 @@ def _relabel_kernel(
     d0 = tl.load(kv_cols + b)
     c = c0 + tl.arange(0, BC)
     n_pad = tl.cdiv(lk, 32) * 32
-    for r0 in range(0, n_pad, BR):
+    # programs along the grid's third axis share a sequence's key blocks
+    for r0 in range(tl.program_id(2) * BR, n_pad, BR * tl.num_programs(2)):
         pos = r0 + tl.arange(0, BR)
         p = pos & 31
         if RELABEL:
@@ -107,12 +108,14 @@ def kv_cols(cu_k: torch.Tensor) -> torch.Tensor:
 
 
 def v_kmajor_relabel(
-    v: torch.Tensor, cu_k: torch.Tensor, relabel: bool = True
+    v: torch.Tensor, cu_k: torch.Tensor, relabel: bool = True, max_len: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(Tk, H_kv, D) fp8 V -> ((H_kv·D, width) copy with each sequence's keys in KEY_ORDER groups from
     a 32-aligned column, (B+1,) int32 those columns). No host sync: width is the bound
     Tk + 32·B rounded to 16, and the columns past the last sequence are zeroed. ``relabel=False``
-    keeps each sequence's keys in their order (only the 32-aligned starts)."""
+    keeps each sequence's keys in their order (only the 32-aligned starts). ``max_len`` (a bound on
+    the longest sequence, known on the host) spreads each sequence's keys over more programs, for
+    batches of few long sequences; without it one program walks each (sequence, column block)."""
     tk = v.shape[0]
     cols = v.shape[1] * v.shape[2]
     n_seq = cu_k.numel() - 1
@@ -124,6 +127,7 @@ def v_kmajor_relabel(
     if n_seq > 0 and tk > 0:
         BR, BC = 64, 64
         src = v.reshape(tk, cols).view(torch.uint8)
-        grid = (n_seq, triton.cdiv(cols, BC))
+        split = 1 if max_len is None else max(1, min(triton.cdiv(max_len, BR), 1024))
+        grid = (n_seq, triton.cdiv(cols, BC), split)
         _relabel_kernel[grid](src, dst, cu, starts, cols, width, BR=BR, BC=BC, RELABEL=relabel)
     return dst.view(v.dtype), starts

@@ -28,10 +28,11 @@ FP8 (``FP8``; float8_e4m3fn Q, K, V, bf16 out), the Triton forward's rule (``lp_
 both GEMMs are e4m3 wgmma (K step 32 bytes), q_descale·k_descale of the (sequence, kv head) folded
 into the score scale, P = exp2(s - m + 8) ∈ [0, 256] rounded to e4m3 as the register A operand of
 P·V, O = acc / l · v_descale. fp8 wgmma reads B only K-major, so V comes from a (Hkv·D, keys) copy
-(``ads_kernel_tools.kernels.transpose``) as [D, BN] tiles. A step issues the next Q·Kᵀ with its own
-P·V and retires that P·V inside the step (8-bit registers cannot be a wgmma wait's dependency in
-Triton 3.6, so P may not be carried into the next step's softmax): the overlap is between the two
-warpgroups, not within one.
+(``ads_kernel_tools.kernels.transpose``) as [D, BN] tiles, each sequence from a 32-aligned column
+(``FP8_V_COPY``). A step issues the next Q·Kᵀ with its own P·V and retires that P·V inside the step
+(8-bit registers cannot be a wgmma wait's dependency in Triton 3.6: the build fails, so P may not be
+carried into the next step's softmax); the overlap is between the two warpgroups. (ptxas waits for
+the P·V before the softmax in the 16-bit build too: its SASS has no exp2 between the two waits.)
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
 )
 from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.tile_list import schedule
-from ads_kernel_tools.kernels.transpose import v_kmajor, v_kmajor_relabel
+from ads_kernel_tools.kernels.transpose import v_kmajor_relabel
 
 BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
 BLOCK_N = 128  # keys per step
@@ -465,8 +466,11 @@ def stages_for(d: int, fp8: bool = False) -> tuple[int, int]:
     return (2, 2) if d == 128 else (4, 2)
 
 
-# FP8: how V's K-major copy is laid out (``fwd``'s ``v_copy``): "plain" (sequence b from column
-# cu_k[b]), "aligned" (each sequence from a 32-aligned column), "relabel" (aligned, keys in KEY_ORDER)
+# FP8: how V's K-major copy is laid out (``fwd``'s ``v_copy``): "aligned" (each sequence from a
+# 32-aligned column, keys in order) or "relabel" (aligned, keys in KEY_ORDER groups). Aligned starts
+# are needed: TMA boxes of the e4m3 copy starting at unaligned columns (sequence b from column cu_k[b],
+# lengths 100, 200, 300) stopped the H200 with an illegal instruction. In-order keys measured faster
+# than relabelled ones (787 against 739 TFLOP/s at B=4 S=4096 H=16 D=128, BENCHMARKS.md).
 FP8_V_COPY = "aligned"
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
 # The LPT walk measured faster than the tile list for dense causal S = 2048 and 4096 and slower at
@@ -510,15 +514,12 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     k_desc = TensorDescriptor(k2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
     if fp8:  # V K-major (Hkv·D, keys padded to 16): fp8 wgmma reads B only that way
         v_copy = FP8_V_COPY if v_copy is None else v_copy
-        if v_copy not in ("plain", "aligned", "relabel"):
-            raise ValueError(f"v_copy must be plain, aligned or relabel, got {v_copy!r}")
+        if v_copy not in ("aligned", "relabel"):
+            raise ValueError(f"v_copy must be 'aligned' or 'relabel', got {v_copy!r}")
         relabel = v_copy == "relabel"
-        if v_copy == "plain":  # sequence b's keys start at column cu_k[b] of the copy
-            vt, vcol = v_kmajor(v2.view(rows_k, hkv, d)), cu_k
-        else:  # sequence b's keys from column vcol[b] (32-aligned)
-            vt, vcol = v_kmajor_relabel(
-                v2.view(rows_k, hkv, d), cu_k if tk > 0 else cu_k * 0, relabel=relabel
-            )
+        # sequence b's keys from column vcol[b] (32-aligned) of the copy
+        cu_v = cu_k if tk > 0 else cu_k * 0
+        vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_v, relabel=relabel, max_len=max_k)
         v_desc = TensorDescriptor(vt, list(vt.shape), [vt.shape[1], 1], [d, BN], smem_layout(d, BN, gdt))
         qd, kd, vd = descale
     else:
