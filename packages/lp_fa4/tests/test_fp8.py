@@ -371,3 +371,22 @@ def test_gluon_fp8_compiles_for_sm90(name, gluon_counts):
     assert c["local_memory"] == 0, f"{name}: {c['local_memory']} local-memory accesses (spills)"
     assert 0 < c["shared_bytes"] <= SMEM_LIMIT, c["shared_bytes"]
     assert c["partial_waits"], f"{name}: ptxas serialised the FP8 build's wgmmas"
+
+
+def test_triton_fp8_forward_compiles_for_sm90():
+    """The portable FP8 forward at the GPU tile (128 x 64, 4 warps, 3 stages): wgmma, no spills."""
+    from ads_kernel_tools.compile_check import ptx_counts_batch
+
+    ptrs = {n: "*fp8e4nv" for n in ("Q", "K", "V")} | {"OUT": "*bf16", "SINK": "*bf16", "LSE": "*fp32"}
+    ptrs |= {n: "*fp32" for n in ("QD", "KD", "VD")} | {
+        n: "*i32" for n in ("CU_Q", "CU_K", "USED_Q", "USED_K", "PT")
+    }
+    scal = {n: "fp32" for n in ("qk_scale2", "cap_in", "cap_out2")}
+    consts = dict(D_QK=128, D_V=128, BLOCK_D=128, BLOCK_DV=128, BLOCK_M=128, BLOCK_N=64, PAGE_SIZE=1,
+                  HAS_USED_Q=False, HAS_USED_K=False, PAGED=False, HAS_SINK=False, SOFTCAP=False,
+                  TOP_LEFT=False, BROADCAST_Q=False, LSE_PER_SEQ=True, USE_TMA=False)  # fmt: skip
+    job = dict(module="lp_fa4.triton._fwd", kernel="fwd_kernel", types=ptrs | scal, constexprs=consts,
+               num_warps=4, num_stages=3)  # fmt: skip
+    (c,) = ptx_counts_batch([job])
+    assert "error" not in c, c.get("error")
+    assert c["wgmma"] > 0 and c["local_memory"] == 0, c

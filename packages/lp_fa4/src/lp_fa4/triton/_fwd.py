@@ -81,11 +81,12 @@ def fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_USED_Q: tl.constexpr, HAS_USED_K: tl.constexpr, PAGED: tl.constexpr, HAS_SINK: tl.constexpr,
     SOFTCAP: tl.constexpr, TOP_LEFT: tl.constexpr, BROADCAST_Q: tl.constexpr, LSE_PER_SEQ: tl.constexpr,
-    USE_TMA: tl.constexpr = False, FP8: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False,
 ):  # fmt: skip
     """O (TO, H, D_V) and LSE: rows [rows, slot_q) of each sequence get 0 / -inf; rows past slot_q
     belong to the next sequence and are not touched. LSE_PER_SEQ: LSE row r of sequence b lives at
     b·stride_lb + h·stride_lh + r (dense (B, H, S)); else at h·stride_lh + o0 + r (varlen (H, TO))."""
+    FP8: tl.constexpr = Q.dtype.element_ty == tl.float8e4nv  # e4m3 q, k, v (module docstring)
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H

@@ -75,5 +75,5 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
         D_QK=d, D_V=dv, BLOCK_D=_pad(d), BLOCK_DV=_pad(dv), PAGE_SIZE=page_size,
         HAS_USED_Q=used_q is not None, HAS_USED_K=used_k is not None, PAGED=paged,
         HAS_SINK=sink is not None, SOFTCAP=pb.softcap > 0, TOP_LEFT=pb.top_left,
-        BROADCAST_Q=pb.broadcast_q, LSE_PER_SEQ=lse_dense, USE_TMA=use_tma, FP8=fp8, **tile.launch(),
+        BROADCAST_Q=pb.broadcast_q, LSE_PER_SEQ=lse_dense, USE_TMA=use_tma, **tile.launch(),
     )  # fmt: skip
