@@ -18,7 +18,7 @@ import torch
 from .. import config as cfg
 from ..triton import launch
 from ..triton.launch_bwd import preprocess
-from .dispatch import _gluon_importable, _packed
+from .dispatch import _packed, device_reason
 
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -47,13 +47,7 @@ def why_not(do, q, k, v, pb: launch.Problem, deterministic: bool) -> str | None:
         return f"head dims {d}/{v.shape[-1]}"
     if not all(_packed(t) for t in (q, k, v, do)) or do.shape != q.shape:
         return "strided or unaligned tensors"
-    if cfg.interpreter_active():
-        return "interpreter"
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
-        return "not an sm_90 GPU"
-    if not _gluon_importable():
-        return "triton.experimental.gluon missing"
-    return None
+    return device_reason(q)
 
 
 def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: launch.Problem,

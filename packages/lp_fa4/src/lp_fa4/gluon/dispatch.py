@@ -71,6 +71,13 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return f"head dims {d}/{v.shape[-1]}"
     if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)) or out.dtype != _DTYPES[q.dtype]:
         return "strided or unaligned tensors"
+    return device_reason(q)
+
+
+def device_reason(q: torch.Tensor) -> str | None:
+    """None when q's device can run the Gluon Hopper kernels (an sm_90 GPU, off the interpreter,
+    with Triton's Gluon), else why not; the last check of the forward's and the backward's
+    predicates."""
     if cfg.interpreter_active():
         return "interpreter"
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
