@@ -202,3 +202,17 @@ def paged_cache(k, v, cu_k, page_size, extra_pages=3, seed=0):
             m = rows.stop - rows.start
             kc[page, :m], vc[page, :m] = k[rows], v[rows]
     return kc, vc, table.to(k.device)
+
+
+def count_calls(monkeypatch, module, name: str) -> list[int]:
+    """A list that gains an entry each time ``module.name`` is called (the function still runs), so
+    a test can assert which kernel family took a call."""
+    calls: list[int] = []
+    real = getattr(module, name)
+
+    def spy(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls

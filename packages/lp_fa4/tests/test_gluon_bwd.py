@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fa4_testlib import Case, jagged_case, run_case
+from fa4_testlib import Case, count_calls, jagged_case, run_case
 
 from ads_kernel_tools.reference.attention import softmax_attention_varlen_ref
 from ads_kernel_tools.testing import lengths_to_offsets, randn
@@ -93,15 +93,7 @@ def gluon_bwd_calls(monkeypatch):
     """Counts the calls that reach the Gluon backward's launcher."""
     from lp_fa4.gluon import bwd_sm90
 
-    calls = []
-    real = bwd_sm90.bwd
-
-    def spy(*args, **kw):
-        calls.append(1)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(bwd_sm90, "bwd", spy)
-    return calls
+    return count_calls(monkeypatch, bwd_sm90, "bwd")
 
 
 T = 128  # the kernel's kv tile (64-row query steps)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fa4_testlib import Case, compare_lse, run_case
+from fa4_testlib import Case, compare_lse, count_calls, run_case
 
 from ads_kernel_tools.compile_check import ptx_counts_batch
 from ads_kernel_tools.reference.attention import softmax_attention_varlen_ref
@@ -157,15 +157,7 @@ def gluon_calls(monkeypatch):
     """Counts the calls that reach the Gluon launcher."""
     from lp_fa4.gluon import fwd_sm90
 
-    calls = []
-    real = fwd_sm90.fwd
-
-    def spy(*args, **kw):
-        calls.append(1)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(fwd_sm90, "fwd", spy)
-    return calls
+    return count_calls(monkeypatch, fwd_sm90, "fwd")
 
 
 T = 128  # the kernel's tile (rows and keys)
