@@ -13,6 +13,10 @@ Env:
     LP_FA4_BACKEND=auto|triton  the forward's kernel family: ``auto`` (default) takes the Gluon
         Hopper kernel (``lp_fa4.gluon``) where its support predicate admits the call, else Triton;
         ``triton`` always the portable Triton kernels.
+    LP_FA4_BWD_STATS=regs|smem  where the Gluon Hopper backward's consumers get each query tile's LSE and
+        delta: ``regs`` (default, the GPU-tested build) loaded from global memory at the top of the
+        step, ``smem`` staged in shared memory by the TMA producer and read right before use (fewer
+        register spills offline, BENCHMARKS.md "Backward (Gluon)"). Opt-in: not timed on a GPU yet.
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
         default: the hot path never syncs.
@@ -56,6 +60,13 @@ def backend() -> str:
     mode = os.environ.get("LP_FA4_BACKEND", "auto").strip().lower()
     if mode not in ("auto", "triton"):
         raise ValueError(f"LP_FA4_BACKEND must be auto or triton, got {mode!r}")
+    return mode
+
+
+def bwd_stats() -> str:
+    mode = os.environ.get("LP_FA4_BWD_STATS", "regs").strip().lower()
+    if mode not in ("regs", "smem"):
+        raise ValueError(f"LP_FA4_BWD_STATS must be regs or smem, got {mode!r}")
     return mode
 
 

@@ -16,7 +16,10 @@ Partitions of each persistent program (one per SM at most), as ads-gdpa's backwa
     so each dQ product spans the 128 keys and each warpgroup reduces D/2 columns of dQ: one bulk
     TMA reduce-add (``cp.reduce.async.bulk.tensor``) per warpgroup and step.
 delta = rowsum(dO∘O) - dLSE comes from the Triton preprocess kernel (``lp_fa4.triton._bwd``); LSE
-and delta are read per query tile from global memory (256 bytes each, L2 resident).
+and delta are read per query tile from global memory (256 bytes each, L2 resident): by the consumers
+(``LP_FA4_BWD_STATS=regs``, the default) or by the producer into a shared-memory slot of the stage
+(``smem``), which keeps the two 16-register column vectors out of the consumers' live range across
+the wgmma issue.
 
 Semantics (the Triton backward's, ``lp_fa4.triton._bwd``, for the subset ``bwd_dispatch.why_not``
 admits): query rows [0, rows) of sequence b count, rows = min(Lq_b, seqused_q[b], row cap); keys
@@ -56,6 +59,8 @@ from ads_kernel_tools.kernels.gluon_hopper import (
 )
 from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.tile_list import schedule
+
+from .. import config
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # keys per work item: 64 per consumer warpgroup
@@ -109,12 +114,19 @@ def _q_tiles(n, rows, off, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.conste
 
 @gluon.jit
 def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr):  # fmt: skip
+              CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr,
+              STATS: gl.constexpr):  # fmt: skip
     """TMA loads: per kv tile its K and V, then Q/dO tiles into the ring (``it`` continues across
-    items, as the consumers count it)."""
+    items, as the consumers count it). STATS == "smem": also each tile's LSE·log2e and delta into the
+    stage's ``stat_smem`` slot, by plain loads and stores before the stage's arrival (which releases
+    them to the consumers' wait)."""
     (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_ready, qd_empty, kv_ready,
      kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap,
-     max_k, H_KV, G) = args  # fmt: skip
+     max_k, H_KV, G) = args[0:23]  # fmt: skip
+    if STATS == "smem":
+        lse_ptr, delta_ptr, TO, stat_smem = args[23:27]
+        stat_l: gl.constexpr = gl.BlockedLayout([BM // 32], [32], [1], [0])
+        r_idx = gl.arange(0, BM, stat_l)
     it = 0
     kc = 0
     for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
@@ -135,6 +147,13 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
                 for m in range(lo, hi):
                     s = it % STAGES
                     mbarrier.wait(qd_empty.index(s), ((it // STAGES) & 1) ^ 1)
+                    if STATS == "smem":
+                        base = (hk * G + g).to(gl.int64) * TO + q0
+                        lse2, delta = _row_stats(lse_ptr + base, delta_ptr + base, m * BM + r_idx, rows)
+                        stat_smem.index(2 * s).store(lse2)
+                        stat_smem.index(2 * s + 1).store(delta)
+                        # every lane's stores precede the one elected arrival that releases them
+                        gl.thread_barrier()
                     ready = qd_ready.index(s)
                     mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
                     tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, col], ready, q_smem.index(s))
@@ -155,11 +174,16 @@ def _row_stats(lse_row, delta_row, cq, rows):
 @gluon.jit
 def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-              HAS_USED_K: gl.constexpr):  # fmt: skip
-    """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2)."""
+              HAS_USED_K: gl.constexpr, STATS: gl.constexpr):  # fmt: skip
+    """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2).
+    LSE·log2e and delta of a query tile (16 registers each in the Sᵀ column layout) come per STATS:
+    "regs" loaded from global at the top of the step, "smem" read from the stage's ``stat_smem`` slot
+    right before use (not held across the wgmma issue: the build spills far less)."""
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
-     used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args  # fmt: skip
+     used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args[0:31]  # fmt: skip
+    if STATS == "smem":
+        stat_smem = args[31]
     ROWS: gl.constexpr = BN // 2
     DH: gl.constexpr = D // 2
     s_layout: gl.constexpr = acc_layout(BM)
@@ -200,7 +224,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     db = it % 2
                     dph = (it // 2) & 1
                     cq = m * BM + c_idx
-                    lse2, delta = _row_stats(lse_ptr + stat_base, delta_ptr + stat_base, cq, rows)
+                    if STATS == "regs":
+                        lse2, delta = _row_stats(lse_ptr + stat_base, delta_ptr + stat_base, cq, rows)
                     mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
                     q_s = q_smem.index(s)
                     do_s = do_smem.index(s)
@@ -208,8 +233,12 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     # Sᵀ retires first (groups complete in order); dPᵀ keeps running under exp2
                     st = warpgroup_mma_wait(1, deps=(st,))
+                    if STATS == "smem":
+                        lse2 = stat_smem.index(2 * s).load(col_l)
                     pt = gl.exp2(st * qk_scale2 - gl.expand_dims(lse2, 0))
                     dpt = warpgroup_mma_wait(0, deps=(dpt,))
+                    if STATS == "smem":
+                        delta = stat_smem.index(2 * s + 1).load(col_l)
                     dst = pt * (dpt - gl.expand_dims(delta, 0))
                     q_valid = rows - m * BM
                     edge = (kv_valid < ROWS) | (q_valid < BM)
@@ -249,7 +278,7 @@ def attn_bwd_ws(
     N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr,
 ):  # fmt: skip
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free) = bwd_buffers(q_desc, do_desc, k_desc, v_desc, dq_desc, STAGES)  # fmt: skip
@@ -261,13 +290,24 @@ def attn_bwd_ws(
     pargs = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_ready, qd_empty, kv_ready,
              kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap,
              max_k, H_KV, G)  # fmt: skip
+    if STATS == "smem":
+        # per stage: LSE·log2e, delta of its 64 query rows (1 KB at 2 stages)
+        stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        stat_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BM], stat_layout)
+        cargs = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty,
+                 ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr,
+                 cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale,
+                 qk_scale2, stat_smem)  # fmt: skip
+        pargs = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_ready, qd_empty,
+                 kv_ready, kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
+                 N_TILES, rows_cap, max_k, H_KV, G, lse_ptr, delta_ptr, TO, stat_smem)  # fmt: skip
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     gl.warp_specialize(
         [
-            (_consumer, (cargs, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K)),
-            (_consumer, (cargs, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K)),
-            (_producer, (pargs, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K)),
+            (_consumer, (cargs, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
+            (_consumer, (cargs, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
+            (_producer, (pargs, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -311,6 +351,6 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
         n_tiles, rows_cap, max_k, hkv, h // hkv, float(scale), float(scale) * LOG2E,
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-        num_warps=4,
+        STATS=config.bwd_stats(), num_warps=4,
     )  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
