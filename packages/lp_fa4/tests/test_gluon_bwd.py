@@ -122,10 +122,15 @@ DENSE = [
 ]
 
 
+STATS = ["regs", "smem"]  # LP_FA4_BWD_STATS: where the consumers get LSE and delta
+
+
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("stats", STATS)
 @pytest.mark.parametrize("case", VARLEN + DENSE, ids=lambda c: c.id)
-def test_gluon_bwd_matches_reference(case, device, gluon_bwd_calls):
+def test_gluon_bwd_matches_reference(case, stats, device, gluon_bwd_calls, monkeypatch):
+    monkeypatch.setenv("LP_FA4_BWD_STATS", stats)
     run_case(case, device)
     assert gluon_bwd_calls, "the Gluon backward did not run"
 
@@ -155,11 +160,13 @@ def _poison_allocator(device, nbytes=1 << 30):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("stats", STATS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_gluon_bwd_seqused_and_poisoned_buffers(causal, device, gluon_bwd_calls):
+def test_gluon_bwd_seqused_and_poisoned_buffers(causal, stats, device, gluon_bwd_calls, monkeypatch):
     """seqused_q/k, with every buffer of the backward drawn from NaN-filled memory: rows past
     seqused_q get dQ = 0, keys past seqused_k (and rows outside every sequence) dK = dV = 0, the
     rest the reference on the used rows."""
+    monkeypatch.setenv("LP_FA4_BWD_STATS", stats)
     lq, lk, uq, uk = (200, 5, 130, 0, 70), (300, 140, 0, 7, 2100), [131, 5, 129, 0, 70], [300, 3, 0, 7, 2049]
     h, hkv, d = 4, 2, 128
     pad = 9  # rows after the last sequence, in no sequence
