@@ -18,7 +18,7 @@ import torch
 from .. import config as cfg
 from ..triton import launch
 from ..triton.launch_bwd import preprocess
-from .dispatch import _packed, device_reason
+from .dispatch import _packed, device_reason, score_reason
 
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -30,16 +30,8 @@ def why_not(do, q, k, v, pb: launch.Problem, deterministic: bool) -> str | None:
         return "LP_FA4_BACKEND=triton"
     if deterministic:
         return "deterministic"
-    if pb.softcap > 0:
-        return "softcap"
-    if pb.broadcast_q:
-        return "jagged broadcast_q"
-    if pb.top_left and (pb.win_left != launch.BIG or pb.win_right != launch.BIG):
-        return "jagged top-left window"
-    if pb.win_left != launch.BIG or pb.win_right not in (0, launch.BIG):
-        return "local window"
-    if not (pb.scale > 0 and pb.scale < float("inf")):
-        return "softmax_scale <= 0"
+    if (reason := score_reason(pb)) is not None:
+        return reason
     if q.dtype not in _DTYPES or any(t.dtype != q.dtype for t in (k, v, do)):
         return f"dtype {q.dtype}"
     d = q.shape[-1]

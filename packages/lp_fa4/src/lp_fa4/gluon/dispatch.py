@@ -51,19 +51,10 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return "paged KV"
     if sink is not None:
         return "learnable sink"
-    if pb.softcap > 0:
-        return "softcap"
-    if pb.broadcast_q:
-        return "jagged broadcast_q"
-    if pb.top_left and (pb.win_left != launch.BIG or pb.win_right != launch.BIG):
-        # without a window, top-left and bottom-right alignment mask nothing: the kernel applies
-        return "jagged top-left window"
+    if (reason := score_reason(pb)) is not None:
+        return reason
     if pb.rows_cap < pb.max_q:
         return "jagged max_seqlen_q row cap"
-    if pb.win_left != launch.BIG or pb.win_right not in (0, launch.BIG):
-        return "local window"
-    if not (pb.scale > 0 and pb.scale < float("inf")):
-        return "softmax_scale <= 0"
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtype {q.dtype}"
     d = q.shape[-1]
@@ -72,6 +63,23 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
     if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)) or out.dtype != _DTYPES[q.dtype]:
         return "strided or unaligned tensors"
     return device_reason(q)
+
+
+def score_reason(pb: launch.Problem) -> str | None:
+    """None when neither Gluon kernel is kept off by the score options (softcap, broadcast_q,
+    windows, the scale), else which; shared by the forward's and the backward's predicates."""
+    if pb.softcap > 0:
+        return "softcap"
+    if pb.broadcast_q:
+        return "jagged broadcast_q"
+    if pb.top_left and (pb.win_left != launch.BIG or pb.win_right != launch.BIG):
+        # without a window, top-left and bottom-right alignment mask nothing: the kernels apply
+        return "jagged top-left window"
+    if pb.win_left != launch.BIG or pb.win_right not in (0, launch.BIG):
+        return "local window"
+    if not (pb.scale > 0 and pb.scale < float("inf")):
+        return "softmax_scale <= 0"
+    return None
 
 
 def device_reason(q: torch.Tensor) -> str | None:
