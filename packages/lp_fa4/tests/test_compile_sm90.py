@@ -190,9 +190,11 @@ def test_bwd_stats_switch_is_read(monkeypatch):
 
     monkeypatch.setattr(bwd_sm90, "attn_bwd_ws", Recorder())
     monkeypatch.setattr(bwd_sm90, "num_sms", lambda device: 1)
-    q = torch.zeros(64, 2, 64, dtype=torch.bfloat16)
-    lse = torch.zeros(2, 64)
-    cu = torch.tensor([0, 64], dtype=torch.int32)
+    # the offsets clamp and the tile list still run as kernels: on the GPU where there is one
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)
+    lse = torch.zeros(2, 64, device=dev)
+    cu = torch.tensor([0, 64], dtype=torch.int32, device=dev)
     for mode in ("regs", "smem"):
         monkeypatch.setenv("LP_FA4_BWD_STATS", mode)
         bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, False)
