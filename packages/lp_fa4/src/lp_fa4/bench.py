@@ -12,8 +12,9 @@ ours[fp8] beside ours[bf16] on the same shape. Inputs are quantised once, outsid
 per-(batch, kv head) amax/448 scales; the note gives the out cosine and relative error against fp32
 attention of the dequantised inputs (torch SDPA in fp32).
 
-Providers: ours (the portable Triton kernels; ``--variants`` adds ours[tma], the forward with TMA
-descriptor loads, and ours[dq-atomic], the backward with atomic dQ), FA4 CuTe (when
+Providers: ours (the default dispatch: the Gluon kernels on sm_90 where their predicates admit the
+call, else the portable Triton ones; ``--variants`` adds ours[triton], LP_FA4_BACKEND=triton, and
+ours[bwd-smem|regs], the Gluon backward with the other LP_FA4_BWD_STATS), FA4 CuTe (when
 ``flash_attn.cute`` imports), cuDNN and flash through torch SDPA (dense; padded for varlen).
 """
 
@@ -66,13 +67,17 @@ class Bench:
         torch.cuda.empty_cache()
 
     def variants(self, op, shape, ours, flop) -> None:
-        """--variants: ours[tma] (LP_FA4_TMA=1 forward) and ours[dq-atomic] (LP_FA4_DQ=atomic backward)."""
+        """--variants: ours[triton] (LP_FA4_BACKEND=triton: the portable kernels, forward and backward)
+        and the Gluon backward with the LP_FA4_BWD_STATS value the default does not use."""
         if not self.args.variants:
             return
-        with cli_env(LP_FA4_TMA="1"):
-            self.fwd_bwd(op, "ours[tma]", shape, ours, flop, grad=False)
-        with cli_env(LP_FA4_DQ="atomic"):
-            self.fwd_bwd(op, "ours[dq-atomic]", shape, ours, flop)
+        from .config import bwd_stats
+
+        with cli_env(LP_FA4_BACKEND="triton"):
+            self.fwd_bwd(op, "ours[triton]", shape, ours, flop)
+        other = "smem" if bwd_stats() == "regs" else "regs"
+        with cli_env(LP_FA4_BWD_STATS=other):
+            self.fwd_bwd(op, f"ours[bwd-{other}]", shape, ours, flop)
 
     def dense(self, b: int, s: int, h: int, d: int, causal: bool) -> None:
         from ads_kernel_tools.bench import flops, peers
@@ -251,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
     flags = {
         "--dense-only": "skip the varlen rows",
-        "--variants": "also time ours[tma] and ours[dq-atomic]",
+        "--variants": "also time ours[triton] and ours[bwd-smem] (or -regs)",
         "--fp8-only": "only the FP8 rows (ours[fp8] beside ours[bf16])",
         "--no-fp8": "skip the FP8 rows",
     }
