@@ -1,14 +1,15 @@
 """The Gluon Hopper forward (lp_fa4.gluon): which calls it takes (the dispatch predicate, on any
 machine), that it compiles for sm_90 with wgmma, TMA and no spills (on a CPU, offline compiler), and
 on an H200 that it matches the fp32 tools reference under the baseline-relative rule: ragged lengths
-0, 1, tile-1, tile+1, long; causal (bottom-right, also Lq > Lk); GQA; D 64/128; bf16/fp16; LSE
-in both layouts; seqused_q/k; poisoned outputs."""
+0, 1, tile-1, tile+1, long; causal (bottom-right, also Lq > Lk); local windows (bottom-right) and
+jagged_attention's top-left windows; GQA; D 64/128; bf16/fp16; LSE in both layouts; seqused_q/k;
+poisoned outputs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from fa4_testlib import Case, compare_lse, count_calls, run_case
+from fa4_testlib import Case, compare_lse, count_calls, jagged_case, run_case
 
 from ads_kernel_tools.compile_check import ptx_counts_batch
 from ads_kernel_tools.reference.attention import softmax_attention_varlen_ref
@@ -38,11 +39,9 @@ def _tensors(device, d=128, dv=None, dtype=torch.bfloat16, heads=4, kv_heads=2):
     "change,reason",
     [
         (dict(pb=dict(softcap=5.0)), "softcap"),
-        (dict(pb=dict(top_left=True, win_left=16, win_right=16)), "jagged top-left window"),
         (dict(pb=dict(broadcast_q=True)), "jagged broadcast_q"),
         (dict(pb=dict(rows_cap=32)), "row cap"),
-        (dict(pb=dict(win_left=16)), "local window"),
-        (dict(pb=dict(win_right=16)), "local window"),
+        (dict(pb=dict(win_left=16), t=dict(dtype=torch.float8_e4m3fn)), "FP8 with a window"),
         (dict(pb=dict(scale=-1.0)), "softmax_scale"),
         (dict(page_table=True), "paged"),
         (dict(sink=True), "sink"),
@@ -65,13 +64,16 @@ def test_predicate_sends_the_rest_to_triton(change, reason, device):
     assert got is not None and reason in got, got
 
 
-@pytest.mark.parametrize("mask", ["none", "causal", "jagged"])
+@pytest.mark.parametrize("mask", ["none", "causal", "jagged", "local", "left", "jagged-window"])
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)])
 def test_predicate_takes_supported_calls_on_sm90_only(mask, d, dtype, device, monkeypatch):
-    """A supported call goes to Gluon exactly on an sm_90 GPU outside the interpreter (a jagged call
-    without a window included); LP_FA4_BACKEND=triton always keeps Triton."""
+    """A supported call goes to Gluon exactly on an sm_90 GPU outside the interpreter (jagged calls
+    and windows of either alignment included); LP_FA4_BACKEND=triton always keeps Triton."""
     q, k, v, out = _tensors(device, d=d, dtype=dtype)
-    pb = _pb(win_right=0 if mask == "causal" else BIG, top_left=mask == "jagged")
+    left, right = {"causal": (BIG, 0), "local": (16, 16), "left": (16, BIG), "jagged-window": (8, 8)}.get(
+        mask, (BIG, BIG)
+    )
+    pb = _pb(win_left=left, win_right=right, top_left=mask.startswith("jagged"))
     got = dispatch.why_not(q, k, v, None, None, pb, out)
     on_h = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     if on_h and not dispatch.cfg.interpreter_active():
@@ -97,6 +99,8 @@ def _job(
     dense: bool = False,
     fp16: bool = False,
     lpt: bool = False,
+    window: bool = False,
+    top_left: bool = False,
 ) -> dict:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -119,7 +123,7 @@ def _job(
     stages, qbuf = g.stages_for(d)
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=stages, QBUF=qbuf, CAUSAL=causal, HAS_USED_Q=used,
                   HAS_USED_K=used, LSE_PER_SEQ=dense, CONSUMER_REGS=232, PRODUCER_REGS=24,
-                  LPT=lpt)  # fmt: skip
+                  LPT=lpt, WINDOW=window, TOP_LEFT=top_left)  # fmt: skip
     return dict(module=g.__name__, kernel="attn_fwd_ws", types=types, constexprs=consts, gluon=True)
 
 
@@ -130,6 +134,8 @@ JOBS = {
     "d64-causal-seqused-dense-fp16": dict(d=64, causal=True, used=True, dense=True, fp16=True),
     "d128-seqused-fp16": dict(d=128, used=True, fp16=True),
     "d128-causal-dense-lpt": dict(d=128, causal=True, dense=True, lpt=True),
+    "d128-window": dict(d=128, window=True),
+    "d64-window-top-left-seqused-fp16": dict(d=64, window=True, top_left=True, used=True, fp16=True),
 }
 
 
@@ -169,6 +175,15 @@ VARLEN = [
     Case(lq=(1500, T + 1), lk=(1000, T + 2), heads=4, kv_heads=2, d=128, causal=True, dtype=torch.float16),
     Case(lq=(513, 64), heads=2, kv_heads=2, d=128, causal=True, scale=0.3),
 ]
+# local windows (bottom-right, FA4's window_size): band edges inside a tile, across tiles, one-sided,
+# empty bands for some rows (Lq > Lk with a right side of 0), every row's band outside its sequence
+WINDOWED = [
+    Case(lq=(1000, T + 1, 1, 0), lk=(1000, T - 1, 300, 7), heads=4, kv_heads=2, d=128, window=(64, 32)),
+    Case(lq=(700, 2 * T + 1), lk=(300, 2 * T + 1), heads=4, kv_heads=4, d=128, window=(200, 0)),
+    Case(lq=(T + 1, 900), lk=(2049, 900), heads=4, kv_heads=1, d=64, window=(None, 100), dtype=torch.float16),
+    Case(lq=(600,), lk=(600,), heads=2, kv_heads=2, d=128, window=(0, 0)),
+    Case(lq=(1024,) * 2, lk=(1024,) * 2, heads=4, kv_heads=2, d=128, dense=True, window=(256, 256)),
+]
 DENSE = [
     Case(lq=(1024,) * 2, lk=(1024,) * 2, heads=4, kv_heads=4, d=128, dense=True),
     Case(lq=(333,) * 3, lk=(1000,) * 3, heads=4, kv_heads=2, d=64, dense=True, causal=True),
@@ -178,7 +193,7 @@ DENSE = [
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("case", VARLEN + DENSE, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", VARLEN + DENSE + WINDOWED, ids=lambda c: c.id)
 def test_forward_matches_reference(case, device, gluon_calls):
     run_case(Case(**{**case.__dict__, "grad": False}), device)
     assert gluon_calls, "the Gluon forward did not run"
@@ -186,7 +201,7 @@ def test_forward_matches_reference(case, device, gluon_calls):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("case", [VARLEN[1], DENSE[1]], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [VARLEN[1], DENSE[1], WINDOWED[0]], ids=lambda c: c.id)
 def test_backward_from_gluon_forward(case, device, gluon_calls):
     """The (Triton) backward fed by this forward's output and LSE, dLSE included."""
     run_case(case, device)
@@ -308,3 +323,16 @@ def test_dense_lpt_order_gives_the_same_bits(causal, device):
         res.append((out, lse))
     assert not res[1][0].isnan().any() and not res[1][1].isnan().any()
     assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("window", [0, 5, 32, 256])
+def test_jagged_top_left_windows_through_gluon(window, device, gluon_calls):
+    """jagged_attention's symmetric top-left band |i - j| <= W runs the Gluon forward: cross attention
+    with Lq != Lk (bands past a short kv sequence), an empty kv sequence, rows past max_seqlen_q
+    zeros, GQA; forward and the gradients the backward computes from its output and LSE."""
+    T = 128
+    jagged_case((T + 1, 0, 7, 700, 300), (2 * T + 3, 5, 0, 40, 300), max_q=512, window=window, heads=4,
+                kv_heads=2, d=128, device=device)  # fmt: skip
+    assert gluon_calls, "the Gluon forward did not run"

@@ -3,12 +3,13 @@ nothing against it, else the portable Triton forward. The one place that decides
 
 The Gluon forward covers: bf16/fp16 and float8_e4m3fn (bf16 out, descales per (batch, kv head)),
 head dims 64 and 128 (D == Dv), MHA/GQA/MQA, no mask or a
-bottom-right causal mask, dense and varlen (dense arrives as varlen with cu_seqlens), seqused_q/k,
-the LSE in either layout, and ``jagged_attention`` without a window (its rows past max_seqlen_q are
-pre-filled with zeros by the op); on an sm_90 GPU with ``LP_FA4_BACKEND=auto`` (the default).
-Everything else keeps the Triton path: paged KV, softcap, learnable sink, local windows, top-left
-windows and broadcast_q (jagged attention), a row cap below max_seqlen_q, other head dims, fp32,
-strided tensors, the interpreter.
+bottom-right causal mask, local windows (FA4's bottom-right ``window_size``) and the top-left
+windows of ``jagged_attention`` (bf16/fp16), dense and varlen (dense arrives as varlen with
+cu_seqlens), seqused_q/k, the LSE in either layout, and ``jagged_attention`` (its rows past
+max_seqlen_q are pre-filled with zeros by the op); on an sm_90 GPU with ``LP_FA4_BACKEND=auto`` (the
+default). Everything else keeps the Triton path: paged KV, softcap, learnable sink, broadcast_q
+(jagged attention), a row cap below max_seqlen_q, other head dims, fp32, strided tensors, the
+interpreter.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return "paged KV"
     if sink is not None:
         return "learnable sink"
-    if (reason := score_reason(pb)) is not None:
+    if (reason := score_reason(pb, windows=True)) is not None:
         return reason
+    if q.dtype == torch.float8_e4m3fn and _band(pb) is not None:
+        return "FP8 with a window"
     if pb.rows_cap < pb.max_q:
         return "jagged max_seqlen_q row cap"
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -65,18 +68,16 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
     return device_reason(q)
 
 
-def score_reason(pb: launch.Problem) -> str | None:
-    """None when neither Gluon kernel is kept off by the score options (softcap, broadcast_q,
-    windows, the scale), else which; shared by the forward's and the backward's predicates."""
+def score_reason(pb: launch.Problem, windows: bool = False) -> str | None:
+    """None when a Gluon kernel is not kept off by the score options (softcap, broadcast_q, windows,
+    the scale), else which; shared by the forward's and the backward's predicates. ``windows``: the
+    kernel takes any band (the forward), else only none or bottom-right causal."""
     if pb.softcap > 0:
         return "softcap"
     if pb.broadcast_q:
         return "jagged broadcast_q"
-    if pb.top_left and (pb.win_left != launch.BIG or pb.win_right != launch.BIG):
-        # without a window, top-left and bottom-right alignment mask nothing: the kernels apply
-        return "jagged top-left window"
-    if pb.win_left != launch.BIG or pb.win_right not in (0, launch.BIG):
-        return "local window"
+    if not windows and _band(pb) == "window":
+        return "jagged top-left window" if pb.top_left else "local window"
     if not (pb.scale > 0 and pb.scale < float("inf")):
         return "softmax_scale <= 0"
     return None
@@ -105,6 +106,18 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
         return
     from . import fwd_sm90
 
-    causal = pb.win_right == 0
+    band = _band(pb)
+    causal = band == "causal"
+    window = None if band in (None, "causal") else (pb.win_left, pb.win_right)
     fwd_sm90.fwd(q, k, v, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k, pb.scale, causal, out, lse,
-                 lse_dense, descale=descale)  # fmt: skip
+                 lse_dense, descale=descale, window=window, top_left=pb.top_left)  # fmt: skip
+
+
+def _band(pb: launch.Problem) -> str | None:
+    """None (every key), "causal" (bottom-right, the kernel's tuned path) or "window" (any other
+    band, top-left or bottom-right)."""
+    if pb.win_left == launch.BIG and pb.win_right == launch.BIG:
+        return None  # top-left and bottom-right alignment mask nothing without a window
+    if pb.win_left == launch.BIG and pb.win_right == 0 and not pb.top_left:
+        return "causal"
+    return "window"

@@ -72,11 +72,13 @@ P_SHIFT = gl.constexpr(8.0)  # FP8: P scaled by 2^8 before its e4m3 rounding (mo
 
 @gluon.jit
 def _item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k, HG, BH,
-          BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-          HAS_USED_K: gl.constexpr, LPT: gl.constexpr):  # fmt: skip
-    """Work item t of the tile list -> (b, h, m, q0, slot, rows, k0, k_len, off, n_k): query tile m
-    of (sequence b, head h); slot query rows from q0, the first ``rows`` computed; k_len keys from
-    k0; off = k_len - used Lq (the bottom-right diagonal); n_k key tiles to visit.
+          win_left, win_right, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
+          HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LPT: gl.constexpr, WINDOW: gl.constexpr,
+          TOP_LEFT: gl.constexpr):  # fmt: skip
+    """Work item t of the tile list -> (b, h, m, q0, slot, rows, k0, k_len, off, j0, n_k): query
+    tile m of (sequence b, head h); slot query rows from q0, the first ``rows`` computed; k_len keys
+    from k0; off the band's diagonal (k_len - used Lq bottom-right, 0 under TOP_LEFT); n_k key tiles
+    to visit from tile j0 (0 unless WINDOW: row i sees keys [i + off - win_left, i + off + win_right]).
 
     LPT (dense batches, every slot M_TILES tiles): no list; item t lies in a group of HG
     consecutive (b, h) pairs (their K/V fit in L2 together), rank idx in the group's heaviest-first
@@ -109,34 +111,42 @@ def _item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, 
         m = n_m - 1 - idx
     else:
         m = idx
-    off = k_len - q_len
+    if TOP_LEFT:
+        off = k_len * 0
+    else:
+        off = k_len - q_len
+    j0 = k_len * 0
+    last = gl.minimum(m * BM + BM, rows) - 1  # the tile's last computed row
     if CAUSAL:
-        last = gl.minimum(m * BM + BM, rows) - 1  # the tile's last computed row
         hi = gl.minimum(gl.maximum(last + off + 1, 0), k_len)
+    elif WINDOW:
+        hi = gl.minimum(gl.maximum(last + off + win_right + 1, 0), k_len)
+        j0 = gl.minimum(gl.maximum(m * BM + off - win_left, 0), k_len) // BN
     else:
         hi = k_len
     hi = gl.where(m * BM < rows, hi, 0)  # a tile past the computed rows only writes zeros
-    n_k = gl.cdiv(hi, BN)
-    return b, h, m, q0, slot, rows, k0, k_len, off, n_k
+    n_k = gl.maximum(gl.cdiv(hi, BN) - j0, 0)
+    return b, h, m, q0, slot, rows, k0, k_len, off, j0, n_k
 
 
 @gluon.jit
 def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-              HAS_USED_K: gl.constexpr, LPT: gl.constexpr, FP8: gl.constexpr):  # fmt: skip
+              HAS_USED_K: gl.constexpr, LPT: gl.constexpr, FP8: gl.constexpr, WINDOW: gl.constexpr,
+              TOP_LEFT: gl.constexpr):  # fmt: skip
     """TMA loads: per work item its Q tile, then its K/V tiles into the ring (position ``it``
     continues across items, as the consumers count it). FP8 reads V from its K-major copy
     (Hkv·D, keys), sequence b's keys from column vcol_ptr[b]."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES, max_q,
-     max_k, HG, BH, N_ITEMS, vcol_ptr) = args  # fmt: skip
+     max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right) = args  # fmt: skip
     it = 0
     ti = 0
     n_items = N_ITEMS if LPT else gl.load(count_ptr)
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        b, h, m, q0, slot, rows, k0, k_len, off, n_k = _item(
+        b, h, m, q0, slot, rows, k0, k_len, off, j0, n_k = _item(
             t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k, HG, BH,
-            BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT,
+            win_left, win_right, BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, WINDOW, TOP_LEFT,
         )  # fmt: skip
         qb = ti % QBUF
         mbarrier.wait(q_empty.index(qb), ((ti // QBUF) & 1) ^ 1)
@@ -145,7 +155,8 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
         hk = h // GROUP
         if FP8:
             v0 = gl.load(vcol_ptr + b)
-        for j in range(n_k):
+        for jj in range(n_k):
+            j = j0 + jj
             s = it % STAGES
             ph = ((it // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(s), ph)
@@ -163,13 +174,23 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
 
 
 @gluon.jit
-def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2, BN: gl.constexpr,
-                  CAUSAL: gl.constexpr, FP8: gl.constexpr = False):  # fmt: skip
-    """Online softmax of one 64 x BN score tile (raw Q·Kᵀ): masks tiles from n_full on (sequence
-    end, causal diagonal), returns (P fp32, alpha = the rescale of the running sums, m, l) with m the
-    running row maximum in log2 units. A row with no key so far keeps m = -inf and shifts by 0.
+def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2, band, BN: gl.constexpr,
+                  CAUSAL: gl.constexpr, FP8: gl.constexpr, WINDOW: gl.constexpr):  # fmt: skip
+    """Online softmax of one 64 x BN score tile (raw Q·Kᵀ) of the item's key tile j: masks tiles
+    from n_full on (sequence end, causal diagonal), or under WINDOW the tiles the band's edges or
+    the sequence end cross (``band`` = (first key tile j0, first and last row of this
+    warpgroup, win_left, win_right)). Returns (P fp32, alpha = the rescale of the running sums, m,
+    l) with m the running row maximum in log2 units. A row with no key so far keeps m = -inf and shifts by 0.
     FP8: P (and so l) carries the factor 2^P_SHIFT (module docstring)."""
-    if j >= n_full:
+    if WINDOW:
+        j0, r_first, r_last, win_left, win_right = band
+        ks = (j0 + j) * BN
+        if (ks + BN > k_len) | (ks < r_last + off - win_left) | (ks + BN - 1 > r_first + off + win_right):
+            kj = ks + cols2
+            rel = kj - rows2 - off
+            ok = (kj < k_len) & (rel >= -win_left) & (rel <= win_right)
+            sacc = gl.where(ok, sacc, float("-inf"))
+    elif j >= n_full:
         kj = j * BN + cols2
         ok = kj < k_len
         if CAUSAL:
@@ -220,12 +241,13 @@ def _acc_layout(n, dtype):
 def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr,
-              FP8: gl.constexpr, RELABEL: gl.constexpr):  # fmt: skip
+              FP8: gl.constexpr, RELABEL: gl.constexpr, WINDOW: gl.constexpr,
+              TOP_LEFT: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
      used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-     GROUP) = args  # fmt: skip
+     GROUP, win_left, win_right) = args  # fmt: skip
     R: gl.constexpr = BM // 2
     dtype: gl.constexpr = q_smem.dtype
     o_dtype: gl.constexpr = o_smem.dtype
@@ -242,12 +264,13 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
     ti = 0
     n_items = N_ITEMS if LPT else gl.load(count_ptr)
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        b, h, m, q0, slot, rows, k0, k_len, off, n_k = _item(
+        b, h, m, q0, slot, rows, k0, k_len, off, j0, n_k = _item(
             t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, M_TILES, max_q, max_k, HG, BH,
-            BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT,
+            win_left, win_right, BM, BN, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, WINDOW, TOP_LEFT,
         )  # fmt: skip
         r0 = m * BM + WG * R  # first row of this warpgroup inside the sequence
         rows2 = gl.expand_dims(r0 + r_idx, 1)
+        band = (j0, r0, r0 + R - 1, win_left, win_right)
         # leading key tiles that need no mask: inside the sequence and (causal) left of the
         # diagonal for every row of this warpgroup
         n_full = k_len // BN
@@ -277,7 +300,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                 for j in range(n_k - 1):
                     # P_j from S_j, then S_{j+1} and P_j·V_j issued together; P_j·V_j retires in the step
                     p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
-                                                       s_scale2, BN, CAUSAL, FP8)  # fmt: skip
+                                                       s_scale2, band, BN, CAUSAL, FP8, WINDOW)  # fmt: skip
                     p = _fp8_operand(p, p_layout, RELABEL)
                     accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
                     sv = (it + j) % STAGES
@@ -292,7 +315,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     acc = warpgroup_mma_wait(0, deps=(accw,))
                     mbarrier.arrive(v_empty.index(sv), count=1)
                 p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, n_k - 1, n_full, k_len, rows2, cols2, off,
-                                                   s_scale2, BN, CAUSAL, FP8)  # fmt: skip
+                                                   s_scale2, band, BN, CAUSAL, FP8, WINDOW)  # fmt: skip
                 p = _fp8_operand(p, p_layout, RELABEL)
                 accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
                 sv = (it + n_k - 1) % STAGES
@@ -312,7 +335,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
             sacc = warpgroup_mma_wait(0, deps=(sacc,))
             mbarrier.arrive(k_empty.index(s), count=1)
             p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, 0, n_full, k_len, rows2, cols2, off, s_scale2,
-                                               BN, CAUSAL)  # fmt: skip
+                                               band, BN, CAUSAL, False, WINDOW)  # fmt: skip
             p = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, n_k):
                 sv = (it + j - 1) % STAGES  # the previous step's stage: its V meets this P
@@ -326,7 +349,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                 sacc = warpgroup_mma_wait(1, deps=(sacc,))
                 mbarrier.arrive(k_empty.index(sk), count=1)
                 p_next, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
-                                                        s_scale2, BN, CAUSAL)  # fmt: skip
+                                                        s_scale2, band, BN, CAUSAL, False,
+                                                        WINDOW)  # fmt: skip
                 acc_t, p = warpgroup_mma_wait(0, deps=(accw, p))
                 mbarrier.arrive(v_empty.index(sv), count=1)
                 accw = warpgroup_mma_init(acc_t * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
@@ -370,10 +394,11 @@ def attn_fwd_ws(
     q_desc, k_desc, v_desc, o_desc, out_ptr, lse_ptr, stride_lb, stride_lh,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
     H, GROUP, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr, vcol_ptr,
-    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
+    win_left, win_right, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+    QBUF: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
-    RELABEL: gl.constexpr = False,
+    RELABEL: gl.constexpr = False, WINDOW: gl.constexpr = False, TOP_LEFT: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8  # e4m3 q, k, v (module docstring)
@@ -397,10 +422,10 @@ def attn_fwd_ws(
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
              used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-             GROUP)  # fmt: skip
+             GROUP, win_left, win_right)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
-             max_q, max_k, HG, BH, N_ITEMS, vcol_ptr)  # fmt: skip
+             max_q, max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right)  # fmt: skip
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     gl.warp_specialize(
@@ -422,6 +447,8 @@ def attn_fwd_ws(
                     LPT,
                     FP8,
                     RELABEL,
+                    WINDOW,
+                    TOP_LEFT,
                 ),
             ),
             (
@@ -441,9 +468,14 @@ def attn_fwd_ws(
                     LPT,
                     FP8,
                     RELABEL,
+                    WINDOW,
+                    TOP_LEFT,
                 ),
             ),
-            (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8)),
+            (
+                _producer,
+                (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8, WINDOW, TOP_LEFT),
+            ),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -479,8 +511,8 @@ LPT_MAX_S = 4096
 
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
-        lse_dense: bool, lpt: bool | None = None, descale=None,
-        v_copy: str | None = None) -> None:  # fmt: skip
+        lse_dense: bool, lpt: bool | None = None, descale=None, v_copy: str | None = None,
+        window: tuple[int, int] | None = None, top_left: bool = False) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
@@ -491,8 +523,14 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     ``descale``: (q, k, v) contiguous fp32 (B, Hkv) for float8_e4m3fn q, k, v (out bf16); V is then
     read through a K-major copy made here, laid out as ``v_copy`` says (default ``FP8_V_COPY``):
     "relabel" puts its keys in ``KEY_ORDER`` groups so P reaches P·V without moving values between
-    threads (``_fp8_operand``)."""
+    threads (``_fp8_operand``).
+
+    ``window`` (win_left, win_right), sides resolved as ``lp_fa4.triton.launch.Problem``'s (BIG =
+    unbounded): query row i sees keys [i + off - win_left, i + off + win_right], off = Lk - Lq
+    (bottom-right) or 0 (``top_left``); with ``causal`` False. None: no band beyond ``causal``."""
     tq, h, d = q.shape
+    if window is not None and causal:
+        raise ValueError("fwd_sm90.fwd: pass causal as window (BIG, 0), not both")
     tk, hkv, _ = k.shape
     n_b = cu_q.shape[0] - 1
     if n_b <= 0 or h == 0 or max_q <= 0 or tq == 0:
@@ -548,8 +586,9 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         q_desc, k_desc, v_desc, o_desc, out, lse, stride_lb, stride_lh, tiles, count, cu_q, cu_k,
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
         h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items, qd, kd, vd, vcol,
+        *(window if window is not None else (0, 0)),
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=232, PRODUCER_REGS=24,
-        LPT=bool(lpt), RELABEL=bool(relabel),
+        LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None, TOP_LEFT=bool(top_left),
         num_warps=4,
     )  # fmt: skip
