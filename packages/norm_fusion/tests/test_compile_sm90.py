@@ -102,7 +102,32 @@ def _jobs() -> dict[str, dict]:
                         ROWS_PER_PROG=64),
         num_warps=8,
     )  # fmt: skip
+    jobs["gluon_ln_fwd_n1024"] = _gluon_job(1024, rms=False, xhat=False)
+    jobs["gluon_rms_fwd_n384_xhat"] = _gluon_job(384, rms=True, xhat=True)
     return jobs
+
+
+def _gluon_job(n: int, *, rms: bool, xhat: bool) -> dict:
+    """The Gluon forward (``gluon.fwd_sm90``) at the tiles and ring depth its launcher picks."""
+    import torch
+    from triton.runtime.jit import mangle_type
+
+    from ads_norm_fusion.gluon import fwd_sm90 as g
+
+    bn = g.block_n(n)
+    host = torch.empty(256, 256, dtype=torch.bfloat16)
+
+    def desc(rows, cols):
+        return mangle_type(g._desc(host, rows, cols))
+
+    types = {"a_desc": desc(g.BLOCK_M, g.BLOCK_K), "b_desc": desc(bn, g.BLOCK_K),
+             "out_desc": desc(g.BLOCK_M, bn), "xhat_desc": desc(g.BLOCK_M, bn),
+             **{p: "*bf16" for p in ("bias_ptr", "gamma_ptr", "beta_ptr")},
+             "stat1_ptr": "*fp32", "stat2_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
+    consts = dict(RMS=rms, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=not rms, SAVE_XHAT=xhat, NT=n // bn,
+                  STAGES=g.stages_for(n, bn, xhat))  # fmt: skip
+    return dict(module=g.__name__, kernel="linear_norm_fwd_kernel", types=types, constexprs=consts,
+                gluon=True, num_warps=4)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +139,20 @@ def ptx(request) -> dict[str, dict]:
 
 
 # each compile costs 10-20 s of CPU: six representative kernels by default, the rest with --run-slow
-_DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "rms_input_grad_raw", "rms_gemm", "rms_gemm_dx", "norm_bwd")
+_DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "rms_input_grad_raw", "rms_gemm", "rms_gemm_dx", "norm_bwd",
+            "gluon_ln_fwd_n1024")  # fmt: skip
 CASES = [
     c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
-    for c in [*ROWNORM_CASES, "ln_fwd_persistent", "rms_gemm", "rms_gemm_dx", "rms_gemm_fused", "norm_bwd"]
+    for c in [
+        *ROWNORM_CASES,
+        "ln_fwd_persistent",
+        "rms_gemm",
+        "rms_gemm_dx",
+        "rms_gemm_fused",
+        "norm_bwd",
+        "gluon_ln_fwd_n1024",
+        "gluon_rms_fwd_n384_xhat",
+    ]  # fmt: skip
 ]
 
 
@@ -129,5 +164,8 @@ def test_compiles_for_sm90(ptx, case) -> None:
         assert counts["wgmma"] > 0, f"{case}: no wgmma"
         assert counts["tma"] > 0, f"{case}: no TMA loads"
     assert counts["local_memory"] == 0, f"{case} spills registers"
+    if case.startswith("gluon"):  # the row block's z tiles and the TMA ring inside one block's 227 KB
+        assert counts["shared_bytes"] <= 232448, counts["shared_bytes"]
+        assert counts["tma"] >= 3, f"{case}: TMA loads and stores"
     if case == "ln_fwd_persistent":  # 4 stages of 128x64 + 256x64 bf16 tiles (the K loop is pipelined)
         assert 4 * (128 + 256) * 64 * 2 <= counts["shared_bytes"] <= 227 * 1024, counts["shared_bytes"]

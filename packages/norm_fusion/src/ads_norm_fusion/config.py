@@ -13,7 +13,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_BWD`` (input/output, see ``rms_backward_from_output``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
-(see ``persistent_config``).
+(see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/0, see ``gluon_forward``).
 """
 
 from __future__ import annotations
@@ -187,6 +187,14 @@ def persistent_config(m: int, n: int, k: int, num_sms: int) -> PersistentConfig:
     per_sm = _env_int("ADS_NORM_FUSION_PROGS_PER_SM") or per_sm
     blocks = -(-m // tiles.block_m)
     return PersistentConfig(tiles, max(1, min(blocks, per_sm * sms)))
+
+
+def gluon_forward() -> bool:
+    """``ADS_NORM_FUSION_GLUON``: ``auto`` lets the Gluon sm_90 forward of ``linear_*norm`` (the row
+    block's GEMM output kept in shared memory, ``gluon.fwd_sm90``) take the calls its predicate
+    ``gluon.dispatch.why_not`` admits; ``0`` keeps the Triton kernels. Default ``0`` until the H200
+    has checked and timed it."""
+    return _choice("ADS_NORM_FUSION_GLUON", "0", ("auto", "0")) == "auto"
 
 
 NORM_BWD_MAX_N = 16384  # whole rows in registers; wider rows use the two-phase row-norm kernel

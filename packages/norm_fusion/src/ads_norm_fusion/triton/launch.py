@@ -23,6 +23,7 @@ from ..config import (
     rownorm_config,
     rownorm_persistent,
 )
+from ..gluon import dispatch as gluon_dispatch
 from ._norm_bwd import norm_bwd_kernel
 from ._rms_gemm import rms_gemm_kernel, row_stat_kernel, scaled_gemm_kernel
 from ._rownorm import rownorm_kernel, rownorm_persistent_kernel
@@ -79,6 +80,11 @@ def launch_rownorm(
         return
     k = a.shape[1] if b is not None else n
     sms = num_sms(a.device) if a.device.type == "cuda" else 1
+    if mode in ("ln_fwd", "rms_fwd") and b is not None and b_trans:
+        if gluon_dispatch.forward(
+            mode, a, b, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, xhat=xhat, eps=eps
+        ):
+            return
     if mode in ("ln_fwd", "rms_fwd", "gemm") and b is not None and b_trans:
         pcfg = persistent_config(m, n, k, sms)
         if rownorm_persistent(n, pcfg.tiles.block_n):

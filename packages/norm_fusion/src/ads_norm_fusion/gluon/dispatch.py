@@ -1,0 +1,86 @@
+"""Which ``linear_*norm`` forward runs a call: the Gluon Hopper kernel (``fwd_sm90``) where
+``why_not`` finds nothing against it, else the Triton kernels (``triton.launch``). The one place that
+decides.
+
+The Gluon forward covers: bf16/fp16 x, w and outputs; N a multiple of 64 up to 1024 (the row block's
+z tiles in shared memory); K a positive multiple of 8 (TMA's 16-byte row strides); row-major 2-D
+tensors with 16-byte aligned bases and row strides, contiguous bias / γ / β; an sm_90 GPU with
+Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON=auto``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+from ads_kernel_tools.capability import interpreter_active, num_sms
+
+from .. import config
+
+_DTYPES = (torch.bfloat16, torch.float16)
+MULTIPLE_N = 64
+MAX_N = 1024  # fwd_sm90.MAX_N (not imported: this module must load without Gluon)
+
+
+@functools.cache
+def _gluon_importable() -> bool:
+    return importlib.util.find_spec("triton.experimental.gluon") is not None
+
+
+def _tma_matrix(t: torch.Tensor) -> bool:
+    """2-D, rows contiguous, 16-byte aligned base and row stride: a valid TMA descriptor."""
+    return (
+        t.dim() == 2
+        and (t.stride(1) == 1 or t.shape[1] <= 1)
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def why_not(x, w, out, *, xhat=None, vectors=()) -> str | None:
+    """None when the Gluon forward takes the call (x (M, K), w (N, K), out and xhat (M, N), vectors
+    the bias / γ / β given), else the first reason it does not: the switch, then sizes and dtypes,
+    then tensor layouts, then the device, so every reason but the device is testable on a CPU."""
+    if not config.gluon_forward():
+        return "ADS_NORM_FUSION_GLUON=0"
+    m, k = x.shape
+    n = w.shape[0]
+    if n % MULTIPLE_N != 0 or not 0 < n <= MAX_N:
+        return f"N={n} (needs a multiple of {MULTIPLE_N} up to {MAX_N})"
+    if k <= 0 or k % 8 != 0:
+        return f"K={k} (needs a positive multiple of 8)"
+    mats = (x, w, out) + ((xhat,) if xhat is not None else ())
+    if x.dtype not in _DTYPES or any(t.dtype != x.dtype for t in mats):
+        return f"dtype {x.dtype} / {w.dtype} -> {out.dtype}"
+    if not all(_tma_matrix(t) for t in mats):
+        return "strided or unaligned tensors"
+    if any(v is not None and (v.dim() != 1 or v.stride(0) != 1) for v in vectors):
+        return "strided bias or norm parameters"
+    return device_reason(x)
+
+
+def device_reason(x: torch.Tensor) -> str | None:
+    """None when x's device can run the Gluon sm_90 kernel, else why not."""
+    if interpreter_active():
+        return "interpreter"
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) != (9, 0):
+        return "not an sm_90 GPU"
+    if not _gluon_importable():
+        return "triton.experimental.gluon missing"
+    return None
+
+
+def forward(mode: str, x, w, out, stat2, *, stat1, bias, gamma, beta, xhat, eps: float) -> bool:
+    """Runs the Gluon forward for ``mode`` ("ln_fwd" / "rms_fwd") and returns True where ``why_not``
+    allows, else returns False (the caller runs the Triton kernel)."""
+    if why_not(x, w, out, xhat=xhat, vectors=(bias, gamma, beta)) is not None:
+        return False
+    from . import fwd_sm90
+
+    fwd_sm90.forward(
+        x, w, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, xhat=xhat, eps=eps,
+        rms=mode == "rms_fwd", num_sms=num_sms(x.device),
+    )  # fmt: skip
+    return True

@@ -1,0 +1,198 @@
+"""The Gluon sm_90 forward of linear_layernorm / linear_rmsnorm (``gluon.fwd_sm90``): which calls its
+predicate admits (CPU), outputs, statistics and gradients through the ops against the fp32 references
+(GPU, ``ADS_NORM_FUSION_GLUON=auto``), and that it writes every output element and nothing outside."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _cases import DEVICE, Case, check, inputs, linear_norm_torch, ref_and_baseline
+
+from ads_kernel_tools.testing import poisoned_empty, randn
+from ads_norm_fusion import linear_layernorm, linear_rmsnorm
+from ads_norm_fusion.gluon import dispatch
+
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+@pytest.fixture
+def gluon_on(monkeypatch):
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "auto")
+
+
+def _mats(m, k, n, dtype=BF16, device="cpu"):
+    x = torch.zeros(m, k, dtype=dtype, device=device)
+    w = torch.zeros(n, k, dtype=dtype, device=device)
+    return x, w, torch.empty(m, n, dtype=dtype, device=device)
+
+
+def test_switch_off_by_default(monkeypatch) -> None:
+    monkeypatch.delenv("ADS_NORM_FUSION_GLUON", raising=False)
+    assert dispatch.why_not(*_mats(64, 64, 128)) == "ADS_NORM_FUSION_GLUON=0"
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "maybe")
+    with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON"):
+        dispatch.why_not(*_mats(64, 64, 128))
+
+
+@pytest.mark.parametrize(
+    "m,k,n,dtype,reason",
+    [
+        (64, 64, 1088, BF16, "N=1088"),
+        (64, 64, 80, BF16, "N=80"),
+        (64, 12, 128, BF16, "K=12"),
+        (64, 64, 128, torch.float32, "dtype"),
+    ],
+)
+def test_why_not_sizes_and_dtypes(gluon_on, m, k, n, dtype, reason) -> None:
+    assert dispatch.why_not(*_mats(m, k, n, dtype)).startswith(reason)
+
+
+def test_why_not_layouts(gluon_on) -> None:
+    x, w, out = _mats(64, 64, 128)
+    odd = torch.zeros(64, 68, dtype=BF16)[:, :64]  # 136-byte row stride
+    assert dispatch.why_not(odd, w, out) == "strided or unaligned tensors"
+    assert dispatch.why_not(x.t(), w, out) == "strided or unaligned tensors"
+    flat = torch.zeros(64 * 64 + 4, dtype=BF16)
+    assert dispatch.why_not(flat[4:].view(64, 64), w, out) == "strided or unaligned tensors"  # 8-byte base
+    bad_xhat = torch.empty(64, 129, dtype=BF16)[:, :128]
+    assert dispatch.why_not(x, w, out, xhat=bad_xhat) == "strided or unaligned tensors"
+    vec = torch.zeros(256)[::2]
+    assert dispatch.why_not(x, w, out, vectors=(None, vec)) == "strided bias or norm parameters"
+    # everything else admitted: the device decides
+    assert dispatch.why_not(x, w, out, vectors=(torch.zeros(128),)) in ("interpreter", "not an sm_90 GPU")
+
+
+def test_why_not_accepts_k_tail(gluon_on) -> None:
+    x, w, out = _mats(64, 40, 192)
+    assert dispatch.why_not(x, w, out) in ("interpreter", "not an sm_90 GPU")
+
+
+# ------------------------------------------------------------------------------------------ GPU
+# the spec's 8192x512x512, M = 1, partial row blocks, N = 384 / 768 / 1024 (128-wide tiles) and 64 /
+# 192 (64-wide tiles), K tails (48, 1040: TMA zero-fills the last K step), several row blocks per
+# program (40000 rows: 625 row blocks on 132 programs)
+GPU_FWD = [
+    Case(8192, 512, 512),
+    Case(1, 512, 512, FP16),
+    Case(4097, 384, 384, FP16),
+    Case(1000, 768, 768),
+    Case(777, 1040, 1024, BF16, bias=False),
+    Case(40000, 128, 1024, FP16, norm_bias=False),
+    Case(65, 48, 192, BF16, affine=False, norm_bias=False),
+    Case(300, 256, 64, FP16),
+]
+
+
+def _sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _stats_ref(d, kind, eps):
+    z = torch.nn.functional.linear(
+        d["x"].float(), d["w"].float(), None if d["bias"] is None else d["bias"].float()
+    )
+    if kind == "ln":
+        var = (z - z.mean(-1, keepdim=True)).square().mean(-1)
+        return z.mean(-1), torch.rsqrt(var + eps)
+    return (torch.rsqrt(z.square().mean(-1) + eps),)
+
+
+def _assert_gluon_path(d, y_like, xhat=False) -> None:
+    """The case must really take the Gluon kernel, or the test checks the Triton one."""
+    if DEVICE != "cpu" and _sm90():
+        xh = torch.empty_like(y_like) if xhat else None
+        assert (
+            dispatch.why_not(d["x"], d["w"], y_like, xhat=xh, vectors=(d["bias"], d["gamma"], d["beta"]))
+            is None
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_FWD, ids=str)
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_gluon_forward(gluon_on, kind: str, case: Case) -> None:
+    if kind == "rms":
+        case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
+    eps = 1e-5 if kind == "ln" else 1e-6
+    d = inputs(case)
+    _assert_gluon_path(d, torch.empty(case.m, case.n, dtype=case.dtype, device=DEVICE))
+    with torch.no_grad():
+        if kind == "ln":
+            y, *stats = linear_layernorm(
+                d["x"], d["w"], d["bias"], d["gamma"], d["beta"], eps, return_stats=True
+            )
+        else:
+            y, *stats = linear_rmsnorm(d["x"], d["w"], d["bias"], d["gamma"], eps, return_stats=True)
+    (ref, _), (base, _) = ref_and_baseline(
+        lambda t, dt: linear_norm_torch(kind, t, dt, eps), d, (), case.dtype, grads=False
+    )
+    check(y, ref, base, "y")
+    want = _stats_ref(d, kind, eps)
+    if kind == "ln":
+        torch.testing.assert_close(stats[0], want[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(stats[-1], want[-1], atol=1e-4, rtol=1e-3)
+    assert all(s.dtype == torch.float32 and s.shape == (case.m,) for s in stats)
+
+
+GRAD_NAMES = ("x", "w", "bias", "gamma", "beta")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [Case(4097, 384, 768), Case(129, 1024, 1024, FP16)], ids=str)
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_gluon_forward_training(gluon_on, kind: str, case: Case) -> None:
+    """With grad enabled and an affine norm the forward also writes x̂ (the backward reads it)."""
+    if kind == "rms":
+        case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
+    eps = 1e-5 if kind == "ln" else 1e-6
+    d = inputs(case)
+    _assert_gluon_path(d, torch.empty(case.m, case.n, dtype=case.dtype, device=DEVICE), xhat=True)
+    t = {k: (None if v is None else v.detach().clone().requires_grad_()) for k, v in d.items() if k != "dy"}
+    if kind == "ln":
+        y = linear_layernorm(t["x"], t["w"], t["bias"], t["gamma"], t["beta"], eps)
+    else:
+        y = linear_rmsnorm(t["x"], t["w"], t["bias"], t["gamma"], eps)
+    leaves = [n for n in GRAD_NAMES if t.get(n) is not None]
+    grads = dict(zip(leaves, torch.autograd.grad(y, [t[n] for n in leaves], d["dy"])))
+    (ref, gref), (base, gbase) = ref_and_baseline(
+        lambda tt, dt: linear_norm_torch(kind, tt, dt, eps), d, GRAD_NAMES, case.dtype, grads=True
+    )
+    check(y, ref, base, "y")
+    for name, g in grads.items():
+        check(g, gref[name], gbase[name], f"d{name}")
+
+
+def _guarded(m, n, dtype):
+    full = poisoned_empty((m + 6, n), dtype=dtype, device=DEVICE)
+    return full, full[3 : 3 + m]
+
+
+def _assert_written(full, m, name):
+    inner, guard = full[3 : 3 + m], torch.cat([full[:3], full[3 + m :]])
+    assert not inner.isnan().any(), f"{name}: {int(inner.isnan().sum())} elements not written"
+    assert guard.isnan().all(), f"{name}: wrote outside its rows"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n", [(1, 64, 128), (8513, 96, 384)])
+@pytest.mark.parametrize("mode", ["ln_fwd", "rms_fwd"])
+def test_gluon_forward_writes_all(gluon_on, m, k, n, mode) -> None:
+    from ads_norm_fusion.triton.launch import launch_rownorm
+
+    dt = BF16
+    x, w = randn((m, k), dtype=dt, device=DEVICE), randn((n, k), dtype=dt, device=DEVICE, seed=1)
+    gamma, beta = randn((n,), dtype=dt, device=DEVICE, seed=2), randn((n,), dtype=dt, device=DEVICE, seed=3)
+    yf, y = _guarded(m, n, dt)
+    xf, xh = _guarded(m, n, dt)
+    s1f = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
+    s2f = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
+    assert dispatch.why_not(x, w, y, xhat=xh, vectors=(gamma, beta)) is None
+    launch_rownorm(
+        mode, x, y, s2f[3 : 3 + m], b=w, gamma=gamma, beta=beta if mode == "ln_fwd" else None,
+        xhat=xh, stat1=s1f[3 : 3 + m], eps=1e-5,
+    )  # fmt: skip
+    _assert_written(yf, m, "y")
+    _assert_written(xf, m, "xhat")
+    _assert_written(s2f[:, None], m, "rstat")
+    if mode == "ln_fwd":
+        _assert_written(s1f[:, None], m, "mean")
