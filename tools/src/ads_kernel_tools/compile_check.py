@@ -69,7 +69,9 @@ def compile_for(
     if unknown:
         raise ValueError(f"{fn.__name__} has no arguments named {sorted(unknown)}")
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
-    src = source_cls(fn, signature(fn, types, constexprs), constexprs=dict(constexprs), attrs=attrs)
+    # constexpr parameters left out take their defaults, as at a launch (not an i32 runtime argument)
+    constexprs = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default} | dict(constexprs)
+    src = source_cls(fn, signature(fn, types, constexprs), constexprs=constexprs, attrs=attrs)
     warp_size = 32
     return triton.compile(
         src,
