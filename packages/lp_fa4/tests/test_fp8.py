@@ -1,9 +1,10 @@
-"""FP8 (float8_e4m3fn) forward: accuracy against fp32 attention of the dequantised inputs (the user's
-math: q·q_descale etc.), at realistic magnitudes (bf16 data quantised with per-(batch, kv head) amax/448
-scales, as users do, and K with outlier channels 10-50x larger); gates out cosine >= 0.995, relative
-error reported. CPU (interpreter) at small shapes: dense, ragged varlen with lengths 0, 1, 17, causal,
-GQA, D 64/128/256; GPU at D=128 S=2048 on the Gluon path (dispatch.why_not is None) and on Triton. Bad
-inputs raise."""
+"""FP8 (float8_e4m3fn) forward and backward: accuracy against fp32 attention of the dequantised
+inputs (the user's math: q·q_descale etc.), at realistic magnitudes (bf16 data quantised with
+per-(batch, kv head) amax/448 scales, as users do, and K with outlier channels 10-50x larger); gates
+out cosine >= 0.995, relative error reported. CPU (interpreter) at small shapes: dense, ragged varlen
+with lengths 0, 1, 17, causal, GQA, D 64/128/256; GPU at D=128 S=2048 on the Gluon path
+(dispatch.why_not is None) and on Triton. Bad inputs raise. The backward (dQ/dK/dV of the
+dequantised inputs, gate cosine >= 0.99, relative error reported) is in the second half."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from ads_kernel_tools.reference.attention import softmax_attention_ref, softmax_attention_varlen_ref
 from ads_kernel_tools.testing import lengths_to_offsets
 from lp_fa4 import flash_attn_func, flash_attn_varlen_func
+from lp_fa4.fp8_bwd import fp8_attn_backward, quantize_fp8
 from lp_fa4.gluon import dispatch
 from lp_fa4.triton.launch import BIG, Problem
 
@@ -217,13 +219,6 @@ def test_fp8_varlen_lacking_options():
                                page_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32))  # fmt: skip
 
 
-def test_fp8_backward_is_refused():
-    q, k, v = _fp8_dense()
-    q.requires_grad_()
-    with pytest.raises(NotImplementedError, match="forward-only"):
-        flash_attn_func(q, k, v)
-
-
 # --- dispatch and GPU ----------------------------------------------------------------------------------
 
 
@@ -390,3 +385,250 @@ def test_triton_fp8_forward_compiles_for_sm90():
     (c,) = ptx_counts_batch([job])
     assert "error" not in c, c.get("error")
     assert c["wgmma"] > 0 and c["local_memory"] == 0, c
+
+
+# --- backward: gradients of the dequantised inputs ---------------------------------------------------
+
+GRAD_GATE = 0.99
+
+
+def _grad_gate(got, ref, what):
+    g, r = got.float().flatten().cpu(), ref.float().flatten().cpu()
+    assert torch.isfinite(g).all(), f"{what}: non-finite gradient"
+    cos = torch.nn.functional.cosine_similarity(g, r, dim=0).item()
+    rel = ((g - r).norm() / r.norm().clamp_min(1e-30)).item()
+    print(f"{what}: cosine {cos:.5f}, relative error {rel:.4f}")
+    assert cos >= GRAD_GATE, f"{what}: cosine {cos:.5f} < {GRAD_GATE} (relative error {rel:.4f})"
+    return cos, rel
+
+
+def _ref_grads(q8, k8, v8, qd, kd, vd, do, causal, cu=None):
+    """fp32 attention of the dequantised inputs (leaves) and its gradients for ``do``."""
+    if cu is None:
+        leaves = [_deq_dense(x.detach(), sc).requires_grad_() for x, sc in ((q8, qd), (k8, kd), (v8, vd))]
+        ref, _ = softmax_attention_ref(*leaves, causal=causal)
+    else:
+        leaves = [
+            _deq_varlen(x.detach(), sc, cu).requires_grad_() for x, sc in ((q8, qd), (k8, kd), (v8, vd))
+        ]
+        ref, _ = softmax_attention_varlen_ref(*leaves, cu, cu, causal=causal)
+    ref.backward(do.float())
+    return ref, [t.grad for t in leaves]
+
+
+def _sources_case(device, b, s, h, hkv, d, causal, outliers, seed=0):
+    """bf16 q, k, v that require grad, quantised by quantize_fp8: their .grad against the reference."""
+    q = _data((b, s, h, d), seed, device).requires_grad_()
+    k = _data((b, s, hkv, d), seed + 1, device, outliers=outliers).requires_grad_()
+    v = _data((b, s, hkv, d), seed + 2, device).requires_grad_()
+    (q8, qd), (k8, kd), (v8, vd) = quantize_fp8(q, hkv), quantize_fp8(k), quantize_fp8(v)
+    out, _ = flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+    do = _data(out.shape, seed + 3, device)
+    out.backward(do)
+    ref, grads = _ref_grads(q8, k8, v8, qd, kd, vd, do, causal)
+    return out, ref, (q, k, v), grads
+
+
+@pytest.mark.parametrize(
+    "b,s,h,hkv,d,causal,outliers",
+    [
+        (2, 48, 4, 2, 64, False, True),
+        (2, 48, 4, 2, 64, True, True),
+        (1, 40, 2, 2, 128, True, False),
+        (1, 33, 4, 1, 64, False, False),
+    ],
+)
+def test_backward_to_bf16_sources(device, b, s, h, hkv, d, causal, outliers):
+    out, ref, srcs, grads = _sources_case(device, b, s, h, hkv, d, causal, outliers)
+    _gate(out, ref, "out")
+    for name, src, g in zip("qkv", srcs, grads):
+        assert src.grad is not None and src.grad.dtype == torch.bfloat16 and src.grad.shape == src.shape
+        _grad_gate(src.grad, g, f"d{name} b{b} s{s} h{h}/{hkv} d{d} causal={causal} outliers={outliers}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_varlen_ragged(device, causal):
+    lens = [0, 1, 17, 40, 33]
+    cu_l = lengths_to_offsets(lens).tolist()
+    cu = torch.tensor(cu_l, dtype=torch.int32, device=device)
+    t, h, hkv, d = cu_l[-1], 4, 2, 64
+    q = _data((t, h, d), 30, device).requires_grad_()
+    k = _data((t, hkv, d), 31, device, outliers=True).requires_grad_()
+    v = _data((t, hkv, d), 32, device).requires_grad_()
+    (q8, qd), (k8, kd), (v8, vd) = (
+        quantize_fp8(q, hkv, cu),
+        quantize_fp8(k, None, cu),
+        quantize_fp8(v, None, cu),
+    )
+    # the quantiser's scales are the tests' per-sequence amax/448
+    torch.testing.assert_close(qd, _quant_varlen(q.detach(), cu_l, hkv)[1])
+    out, lse = flash_attn_varlen_func(q8, k8, v8, cu, cu, max(lens), max(lens), causal=causal,
+                                      q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True)  # fmt: skip
+    do = _data(out.shape, 33, device)
+    (out * do).sum().backward()
+    ref, grads = _ref_grads(q8, k8, v8, qd, kd, vd, do, causal, cu_l)
+    _gate(out, ref, f"varlen out causal={causal}")
+    for name, src, g in zip("qkv", (q, k, v), grads):
+        _grad_gate(src.grad, g, f"varlen d{name} {lens} causal={causal}")
+    # the explicit function gives the same gradients from the forward's out and LSE
+    ex = fp8_attn_backward(do, q8.detach(), k8.detach(), v8.detach(), out.detach(), lse.detach(), qd, kd, vd,
+                           cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+                           causal=causal)  # fmt: skip
+    for name, got, src in zip("qkv", ex, (q, k, v)):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got, src.grad, msg=f"explicit d{name}")
+
+
+def test_explicit_backward_dense(device):
+    b, s, h, hkv, d = 2, 40, 4, 2, 64
+    q, k, v = (_data((b, s, n, d), 40 + i, device, outliers=i == 1) for i, n in enumerate((h, hkv, hkv)))
+    (q8, qd), (k8, kd), (v8, vd) = _quant_dense(q, hkv), _quant_dense(k, hkv), _quant_dense(v, hkv)
+    out, lse = flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                               return_lse=True)  # fmt: skip
+    do = _data(out.shape, 44, device)
+    dq, dk, dv = fp8_attn_backward(do, q8, k8, v8, out, lse, qd, kd, vd, causal=True)
+    _, grads = _ref_grads(q8, k8, v8, qd, kd, vd, do, True)
+    for name, got, g in zip("qkv", (dq, dk, dv), grads):
+        assert got.dtype == torch.bfloat16 and got.shape == (q, k, v)["qkv".index(name)].shape
+        _grad_gate(got, g, f"explicit d{name}")
+
+
+def test_float8_leaves_and_descales_get_the_chain_rule(device):
+    """Float8 leaves: d loss / d q8 = dQ·q_descale (autograd casts it to float8); descales: Σ dQ·q8.
+    Descales near 1 keep the chain-rule gradient inside e4m3's range."""
+    b, s, h, hkv, d = 2, 32, 4, 2, 64
+    q8, k8, v8 = (_data((b, s, n, d), 50 + i, device).to(E4M3) for i, n in enumerate((h, hkv, hkv)))
+    g = torch.Generator().manual_seed(9)
+    qd, kd, vd = (torch.rand(b, hkv, generator=g).add(0.5).to(device) for _ in range(3))
+    leaves = [t.clone().requires_grad_() for t in (q8, k8, v8, qd, kd, vd)]
+    out, _ = flash_attn_func(*leaves[:3], q_descale=leaves[3], k_descale=leaves[4], v_descale=leaves[5])
+    do = _data(out.shape, 56, device)
+    out.backward(do)
+    ref_in = [t.float().clone().requires_grad_() for t in (q8, k8, v8, qd, kd, vd)]
+    deq = [_deq_dense(x, sc) for x, sc in zip(ref_in[:3], ref_in[3:])]
+    ref, _ = softmax_attention_ref(*deq)
+    ref.backward(do.float())
+    for name, leaf, r in zip(("q8", "k8", "v8", "q_descale", "k_descale", "v_descale"), leaves, ref_in):
+        assert leaf.grad is not None and leaf.grad.dtype == leaf.dtype
+        _grad_gate(leaf.grad, r.grad, f"chain rule {name}")
+
+
+def test_custom_op_backward_equals_eager(device):
+    """The custom op's registered autograd (torch.compile, dispatch modes) gives the eager path's
+    gradients for float8 leaves and descales."""
+    from lp_fa4 import _ops
+
+    b, s, h, hkv, d = 1, 24, 2, 1, 64
+    q8, k8, v8 = (_data((b * s, n, d), 60 + i, device).to(E4M3) for i, n in enumerate((h, hkv, hkv)))
+    qd, kd, vd = (torch.full((b, hkv), 0.75, device=device) for _ in range(3))
+    cu = torch.tensor([0, s], dtype=torch.int32, device=device)
+    opts = (
+        None,
+        None,
+        None,
+        None,
+        s,
+        s,
+        d**-0.5,
+        0.0,
+        BIG,
+        0,
+        False,
+        False,
+        BIG,
+        False,
+        False,
+        False,
+        None,
+        None,
+    )
+    do = _data((b * s, h, d), 66, device)
+    grads = []
+    for fn in (_ops.attention, torch.ops.lp_fa4.fwd):
+        leaves = [t.clone().requires_grad_() for t in (q8, k8, v8, qd, kd, vd)]
+        out, _ = fn(*leaves[:3], cu, cu, *opts, *leaves[3:])
+        out.backward(do)
+        grads.append([t.grad.float() for t in leaves])
+    for a, e in zip(*grads):
+        torch.testing.assert_close(a, e)
+
+
+def test_quantised_tensor_must_reach_the_attention_unchanged(device):
+    q = _data((1, 16, 2, 64), 70, device).requires_grad_()
+    q8, qd = quantize_fp8(q)
+    k8, kd = quantize_fp8(_data((1, 16, 2, 64), 71, device))
+    out, _ = flash_attn_func(q8.view(1, 16, 2, 64), k8, k8, q_descale=qd, k_descale=kd, v_descale=kd)
+    with pytest.raises(RuntimeError, match="unchanged"):
+        out.float().sum().backward()
+
+
+def test_bad_backward_inputs():
+    x = torch.zeros(1, 8, 2, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_heads"):
+        quantize_fp8(x, 3)
+    with pytest.raises(ValueError, match="bf16/fp16/fp32"):
+        quantize_fp8(x.to(E4M3))
+    with pytest.raises(ValueError, match="4-D"):
+        quantize_fp8(x[0])
+    q8, k8, v8 = _fp8_dense(b=1, s=8, h=2, hkv=2, d=32)
+    out = torch.zeros(1, 8, 2, 32, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 8)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8_attn_backward(out, x, x, x, out, lse)
+    with pytest.raises(ValueError, match="lse must be float32"):
+        fp8_attn_backward(out, q8, k8, v8, out, lse[:, :1])
+    with pytest.raises(ValueError, match="dout must be bfloat16"):
+        fp8_attn_backward(out.float(), q8, k8, v8, out, lse)
+    with pytest.raises(ValueError, match="both cu_seqlens"):
+        fp8_attn_backward(out, q8, k8, v8, out, lse, cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"k_descale.*\(1, 2\)"):
+        fp8_attn_backward(out, q8, k8, v8, out, lse, k_descale=_ones(2, 2))
+    # options the FP8 path lacks still raise with inputs that require grad
+    with pytest.raises(NotImplementedError, match="softcap"):
+        flash_attn_func(q8.clone().requires_grad_(), k8, v8, softcap=2.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_backward_d128_s2048(causal):
+    """The issue's gate: D=128, S=2048, K with outlier channels, GQA; the BF16 backward it runs is the
+    Gluon kernel on sm_90."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from lp_fa4.gluon import bwd_dispatch
+
+    b, s, h, hkv, d = 2, 2048, 8, 2, 128
+    if _on_h200():
+        probe = torch.zeros(64, h, d, device="cuda", dtype=torch.bfloat16)
+        kv = torch.zeros(64, hkv, d, device="cuda", dtype=torch.bfloat16)
+        assert bwd_dispatch.why_not(probe, probe, kv, kv, _pb(win_right=0 if causal else BIG), False) is None
+    out, ref, srcs, grads = _sources_case("cuda", b, s, h, hkv, d, causal, True, seed=7)
+    _gate(out, ref, f"gpu out D128 S2048 causal={causal}")
+    for name, src, g in zip("qkv", srcs, grads):
+        _grad_gate(src.grad, g, f"gpu d{name} D128 S2048 causal={causal} outliers")
+
+
+@pytest.mark.gpu
+def test_gpu_backward_varlen_ragged():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    lens = [0, 1, 17, 127, 128, 129, 1000, 300]
+    cu_l = lengths_to_offsets(lens).tolist()
+    cu = torch.tensor(cu_l, dtype=torch.int32, device="cuda")
+    t, h, hkv, d = cu_l[-1], 8, 2, 128
+    for causal in (False, True):
+        q = _data((t, h, d), 80, "cuda").requires_grad_()
+        k = _data((t, hkv, d), 81, "cuda", True).requires_grad_()
+        v = _data((t, hkv, d), 82, "cuda").requires_grad_()
+        (q8, qd), (k8, kd), (v8, vd) = (
+            quantize_fp8(q, hkv, cu),
+            quantize_fp8(k, None, cu),
+            quantize_fp8(v, None, cu),
+        )
+        out, _ = flash_attn_varlen_func(q8, k8, v8, cu, cu, max(lens), max(lens), causal=causal,
+                                        q_descale=qd, k_descale=kd, v_descale=vd)  # fmt: skip
+        do = _data(out.shape, 83, "cuda")
+        out.backward(do)
+        _, grads = _ref_grads(q8, k8, v8, qd, kd, vd, do, causal, cu_l)
+        for name, src, g in zip("qkv", (q, k, v), grads):
+            _grad_gate(src.grad, g, f"gpu varlen d{name} causal={causal}")

@@ -214,7 +214,7 @@ def _check_fp8(q: Tensor, k: Tensor, v: Tensor, q_descale, k_descale, v_descale,
     descale), else (q_descale, k_descale, v_descale) as contiguous fp32 (B, Hkv) on q's device, FA3's
     layout (None = 1.0; q heads of a GQA group share their kv head's q_descale). The user's values are
     q·q_descale[b, h // G] and likewise for k and v. Options the FP8 path lacks raise
-    NotImplementedError, as does a gradient (the FP8 path is forward-only, as FA3's is)."""
+    NotImplementedError. Gradients are those of the dequantised inputs (``lp_fa4.fp8_bwd``)."""
     given = [n for n, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
              if t is not None]  # fmt: skip
     if q.dtype != FP8:
@@ -230,9 +230,7 @@ def _check_fp8(q: Tensor, k: Tensor, v: Tensor, q_descale, k_descale, v_descale,
     ]
     for what, present in lacking:
         if present:
-            raise NotImplementedError(f"lp_fa4: the FP8 forward does not support {what}")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError("lp_fa4: the FP8 path is forward-only (no backward): call it under no_grad")
+            raise NotImplementedError(f"lp_fa4: the FP8 path does not support {what}")
     hkv = k.shape[-2]
     out = []
     for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):

@@ -231,23 +231,22 @@ def _setup_context(ctx, inputs, output) -> None:
     q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink = inputs[:9]
     out, lse = output
     ctx.paged = page_table is not None
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink)
+    descale = tuple(inputs[23:26]) + (None,) * (26 - max(len(inputs), 23))  # FP8 only
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink, *descale)
     ctx.opts = inputs[9:19]  # max_q .. lse_dense
     ctx.deterministic = inputs[20]
     ctx.host = tuple(inputs[21:23]) + (None,) * (23 - max(len(inputs), 21))
     ctx.n_inputs = len(inputs)
 
 
-def _backward(ctx, dout, dlse):
-    if ctx.paged:
-        raise NotImplementedError("lp_fa4: the backward of paged KV (page_table) is not implemented")
-    q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink = ctx.saved_tensors
+def bwd_call(ctx, dout, dlse, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink):
+    """The backward kernels for one forward (its options in ``ctx``): (dq, dk, dv, dsink)."""
     if dout is None:
         dout = torch.zeros_like(out)
     max_q, max_k, scale, softcap, wl, wr, top_left, bq, rows_cap, lse_dense = ctx.opts
     # a dispatch mode entered after the forward (FlopCounterMode around backward) sees the op
     bwd = bwd_impl if getattr(ctx, "eager", False) and _plain_eager((dout, dlse)) else torch.ops.lp_fa4.bwd
-    dq, dk, dv, dsink = bwd(
+    return bwd(
         dout,
         q,
         k,
@@ -273,6 +272,18 @@ def _backward(ctx, dout, dlse):
         ctx.deterministic,
         *ctx.host,
     )
+
+
+def _backward(ctx, dout, dlse):
+    if ctx.paged:
+        raise NotImplementedError("lp_fa4: the backward of paged KV (page_table) is not implemented")
+    saved = ctx.saved_tensors
+    if saved[0].dtype == torch.float8_e4m3fn:  # gradients of the dequantised inputs (fp8_bwd)
+        from . import fp8_bwd
+
+        return fp8_bwd.op_backward(ctx, dout, dlse)
+    q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink = saved[:10]
+    dq, dk, dv, dsink = bwd_call(ctx, dout, dlse, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink)
     grads = (dq, dk, dv) + (None,) * 5 + (dsink if sink is not None else None,)
     return grads + (None,) * (ctx.n_inputs - len(grads))
 

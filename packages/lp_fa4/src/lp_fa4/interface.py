@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from . import _ops
+from . import _ops, fp8_bwd
 from . import config as cfg
 from ._checks import (
     _check_fp8,
@@ -87,11 +87,14 @@ def _run(
     host_q=None,
     host_k=None,
     descale=None,
+    sources=None,
 ):
     _check_runnable(q3)
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
     zero_fill = zero_fill or sink is not None
-    return _ops.attention(
+    # FP8 tensors from quantize_fp8: gradients go to their bf16 sources (lp_fa4.fp8_bwd)
+    attention = _ops.attention if sources is None else functools.partial(fp8_bwd.attend_sources, sources)
+    return attention(
         q3,
         k,
         v,
@@ -117,6 +120,14 @@ def _run(
         host_k,
         *(descale if descale is not None else (None, None, None)),
     )
+
+
+def _sources(descale, q, k, v, shapes):
+    """The bf16 sources of quantize_fp8 outputs, reshaped like the op's q, k, v, or None."""
+    srcs = fp8_bwd.sources(q, k, v) if descale is not None else None
+    if srcs is None:
+        return None
+    return tuple(None if s is None else s.reshape(shape) for s, shape in zip(srcs, shapes))
 
 
 def flash_attn_func(
@@ -151,7 +162,9 @@ def flash_attn_func(
     q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); bf16 or fp16; H % Hkv == 0 (GQA/MQA).
     FP8: float8_e4m3fn q, k, v with ``q_descale`` / ``k_descale`` / ``v_descale`` fp32 (B, Hkv) each
     (FA3's layout; None = 1.0): the attention of q·q_descale[b, h // G], k·k_descale[b, hk],
-    v·v_descale[b, hk]; out is bf16; forward only, no window other than causal, softcap or sink.
+    v·v_descale[b, hk]; out is bf16; no window other than causal, softcap or sink. Gradients are
+    those of the dequantised inputs: bf16 to the sources of :func:`lp_fa4.fp8_bwd.quantize_fp8` outputs
+    (straight through), the chain rule to float8 leaves and descales (``lp_fa4.fp8_bwd``).
     Returns ``(out, lse)``: out (B, Sq, H, Dv) in q's dtype (bf16 for FP8); lse (B, H, Sq) fp32 natural-log
     logsumexp of the scaled (and softcapped) scores, including the sink, when ``return_lse`` (else
     None); differentiable. Masks are bottom-right aligned: query i sees key j iff
@@ -205,6 +218,7 @@ def flash_attn_func(
         lse_dense=True,
         deterministic=deterministic,
         descale=descale,
+        sources=_sources(descale, q, k, v, (q3.shape, k3.shape, v3.shape)),
     )
     return out.view(n_b, sq, h, v.shape[-1]), (lse if return_lse else None)
 
@@ -383,6 +397,7 @@ def flash_attn_varlen_func(
         lse_dense=dense_q,
         deterministic=deterministic,
         descale=descale,
+        sources=_sources(descale, q, k, v, (q3.shape, k3.shape, v3.shape)),
     )
     if dense_q:
         out = out.view(n_b, q.shape[1], h, v.shape[-1])
