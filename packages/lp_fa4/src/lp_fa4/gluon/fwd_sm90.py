@@ -231,6 +231,23 @@ def _fp8_operand(p, p_layout: gl.constexpr, RELABEL: gl.constexpr):
 
 
 @gluon.jit
+def _take_turn(turn, WG: gl.constexpr, nturn, PINGPONG: gl.constexpr):
+    """PINGPONG: wait until the other consumer warpgroup has issued its GEMMs of the turn before
+    (warpgroup 0 goes first: parity 1 of a fresh barrier passes), so the two alternate on the tensor
+    cores and one's softmax runs under the other's GEMMs (FA3's inter-warpgroup ping-pong)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (nturn & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, nturn, PINGPONG: gl.constexpr):
+    """PINGPONG: this warpgroup's GEMMs of the turn are issued: the other's turn."""
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+    return nturn + 1
+
+
+@gluon.jit
 def _stage_p(p_s, p):
     """FP8 P (fp32, carrying 2^P_SHIFT) rounded to e4m3 into this warpgroup's shared buffer, visible
     to the warpgroup's next wgmma."""
@@ -252,12 +269,12 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
               STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr,
               FP8: gl.constexpr, RELABEL: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr, P_SMEM: gl.constexpr):  # fmt: skip
+              TOP_LEFT: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
      used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-     GROUP, win_left, win_right, p_smem) = args  # fmt: skip
+     GROUP, win_left, win_right, p_smem, turn) = args  # fmt: skip
     R: gl.constexpr = BM // 2
     dtype: gl.constexpr = q_smem.dtype
     o_dtype: gl.constexpr = o_smem.dtype
@@ -272,6 +289,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
     o_s = o_smem.index(WG)
     it = 0
     ti = 0
+    nturn = 0  # PINGPONG: turns taken so far (both warpgroups take the same number per item)
     n_items = N_ITEMS if LPT else gl.load(count_ptr)
     for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
         b, h, m, q0, slot, rows, k0, k_len, off, j0, n_k = _item(
@@ -306,9 +324,11 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                 accw = warpgroup_mma_init(acc)
                 s = it % STAGES
                 mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+                _take_turn(turn, WG, nturn, PINGPONG)
                 sacc = warpgroup_mma(
                     q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
                 )
+                nturn = _pass_turn(turn, WG, nturn, PINGPONG)
                 sacc = warpgroup_mma_wait(0, deps=(sacc,))
                 mbarrier.arrive(k_empty.index(s), count=1)
                 p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, 0, n_full, k_len, rows2, cols2, off,
@@ -318,10 +338,12 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     sv = (it + j - 1) % STAGES
                     sk = (it + j) % STAGES
                     mbarrier.wait(k_ready.index(sk), ((it + j) // STAGES) & 1)
+                    mbarrier.wait(v_ready.index(sv), ((it + j - 1) // STAGES) & 1)
+                    _take_turn(turn, WG, nturn, PINGPONG)
                     sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
                                          is_async=True)  # fmt: skip
-                    mbarrier.wait(v_ready.index(sv), ((it + j - 1) // STAGES) & 1)
                     accw = warpgroup_mma(p_s, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
+                    nturn = _pass_turn(turn, WG, nturn, PINGPONG)
                     sacc = warpgroup_mma_wait(1, deps=(sacc,))
                     mbarrier.arrive(k_empty.index(sk), count=1)
                     p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
@@ -332,7 +354,9 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     _stage_p(p_s, p)  # P_{j-1}·V has retired: its buffer is free
                 sv = (it + n_k - 1) % STAGES
                 mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
+                _take_turn(turn, WG, nturn, PINGPONG)
                 accw = warpgroup_mma(p_s, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
+                nturn = _pass_turn(turn, WG, nturn, PINGPONG)
                 acc = warpgroup_mma_wait(0, deps=(accw,))
                 mbarrier.arrive(v_empty.index(sv), count=1)
                 it += n_k
@@ -340,9 +364,11 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
             if n_k > 0:
                 s = it % STAGES
                 mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+                _take_turn(turn, WG, nturn, PINGPONG)
                 sacc = warpgroup_mma(
                     q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
                 )
+                nturn = _pass_turn(turn, WG, nturn, PINGPONG)
                 sacc = warpgroup_mma_wait(0, deps=(sacc,))
                 mbarrier.arrive(k_empty.index(s), count=1)
                 for j in range(n_k - 1):
@@ -355,9 +381,11 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     sk = (it + j + 1) % STAGES
                     mbarrier.wait(k_ready.index(sk), ((it + j + 1) // STAGES) & 1)
                     mbarrier.wait(v_ready.index(sv), ((it + j) // STAGES) & 1)
+                    _take_turn(turn, WG, nturn, PINGPONG)
                     sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
                                          is_async=True)  # fmt: skip
                     accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
+                    nturn = _pass_turn(turn, WG, nturn, PINGPONG)
                     sacc = warpgroup_mma_wait(1, deps=(sacc,))
                     mbarrier.arrive(k_empty.index(sk), count=1)
                     acc = warpgroup_mma_wait(0, deps=(accw,))
@@ -368,7 +396,9 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                 accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
                 sv = (it + n_k - 1) % STAGES
                 mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
+                _take_turn(turn, WG, nturn, PINGPONG)
                 accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
+                nturn = _pass_turn(turn, WG, nturn, PINGPONG)
                 acc = warpgroup_mma_wait(0, deps=(accw,))
                 mbarrier.arrive(v_empty.index(sv), count=1)
                 it += n_k
@@ -377,9 +407,11 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
             # step 0: S_0 alone
             s = it % STAGES
             mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+            _take_turn(turn, WG, nturn, PINGPONG)
             sacc = warpgroup_mma(
                 q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
             )
+            nturn = _pass_turn(turn, WG, nturn, PINGPONG)
             sacc = warpgroup_mma_wait(0, deps=(sacc,))
             mbarrier.arrive(k_empty.index(s), count=1)
             p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, 0, n_full, k_len, rows2, cols2, off, s_scale2,
@@ -389,10 +421,12 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                 sv = (it + j - 1) % STAGES  # the previous step's stage: its V meets this P
                 sk = (it + j) % STAGES
                 mbarrier.wait(k_ready.index(sk), ((it + j) // STAGES) & 1)
+                mbarrier.wait(v_ready.index(sv), ((it + j - 1) // STAGES) & 1)
+                _take_turn(turn, WG, nturn, PINGPONG)
                 sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
                                      is_async=True)  # fmt: skip
-                mbarrier.wait(v_ready.index(sv), ((it + j - 1) // STAGES) & 1)
                 accw = warpgroup_mma(p, v_smem.index(sv), accw, is_async=True)
+                nturn = _pass_turn(turn, WG, nturn, PINGPONG)
                 # S_j retires first (groups complete in order); P_{j-1}·V runs under this softmax
                 sacc = warpgroup_mma_wait(1, deps=(sacc,))
                 mbarrier.arrive(k_empty.index(sk), count=1)
@@ -405,7 +439,9 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                 p = gl.convert_layout(p_next.to(dtype), p_layout)
             sv = (it + n_k - 1) % STAGES
             mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
+            _take_turn(turn, WG, nturn, PINGPONG)
             accw = warpgroup_mma(p, v_smem.index(sv), accw, is_async=True)
+            nturn = _pass_turn(turn, WG, nturn, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(accw,))
             mbarrier.arrive(v_empty.index(sv), count=1)
             it += n_k
@@ -447,7 +483,7 @@ def attn_fwd_ws(
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
     RELABEL: gl.constexpr = False, WINDOW: gl.constexpr = False, TOP_LEFT: gl.constexpr = False,
-    P_SMEM: gl.constexpr = False, P_LAYOUT: gl.constexpr = None,
+    P_SMEM: gl.constexpr = False, P_LAYOUT: gl.constexpr = None, PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8  # e4m3 q, k, v (module docstring)
@@ -471,11 +507,14 @@ def attn_fwd_ws(
     init_ring(q_ready, q_empty, QBUF, 2)  # released by each of the two consumer warpgroups
     init_ring(k_ready, k_empty, STAGES, 2)
     init_ring(v_ready, v_empty, STAGES, 2)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
 
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
              used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-             GROUP, win_left, win_right, p_smem)  # fmt: skip
+             GROUP, win_left, win_right, p_smem, turn)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
              max_q, max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right)  # fmt: skip
@@ -503,6 +542,7 @@ def attn_fwd_ws(
                     WINDOW,
                     TOP_LEFT,
                     P_SMEM,
+                    PINGPONG,
                 ),
             ),
             (
@@ -525,6 +565,7 @@ def attn_fwd_ws(
                     WINDOW,
                     TOP_LEFT,
                     P_SMEM,
+                    PINGPONG,
                 ),
             ),
             (
@@ -562,6 +603,8 @@ FP8_V_COPY = "aligned"
 # FP8: P reaches P·V through a shared-memory tile (``_stage_p``) rather than registers, so that the
 # P·V of one step can stay in flight under the next step's softmax. Opt-in until measured.
 FP8_P_SMEM = False
+# The consumer warpgroups take turns issuing their GEMMs (``_take_turn``). Opt-in until measured.
+PINGPONG = False
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
 # The LPT walk measured faster than the tile list for dense causal S = 2048 and 4096 and slower at
 # 8192 (one A/B run on the H200, BENCHMARKS.md): the default takes it up to this length.
@@ -571,7 +614,7 @@ LPT_MAX_S = 4096
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
         lse_dense: bool, lpt: bool | None = None, descale=None, v_copy: str | None = None,
         window: tuple[int, int] | None = None, top_left: bool = False,
-        p_smem: bool | None = None) -> None:  # fmt: skip
+        p_smem: bool | None = None, pingpong: bool | None = None) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
@@ -583,6 +626,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     read through a K-major copy made here, laid out as ``v_copy`` says (default ``FP8_V_COPY``):
     "relabel" puts its keys in ``KEY_ORDER`` groups so P reaches P·V without moving values between
     threads (``_fp8_operand``). ``p_smem`` (default ``FP8_P_SMEM``): FP8's P through shared memory.
+    ``pingpong`` (default ``PINGPONG``): the consumer warpgroups alternate their GEMM issues.
 
     ``window`` (win_left, win_right), sides resolved as ``lp_fa4.triton.launch.Problem``'s (BIG =
     unbounded): query row i sees keys [i + off - win_left, i + off + win_right], off = Lk - Lq
@@ -651,5 +695,6 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=232, PRODUCER_REGS=24,
         LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None, TOP_LEFT=bool(top_left),
         P_SMEM=p_smem, P_LAYOUT=smem_layout(BM // 2, BN, gdt) if p_smem else None,
+        PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
         num_warps=4,
     )  # fmt: skip
