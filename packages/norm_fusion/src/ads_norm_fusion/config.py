@@ -192,8 +192,9 @@ def persistent_config(m: int, n: int, k: int, num_sms: int) -> PersistentConfig:
 def gluon_forward() -> bool:
     """``ADS_NORM_FUSION_GLUON``: ``auto`` lets the Gluon sm_90 forward of ``linear_*norm`` (the row
     block's GEMM output kept in shared memory, ``gluon.fwd_sm90``) take the calls its predicate
-    ``gluon.dispatch.why_not`` admits; ``0`` keeps the Triton kernels. Default ``0`` until the H200
-    has checked and timed it."""
+    ``gluon.dispatch.why_not`` admits; ``0`` (the default) keeps the Triton kernels: the Gluon kernel
+    passes its GPU tests but was slower at every shape timed on the H200 (65536×1024×1024: 422 against
+    336 µs; BENCHMARKS.md)."""
     return _choice("ADS_NORM_FUSION_GLUON", "0", ("auto", "0")) == "auto"
 
 

@@ -12,6 +12,11 @@ normalised (and γ, β applied) in place and sent to the output with one TMA sto
 memory once, where the Triton kernels stage z through the output buffer and read it back.
 x̂ (``SAVE_XHAT``, training forwards with an affine norm) goes out through one more 64 × BN buffer.
 
+Off by default (``config.gluon_forward``): a 64-row block streams all of W through the SM, and its
+64×128×64 K steps load 24 KB of tiles per MFLOP (43 FLOP/B, half the 85 of the 128×256 tiles of the
+Triton kernel and cuBLAS), so the GEMM is the limit: on the H200 it took 422 µs at 65536×1024×1024
+against the Triton kernel's 336 (BENCHMARKS.md).
+
 Needs (``dispatch.why_not`` checks on the host): N a multiple of 64 up to 1024, K a multiple of 8
 (TMA's 16-byte strides; the K tail of the last 64-wide step is zero-filled by TMA), 16-byte
 aligned row-major tensors. Rows past M: TMA loads zeros and drops their stores.
