@@ -553,6 +553,45 @@ def test_custom_op_backward_equals_eager(device):
         torch.testing.assert_close(a, e)
 
 
+def test_compile_fullgraph_float8_leaves(device):
+    """torch.compile(fullgraph=True) of an FP8 forward and backward (float8 leaves, descales that
+    require grad, the LSE's gradient too): the eager gradients, bit for bit."""
+    b, s, h, hkv, d = 1, 24, 2, 1, 64
+    q8, k8, v8 = (_data((b, s, n, d), 90 + i, device).to(E4M3) for i, n in enumerate((h, hkv, hkv)))
+    qd, kd, vd = (torch.full((b, hkv), 0.5 + 0.25 * i, device=device) for i in range(3))
+
+    def f(q8, k8, v8, qd, kd, vd):
+        out, lse = flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                                   return_lse=True)  # fmt: skip
+        return out.float().square().sum() + lse.sum()
+
+    def grads(fn):
+        leaves = [t.clone().requires_grad_() for t in (q8, k8, v8, qd, kd, vd)]
+        return torch.autograd.grad(fn(*leaves), leaves)
+
+    eager = grads(f)
+    got = grads(torch.compile(f, fullgraph=True, backend="aot_eager"))
+    for a, e in zip(got, eager):
+        torch.testing.assert_close(a.float(), e.float(), atol=0, rtol=0)
+
+
+def test_dequantise_op(device):
+    """lp_fa4::fp8_dequantise: opcheck, and the fp32 product rounded once to bf16, per sequence and kv
+    head (a GQA group sharing its scale); rows outside every sequence take the nearest one."""
+    from lp_fa4.fp8_bwd import dequantise
+
+    x8 = _data((23, 4, 64), 95, device).to(E4M3)
+    sc = torch.rand(3, 2, generator=torch.Generator().manual_seed(1)).add(0.1).to(device)
+    cu = torch.tensor([1, 5, 5, 20], dtype=torch.int32, device=device)
+    got = dequantise(x8, sc, cu)
+    rows = torch.tensor([0] * 5 + [2] * 18, device=device)  # row 0 before cu[0], rows 20-22 after cu[B]
+    want = (x8.float() * sc[rows].repeat_interleave(2, 1)[..., None]).to(torch.bfloat16)
+    assert torch.equal(got, want)
+    # test_schema perturbs the inputs arithmetically, which float8 CPU tensors do not support
+    utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(torch.ops.lp_fa4.fp8_dequantise.default, (x8, sc, cu), test_utils=utils)
+
+
 def test_quantised_tensor_must_reach_the_attention_unchanged(device):
     q = _data((1, 16, 2, 64), 70, device).requires_grad_()
     q8, qd = quantize_fp8(q)

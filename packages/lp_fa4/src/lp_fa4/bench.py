@@ -6,11 +6,13 @@ Varlen: B = 1152, H = 4, D = 128, max length 512..2048, sparsity 1.0 / 0.5 (the 
 FLOPs = 4·H·D·Σ Lq·Lk forward (halved for causal, exact per sequence), x2.5 backward, for every
 provider, so padded peers are credited with useful work only.
 
-FP8: float8_e4m3fn forward rows (``fp8 ...`` ops) at D=128: dense B·S = 16k, H = 16, S 4096/8192, causal
-and not, and the Llama-style GQA shape (64 query / 8 kv heads, B = 1, S 4096..16384); provider
-ours[fp8] beside ours[bf16] on the same shape. Inputs are quantised once, outside timing, with
-per-(batch, kv head) amax/448 scales; the note gives the out cosine and relative error against fp32
-attention of the dequantised inputs (torch SDPA in fp32).
+FP8: float8_e4m3fn forward and backward rows (``fp8 ...`` ops) at D=128: dense B·S = 16k, H = 16, S
+4096/8192, causal and not, and the Llama-style GQA shape (64 query / 8 kv heads, B = 1, S
+4096..16384); provider ours[fp8] beside ours[bf16] on the same shape. Inputs are quantised once,
+outside timing, with per-(batch, kv head) amax/448 scales; the notes give the out cosine and relative
+error against fp32 attention of the dequantised inputs (torch SDPA in fp32) and, for the backward,
+the dQ/dK/dV cosines and relative errors against the fp32 reference backward (batch 0, kv head 0 and
+its query heads) and the cosines against ours[bf16]'s gradients of the unquantised inputs.
 
 Providers: ours (the default dispatch: the Gluon kernels on sm_90 where their predicates admit the
 call, else the portable Triton ones; ``--variants`` adds ours[triton], LP_FA4_BACKEND=triton, and
@@ -51,6 +53,9 @@ class Bench:
 
         tf = flop / (ms * 1e-3) / 1e12 if ms else None
         self.report.add(Row(op, provider, mode, shape, ms, tf, extra={"x": self.x}))
+
+    def _time_bwd(self, out, leaves, do) -> float:
+        return self._time(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
 
     def fwd_bwd(self, op, provider, shape, run, flop, grad=True):
         """``run(grad)`` returns the output, or (output, leaves) with grad: time fwd, then bwd alone."""
@@ -123,10 +128,13 @@ class Bench:
             self.fwd_bwd(op, f"sdpa-{backend}", shape, run, flop)
 
     def fp8(self, b: int, s: int, h: int, hkv: int, d: int, causal: bool) -> None:
-        """ours[fp8] and ours[bf16] forward at one shape; accuracy of the FP8 output in the note."""
+        """ours[fp8] and ours[bf16] forward and backward at one shape; accuracy of the FP8 output and
+        gradients in the notes. The FP8 backward is timed as users run it: bf16 q, k, v quantised by
+        ``fp8_bwd.quantize_fp8`` (outside timing), gradients to those sources."""
         from ads_kernel_tools.bench import Row, flops, peers
 
         from . import flash_attn_func
+        from .fp8_bwd import quantize_fp8
 
         op = f"fp8 {'gqa' if hkv < h else 'dense'} d{d}{' causal' if causal else ''}"
         shape = f"B={b} S={s} H={h}/{hkv} D={d}"
@@ -156,6 +164,34 @@ class Bench:
                 self._time(lambda: flash_attn_func(q, k, v, causal=causal)),
                 flop,
             )
+        torch.cuda.empty_cache()
+        if self.args.no_fp8_bwd:
+            return
+        do = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        bf16_grads = None
+        with peers.skip_on_error(f"ours[bf16] bwd {op} {shape}"):
+            out = flash_attn_func(*leaves, causal=causal)[0]
+            bf16_grads = torch.autograd.grad(out, leaves, do, retain_graph=True)
+            self._add(op, "ours[bf16]", "bwd", shape, self._time_bwd(out, leaves, do), 2.5 * flop)
+            del out
+        with peers.skip_on_error(f"ours[fp8] bwd {op} {shape}"):
+            (q8g, qdg), (k8g, kdg), (v8g, vdg) = (quantize_fp8(t, hkv) for t in leaves)
+            descales = dict(q_descale=qdg, k_descale=kdg, v_descale=vdg)
+            out = flash_attn_func(q8g, k8g, v8g, causal=causal, **descales)[0]
+            grads = torch.autograd.grad(out, leaves, do, retain_graph=True)
+            ms = self._time_bwd(out, leaves, do)
+            tf = 2.5 * flop / (ms * 1e-3) / 1e12
+            ref = _grad_accuracy(grads, (q8g, k8g, v8g), (qdg, kdg, vdg), do, causal)
+            vs_bf16 = [_cos(g, r) for g, r in zip(grads, bf16_grads)] if bf16_grads is not None else []
+            note = ("d{q,k,v} cos vs fp32 " + "/".join(f"{c:.5f}" for c, _ in ref) + " rel err "
+                    + "/".join(f"{r:.3f}" for _, r in ref) + "; cos vs ours[bf16] grads "
+                    + "/".join(f"{c:.4f}" for c in vs_bf16))  # fmt: skip
+            extra = {"x": self.x, "grad_cos": [c for c, _ in ref], "grad_rel": [r for _, r in ref],
+                     "grad_cos_vs_bf16": vs_bf16}  # fmt: skip
+            self.report.add(Row(op, "ours[fp8]", "bwd", shape, ms, tf, note=note, extra=extra))
+            del out, grads
+        del leaves, bf16_grads
         torch.cuda.empty_cache()
 
     def varlen(self, max_len: int, sparsity: float, batch: int = 1152, h: int = 4, d: int = 128) -> None:
@@ -249,6 +285,29 @@ def _accuracy(out, q, k, v, causal) -> tuple[float, float]:
     return dot / (n_o * n_r) ** 0.5, (err / n_r) ** 0.5
 
 
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0).item()
+
+
+def _grad_accuracy(grads, x8, descales, do, causal) -> list[tuple[float, float]]:
+    """(cosine, relative error) of dq, dk, dv against the fp32 reference backward of the dequantised
+    inputs, on a sample that is exact for its entries: batch 0, kv head 0 and its query heads (the
+    reference's S x S fp32 scores of every head would not fit, nor run in seconds)."""
+    from ads_kernel_tools.reference.attention import softmax_attention_ref
+
+    g = x8[0].shape[2] // x8[1].shape[2]
+    heads = (slice(0, g), slice(0, 1), slice(0, 1))
+    leaves = [dequantise_fp8(t[:1].detach(), sc[:1])[:, :, hs].contiguous().requires_grad_()
+              for t, sc, hs in zip(x8, descales, heads)]  # fmt: skip
+    ref, _ = softmax_attention_ref(*leaves, causal=causal)
+    ref.backward(do[:1, :, :g].float())
+    res = []
+    for got, leaf, hs in zip(grads, leaves, heads):
+        r, o = leaf.grad.flatten(), got[:1, :, hs].float().flatten()
+        res.append((_cos(o, r), ((o - r).norm() / r.norm()).item()))
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     from ads_kernel_tools.bench import cli
 
@@ -259,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "--variants": "also time ours[triton] and ours[bwd-smem] (or -regs)",
         "--fp8-only": "only the FP8 rows (ours[fp8] beside ours[bf16])",
         "--no-fp8": "skip the FP8 rows",
+        "--no-fp8-bwd": "FP8 rows: forward only",
     }
     prog = "python -m lp_fa4.bench"
     return cli.main(prog, __doc__.splitlines()[0], measure, demo=demo, flags=flags, argv=argv)
@@ -298,7 +358,8 @@ def measure(args) -> int:
     print(f"targets (H200): dense D=128 S>=2k fwd >= {0.9 * FA4_DENSE['fwd']:.0f}, bwd >= "
           f"{0.85 * FA4_DENSE['bwd']:.0f} (0.9x / 0.85x FA4 at 4x16x4096x128); varlen fwd >= FA4 varlen, "
           f"bwd >= 0.9x: {FA4_VARLEN}")  # fmt: skip
-    print("targets (H200): FP8 fwd >= 1000 at D=128 S>=4k non-causal and >= 1.4x ours[bf16]")
+    print("targets (H200): FP8 fwd >= 1000 at D=128 S>=4k non-causal and >= 1.4x ours[bf16]; "
+          "FP8 bwd >= 1.25x ours[bf16]")  # fmt: skip
     cli.save(bench.report, args, x_key="x", x_label="sequence length (dense) / max length (varlen)")
     return 0
 

@@ -19,7 +19,8 @@ flushes to zero. Users hold FP8 inputs quantised from bf16 tensors that require 
 - :func:`fp8_attn_backward` returns bf16 (dq, dk, dv) of the dequantised inputs explicitly, from the
   forward's out and LSE, as upstream's ``mxfp8_flash_attn_varlen_backward`` does.
 
-Kernel path: q, k, v are dequantised to bf16 (fp32 product, one rounding) and the BF16 backward runs
+Kernel path: q, k, v are dequantised to bf16 (fp32 product, one rounding; one Triton pass each,
+``dequantise``) and the BF16 backward runs
 (``gluon.bwd_dispatch``: the Gluon kernel on sm_90, Triton elsewhere and on the interpreter). That is
 the accuracy reference; FP8 GEMMs inside the backward are future work (BENCHMARKS.md, "FP8 backward").
 """
@@ -27,8 +28,10 @@ the accuracy reference; FP8 GEMMs inside the backward are future work (BENCHMARK
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-from .triton.launch import BIG
+from .triton.launch import BIG, _pad
 
 Tensor = torch.Tensor
 E4M3 = torch.float8_e4m3fn
@@ -39,11 +42,12 @@ _DESCALE_SLOTS = (23, 24, 25)
 
 
 def _row_batch(cu: Tensor, rows: int) -> Tensor:
-    """(rows,) int64: the sequence of each row of a varlen tensor (rows outside every sequence take
+    """(rows,) int32: the sequence of each row of a varlen tensor (rows outside every sequence take
     the nearest one; their gradients are zero or unused)."""
     n_b = cu.shape[0] - 1
     idx = torch.arange(rows, device=cu.device, dtype=cu.dtype)
-    return torch.searchsorted(cu[1:].contiguous(), idx, right=True).clamp_(max=max(n_b - 1, 0))
+    rb = torch.searchsorted(cu[1:].contiguous(), idx, right=True, out_int32=True)
+    return rb.clamp_(max=max(n_b - 1, 0))
 
 
 def _row_scales(descale: Tensor, cu: Tensor, rows: int, heads: int) -> Tensor:
@@ -52,10 +56,45 @@ def _row_scales(descale: Tensor, cu: Tensor, rows: int, heads: int) -> Tensor:
     return per_row.repeat_interleave(heads // descale.shape[1], dim=1)
 
 
-def dequantise(x8: Tensor, descale: Tensor, cu: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
-    """Varlen (rows, Hx, D) float8 -> ``dtype``: x8·descale[sequence, head // G], one rounding."""
-    s = _row_scales(descale, cu, x8.shape[0], x8.shape[1])
-    return (x8.float() * s[..., None]).to(dtype)
+@triton.jit
+def _dequant_kernel(X, Y, SC, RB, rows, HKV, HX: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Y[r, h] = X[r, h] · SC[RB[r], h // G] in fp32, one rounding to Y's dtype; X, Y (rows, HX, D)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    h = tl.program_id(1)
+    col = tl.arange(0, BLOCK_D)
+    live = r < rows
+    b = tl.load(RB + r, mask=live, other=0)
+    sc = tl.load(SC + b.to(tl.int64) * HKV + h // G, mask=live, other=0.0)
+    off = r[:, None].to(tl.int64) * (HX * D) + h * D + col[None, :]
+    m = live[:, None] & (col[None, :] < D)
+    x = tl.load(X + off, mask=m, other=0.0).to(tl.float32)
+    tl.store(Y + off, (x * sc[:, None]).to(Y.dtype.element_ty), mask=m)
+
+
+@torch.library.custom_op("lp_fa4::fp8_dequantise", mutates_args=())
+def _dequantise_op(x8: Tensor, descale: Tensor, cu: Tensor) -> Tensor:
+    x8 = x8.contiguous()
+    rows, hx, d = x8.shape
+    y = torch.empty(x8.shape, dtype=torch.bfloat16, device=x8.device)
+    if rows == 0 or hx == 0:
+        return y
+    block_r = max(1, min(64, 8192 // _pad(d)))
+    grid = (triton.cdiv(rows, block_r), hx)
+    _dequant_kernel[grid](x8, y, descale.contiguous(), _row_batch(cu, rows), rows, descale.shape[1], HX=hx,
+                          G=hx // descale.shape[1], D=d, BLOCK_R=block_r, BLOCK_D=_pad(d))  # fmt: skip
+    return y
+
+
+@_dequantise_op.register_fake
+def _(x8, descale, cu):
+    return torch.empty(x8.shape, dtype=torch.bfloat16, device=x8.device)
+
+
+def dequantise(x8: Tensor, descale: Tensor, cu: Tensor) -> Tensor:
+    """Varlen (rows, Hx, D) float8 -> bf16: x8·descale[sequence, head // G], the product in fp32 and
+    one rounding; one Triton pass (1 byte read, 2 written per element), a custom op (traceable)."""
+    return torch.ops.lp_fa4.fp8_dequantise(x8, descale, cu)
 
 
 def _descale_grad(dx: Tensor, x8: Tensor, cu: Tensor, n_kv: int) -> Tensor:
