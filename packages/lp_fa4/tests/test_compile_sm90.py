@@ -83,6 +83,7 @@ def _gluon_bwd_job(
     fp16: bool = False,
     stats: str = "regs",
     sass: bool = False,
+    pipe: int = 0,
 ) -> dict:
     import torch
     from triton.experimental.gluon import language as gl
@@ -107,7 +108,7 @@ def _gluon_bwd_job(
                                     "used_k_ptr")}}  # fmt: skip
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, CAUSAL=causal, HAS_USED_Q=used,
                   HAS_USED_K=used, CONSUMER_REGS=g.CONSUMER_REGS, PRODUCER_REGS=g.PRODUCER_REGS,
-                  STATS=stats)  # fmt: skip
+                  STATS=stats, PIPE=pipe)  # fmt: skip
     job = dict(module=g.__name__, kernel="attn_bwd_ws", types=types, constexprs=consts, gluon=True)
     return job | ({"sass_between": SASS_SPILLS} if sass else {})
 
@@ -123,6 +124,18 @@ GLUON_BWD_JOBS = {
     "d128-causal-stats-smem": dict(d=128, causal=True, stats="smem"),
     "d128-causal-seqused-fp16-stats-smem": dict(d=128, causal=True, used=True, fp16=True, stats="smem"),
     "d64-causal-seqused-fp16-stats-smem": dict(d=64, causal=True, used=True, fp16=True, stats="smem"),
+    # LP_FA4_BWD_PIPE=1 (dV, dQ, dK order) and 2 (the next step's Sᵀ/dPᵀ issued behind this step's dK)
+    "d128-pipe1-stats-smem": dict(d=128, stats="smem", pipe=1),
+    "d128-pipe2": dict(d=128, pipe=2),
+    "d128-pipe2-stats-smem": dict(d=128, stats="smem", pipe=2),
+    "d128-causal-pipe2-stats-smem": dict(d=128, causal=True, stats="smem", pipe=2),
+    "d128-causal-seqused-fp16-pipe2-stats-smem": dict(
+        d=128, causal=True, used=True, fp16=True, stats="smem", pipe=2
+    ),
+    "d64-pipe2-stats-smem": dict(d=64, stats="smem", pipe=2),
+    "d64-causal-seqused-fp16-pipe2-stats-smem": dict(
+        d=64, causal=True, used=True, fp16=True, stats="smem", pipe=2
+    ),
 }
 
 
@@ -164,6 +177,40 @@ def test_gluon_bwd_stats_in_smem_spill_less(name, gluon_bwd_spills):
     (n_regs,), (n_smem,) = regs["spills"], smem["spills"]
     assert n_regs > 0, "the default build no longer spills: revisit LP_FA4_BWD_STATS"
     assert 2 * n_smem < n_regs, f"{name}: {n_smem} spill instructions with smem stats vs {n_regs} default"
+
+
+# SASS of the whole kernel: HGMMA instructions, and those that close a commit group (gsb0). When
+# ptxas cannot keep an accumulator's registers untouched while its wgmma is in flight it serialises
+# every wgmma of the kernel (warning C7514): each HGMMA then closes its own group.
+SASS_WGMMA = {
+    "hgmma": [r"^\.text\.attn_bwd_ws:", r"(?!)", r"\bHGMMA\."],
+    "hgmma_gsb0": [r"^\.text\.attn_bwd_ws:", r"(?!)", r"\bHGMMA\..*\bgsb0\b"],
+}
+PIPE_BUILDS = {
+    f"d128{'-causal' * causal}-{stats}-pipe{pipe}": dict(d=128, causal=causal, stats=stats, pipe=pipe)
+    for causal in (False, True)
+    for stats in ("regs", "smem")
+    for pipe in (0, 1, 2)
+}
+
+
+@pytest.fixture(scope="module")
+def gluon_bwd_wgmma():
+    jobs = [_gluon_bwd_job(**kw) | {"sass_between": SASS_WGMMA} for kw in PIPE_BUILDS.values()]
+    return dict(zip(PIPE_BUILDS, ptx_counts_batch(jobs)))
+
+
+@pytest.mark.parametrize("name", list(PIPE_BUILDS))
+def test_gluon_bwd_wgmma_stays_asynchronous(name, gluon_bwd_wgmma):
+    """Every LP_FA4_BWD_STATS x LP_FA4_BWD_PIPE build keeps its wgmma asynchronous: one commit group
+    per GEMM of the step (8 or 4 HGMMA each), not one per instruction. A wgmma accumulator that is in
+    flight across the loop's back edge or through a branch that yields it makes ptxas serialise them
+    all (PIPE=2's first draft did: 80 of 80 HGMMA closed a group)."""
+    c = gluon_bwd_wgmma[name]
+    assert "error" not in c, c.get("error")
+    (hgmma,), (groups,) = c["hgmma"], c["hgmma_gsb0"]
+    assert hgmma >= 64, c
+    assert 4 * groups < hgmma, f"{name}: {groups} of {hgmma} HGMMA close a commit group (serialised)"
 
 
 def test_bwd_stats_switch_is_read(monkeypatch):

@@ -17,6 +17,10 @@ Env:
         delta: ``regs`` (default, the GPU-tested build) loaded from global memory at the top of the
         step, ``smem`` staged in shared memory by the TMA producer and read right before use (fewer
         register spills offline, BENCHMARKS.md "Backward (Gluon)"). Opt-in: not timed on a GPU yet.
+    LP_FA4_BWD_PIPE=0|1|2  the Gluon Hopper backward's step schedule: ``0`` (default) each step issues
+        Sᵀ, dPᵀ, then dV, dK, dQ and waits for all; ``1`` orders them dV, dQ, dK and stages/sends dQ
+        while dK runs; ``2`` also issues the next step's Sᵀ/dPᵀ behind dK and computes its Pᵀ/dSᵀ
+        before the loop turns (use with ``LP_FA4_BWD_STATS=smem``: with ``regs`` it spills).
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
         default: the hot path never syncs.
@@ -68,6 +72,13 @@ def bwd_stats() -> str:
     if mode not in ("regs", "smem"):
         raise ValueError(f"LP_FA4_BWD_STATS must be regs or smem, got {mode!r}")
     return mode
+
+
+def bwd_pipe() -> int:
+    mode = os.environ.get("LP_FA4_BWD_PIPE", "0").strip()
+    if mode not in ("0", "1", "2"):
+        raise ValueError(f"LP_FA4_BWD_PIPE must be 0, 1 or 2, got {mode!r}")
+    return int(mode)
 
 
 def dq_mode(deterministic: bool) -> str:

@@ -50,6 +50,7 @@ from ads_kernel_tools.capability import num_sms
 from ads_kernel_tools.kernels.gluon_hopper import (
     acc_layout,
     bwd_buffers,
+    bwd_grad_issue,
     bwd_grad_step,
     rows_desc,
     split_entry,
@@ -272,13 +273,182 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
 
 
 @gluon.jit
+def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid, qk_scale2, rows2, cols2,
+           BM: gl.constexpr, ROWS: gl.constexpr, CAUSAL: gl.constexpr, STATS: gl.constexpr):  # fmt: skip
+    """Pᵀ and dSᵀ of query tile m from the in-flight Sᵀ and dPᵀ (issued in that order, nothing
+    after them): exp2 under dPᵀ, then the product; masked on edge tiles only. STATS == "smem" reads
+    LSE·log2e and delta from stage s's slot (``lse2``/``delta`` unused), else takes them."""
+    col_l: gl.constexpr = gl.SliceLayout(0, st.type.tensor_type.layout)
+    st = warpgroup_mma_wait(1, deps=(st,))
+    if STATS == "smem":
+        lse2 = stat_smem.index(2 * s).load(col_l)
+    pt = gl.exp2(st * qk_scale2 - gl.expand_dims(lse2, 0))
+    dpt = warpgroup_mma_wait(0, deps=(dpt,))
+    if STATS == "smem":
+        delta = stat_smem.index(2 * s + 1).load(col_l)
+    dst = pt * (dpt - gl.expand_dims(delta, 0))
+    q_valid = rows - m * BM
+    edge = (kv_valid < ROWS) | (q_valid < BM)
+    if CAUSAL:
+        edge = edge | (kv_first + ROWS - 1 > m * BM + off)
+    if edge:
+        keep = (rows2 < kv_valid) & (cols2 < q_valid)
+        if CAUSAL:
+            keep = keep & (rows2 + kv_first <= cols2 + m * BM + off)
+        pt = gl.where(keep, pt, 0.0)
+        dst = gl.where(keep, dst, 0.0)
+    return pt, dst
+
+
+@gluon.jit
+def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
+                   HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr):  # fmt: skip
+    """``_consumer`` with the steps of a kv tile in one flat loop over (query head, query tile) and
+    the GEMMs of a step reordered (``bwd_grad_issue``): dV, dQ, dK, so that dQ's staging and bulk
+    reduce-add run while dK is still on the tensor cores.
+
+    PIPE == 2 also issues the next step's Sᵀ and dPᵀ right behind this step's dK and computes its
+    Pᵀ/dSᵀ before the loop turns: a step of the loop is "GEMMs of step j, scores of step j+1", and
+    Pᵀ/dSᵀ (plain registers) are what it carries. No wgmma is in flight at the loop's back edge or
+    across a branch that yields values: otherwise ptxas serialises every wgmma of the kernel
+    (C7514). After the last step the "next" scores are computed on the last stage again and
+    discarded (that stage is released after them)."""
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
+     ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
+     used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args[0:31]  # fmt: skip
+    stat_smem = dq_smem  # unused unless STATS == "smem"
+    if STATS == "smem":
+        stat_smem = args[31]
+    ROWS: gl.constexpr = BN // 2
+    DH: gl.constexpr = D // 2
+    s_layout: gl.constexpr = acc_layout(BM)
+    kv_layout: gl.constexpr = acc_layout(D)
+    dq_layout: gl.constexpr = acc_layout(DH)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+    rows2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, s_layout)), 1)
+    c_idx = gl.arange(0, BM, col_l)
+    cols2 = gl.expand_dims(c_idx, 0)
+    s_zero = gl.zeros([ROWS, BM], gl.float32, s_layout)
+    dq_zero = gl.zeros([BM, DH], gl.float32, dq_layout)
+    k_half = k_smem.slice(WG * ROWS, ROWS, dim=0)
+    v_half = v_smem.slice(WG * ROWS, ROWS, dim=0)
+    k_cols = k_smem.slice(WG * DH, DH, dim=1)
+    dq_s = dq_smem.index(WG)
+    no_stat = gl.zeros([BM], gl.float32, col_l)
+
+    it = 0
+    kc = 0
+    for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
+        hk, n_first, q0, rows, off, k0, k_len = _kv_item(
+            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
+            HAS_USED_Q, HAS_USED_K,
+        )  # fmt: skip
+        start, stop, step = _kv_tiles(n_first, k_len, N_TILES, BN, CAUSAL)
+        for n in range(start, stop, step):
+            lo, hi = _q_tiles(n, rows, off, BM, BN, CAUSAL)
+            n_m = gl.maximum(hi - lo, 0)
+            n_steps = G * n_m  # the producer's order: query heads of the group, then query tiles
+            kv_first = n * BN + WG * ROWS
+            kv_valid = k_len - kv_first
+            mbarrier.wait(kv_ready, kc & 1)
+            dk = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
+            dv = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
+            if PIPE == 2:
+                pt = s_zero
+                dst = s_zero
+                if n_steps > 0:  # the first step's scores
+                    s0 = it % STAGES
+                    lse2 = no_stat
+                    delta = no_stat
+                    if STATS == "regs":
+                        base0 = (hk * G).to(gl.int64) * TO + q0
+                        lse2, delta = _row_stats(lse_ptr + base0, delta_ptr + base0, lo * BM + c_idx, rows)
+                    mbarrier.wait(qd_ready.index(s0), (it // STAGES) & 1)
+                    st0 = warpgroup_mma(k_half, q_smem.index(s0).permute((1, 0)), s_zero, use_acc=False,
+                                        is_async=True)  # fmt: skip
+                    dp0 = warpgroup_mma(v_half, do_smem.index(s0).permute((1, 0)), s_zero, use_acc=False,
+                                        is_async=True)  # fmt: skip
+                    pt, dst = _probs(st0, dp0, lse2, delta, stat_smem, s0, lo, rows, off, kv_first, kv_valid,
+                                     qk_scale2, rows2, cols2, BM, ROWS, CAUSAL, STATS)  # fmt: skip
+            for j in range(n_steps):
+                g = j // n_m
+                m = lo + j - g * n_m
+                h = hk * G + g
+                s = it % STAGES
+                db = it % 2
+                dph = (it // 2) & 1
+                q_s = q_smem.index(s)
+                do_s = do_smem.index(s)
+                if PIPE == 1:
+                    if STATS == "regs":
+                        base = h.to(gl.int64) * TO + q0
+                        lse2, delta = _row_stats(lse_ptr + base, delta_ptr + base, m * BM + c_idx, rows)
+                    else:
+                        lse2 = no_stat
+                        delta = no_stat
+                    mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
+                    st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
+                                     qk_scale2, rows2, cols2, BM, ROWS, CAUSAL, STATS)  # fmt: skip
+                dv, dk, dq = bwd_grad_issue(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
+                                            ds_free, dq_zero, WG, p_layout)  # fmt: skip
+                # dK is still on the tensor cores while dQ is staged and sent
+                stage_for_tma(dq_s, dq * scale)
+                tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
+                if PIPE == 2:
+                    more = j + 1 < n_steps
+                    jn = gl.minimum(j + 1, n_steps - 1)
+                    gn = jn // n_m
+                    mn = lo + jn - gn * n_m
+                    sn = s
+                    if more:
+                        sn = (it + 1) % STAGES
+                    lse2 = no_stat
+                    delta = no_stat
+                    if STATS == "regs":
+                        basen = (hk * G + gn).to(gl.int64) * TO + q0
+                        lse2, delta = _row_stats(lse_ptr + basen, delta_ptr + basen, mn * BM + c_idx, rows)
+                    if more:
+                        mbarrier.wait(qd_ready.index(sn), ((it + 1) // STAGES) & 1)
+                    st = warpgroup_mma(k_half, q_smem.index(sn).permute((1, 0)), s_zero, use_acc=False,
+                                       is_async=True)  # fmt: skip
+                    dpt = warpgroup_mma(v_half, do_smem.index(sn).permute((1, 0)), s_zero, use_acc=False,
+                                        is_async=True)  # fmt: skip
+                    dk = warpgroup_mma_init(warpgroup_mma_wait(2, deps=(dk,)))
+                    mbarrier.arrive(ds_free.index(db), count=1)
+                    if more:
+                        mbarrier.arrive(qd_empty.index(s), count=1)
+                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, sn, mn, rows, off, kv_first, kv_valid,
+                                     qk_scale2, rows2, cols2, BM, ROWS, CAUSAL, STATS)  # fmt: skip
+                    if not more:
+                        # the discarded scores read this stage: released once they retired
+                        mbarrier.arrive(qd_empty.index(s), count=1)
+                else:
+                    dk = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(dk,)))
+                    mbarrier.arrive(qd_empty.index(s), count=1)
+                    mbarrier.arrive(ds_free.index(db), count=1)
+                it += 1
+            dk = warpgroup_mma_wait(0, deps=(dk,))
+            dv = warpgroup_mma_wait(0, deps=(dv,))
+            mbarrier.arrive(kv_empty, count=1)
+            row0 = k0 + kv_first
+            store_rows(dk_ptr, dk * scale, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
+            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
+            kc += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
 def attn_bwd_ws(
     q_desc, do_desc, k_desc, v_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
     N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr,
 ):  # fmt: skip
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free) = bwd_buffers(q_desc, do_desc, k_desc, v_desc, dq_desc, STAGES)  # fmt: skip
@@ -303,15 +473,32 @@ def attn_bwd_ws(
                  N_TILES, rows_cap, max_k, H_KV, G, lse_ptr, delta_ptr, TO, stat_smem)  # fmt: skip
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
-    gl.warp_specialize(
-        [
-            (_consumer, (cargs, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
-            (_consumer, (cargs, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
-            (_producer, (pargs, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )
+    if PIPE == 0:
+        gl.warp_specialize(
+            [
+                (_consumer, (cargs, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
+                (_consumer, (cargs, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
+                (_producer, (pargs, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    _consumer_pipe,
+                    (cargs, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE),
+                ),
+                (
+                    _consumer_pipe,
+                    (cargs, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE),
+                ),
+                (_producer, (pargs, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -351,6 +538,6 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
         n_tiles, rows_cap, max_k, hkv, h // hkv, float(scale), float(scale) * LOG2E,
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-        STATS=config.bwd_stats(), num_warps=4,
+        STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), num_warps=4,
     )  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
