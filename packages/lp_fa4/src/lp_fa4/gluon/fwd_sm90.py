@@ -42,7 +42,6 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -247,15 +246,6 @@ def _pass_turn(turn, WG: gl.constexpr, nturn, PINGPONG: gl.constexpr):
     return nturn + 1
 
 
-@gluon.jit
-def _stage_p(p_s, p):
-    """FP8 P (fp32, carrying 2^P_SHIFT) rounded to e4m3 into this warpgroup's shared buffer, visible
-    to the warpgroup's next wgmma."""
-    p_s.store(p.to(gl.float8e4nv))
-    fence_async_shared()
-    gl.thread_barrier()
-
-
 @gluon.constexpr_function
 def _acc_layout(n, dtype):
     """``acc_layout`` for operands of ``dtype``: the instruction's K is 32 bytes (16 for 16-bit
@@ -269,12 +259,12 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
               STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr,
               FP8: gl.constexpr, RELABEL: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr, P_SMEM: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+              TOP_LEFT: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
      used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-     GROUP, win_left, win_right, p_smem, turn) = args  # fmt: skip
+     GROUP, win_left, win_right, turn) = args  # fmt: skip
     R: gl.constexpr = BM // 2
     dtype: gl.constexpr = q_smem.dtype
     o_dtype: gl.constexpr = o_smem.dtype
@@ -316,51 +306,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
             s_scale2 = qk_scale2 * gl.load(qd_ptr + d_at) * gl.load(kd_ptr + d_at)
         else:
             s_scale2 = qk_scale2
-        if P_SMEM:  # FP8 only (the launcher's rule)
-            if n_k > 0:
-                # P through shared memory (an smem A operand may stay in flight): P_{j-1}·V runs
-                # under softmax j, as in the 16-bit build
-                p_s = p_smem.index(WG)
-                accw = warpgroup_mma_init(acc)
-                s = it % STAGES
-                mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
-                _take_turn(turn, WG, nturn, PINGPONG)
-                sacc = warpgroup_mma(
-                    q_half, k_smem.index(s).permute((1, 0)), s_zero, use_acc=False, is_async=True
-                )
-                nturn = _pass_turn(turn, WG, nturn, PINGPONG)
-                sacc = warpgroup_mma_wait(0, deps=(sacc,))
-                mbarrier.arrive(k_empty.index(s), count=1)
-                p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, 0, n_full, k_len, rows2, cols2, off,
-                                                   s_scale2, band, BN, CAUSAL, FP8, WINDOW)  # fmt: skip
-                _stage_p(p_s, p)
-                for j in range(1, n_k):
-                    sv = (it + j - 1) % STAGES
-                    sk = (it + j) % STAGES
-                    mbarrier.wait(k_ready.index(sk), ((it + j) // STAGES) & 1)
-                    mbarrier.wait(v_ready.index(sv), ((it + j - 1) // STAGES) & 1)
-                    _take_turn(turn, WG, nturn, PINGPONG)
-                    sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
-                                         is_async=True)  # fmt: skip
-                    accw = warpgroup_mma(p_s, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
-                    nturn = _pass_turn(turn, WG, nturn, PINGPONG)
-                    sacc = warpgroup_mma_wait(1, deps=(sacc,))
-                    mbarrier.arrive(k_empty.index(sk), count=1)
-                    p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
-                                                       s_scale2, band, BN, CAUSAL, FP8, WINDOW)  # fmt: skip
-                    acc_t = warpgroup_mma_wait(0, deps=(accw,))
-                    mbarrier.arrive(v_empty.index(sv), count=1)
-                    accw = warpgroup_mma_init(acc_t * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
-                    _stage_p(p_s, p)  # P_{j-1}·V has retired: its buffer is free
-                sv = (it + n_k - 1) % STAGES
-                mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
-                _take_turn(turn, WG, nturn, PINGPONG)
-                accw = warpgroup_mma(p_s, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
-                nturn = _pass_turn(turn, WG, nturn, PINGPONG)
-                acc = warpgroup_mma_wait(0, deps=(accw,))
-                mbarrier.arrive(v_empty.index(sv), count=1)
-                it += n_k
-        elif FP8:
+        if FP8:
             if n_k > 0:
                 s = it % STAGES
                 mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
@@ -483,7 +429,7 @@ def attn_fwd_ws(
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
     RELABEL: gl.constexpr = False, WINDOW: gl.constexpr = False, TOP_LEFT: gl.constexpr = False,
-    P_SMEM: gl.constexpr = False, P_LAYOUT: gl.constexpr = None, PINGPONG: gl.constexpr = False,
+    PINGPONG: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8  # e4m3 q, k, v (module docstring)
@@ -494,10 +440,6 @@ def attn_fwd_ws(
     else:
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
     o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, BM // 2, D], o_desc.layout)
-    if P_SMEM:  # (FP8 only) each consumer warpgroup's P tile, the A operand of its P·V
-        p_smem = gl.allocate_shared_memory(dtype, [2, BM // 2, BN], P_LAYOUT)
-    else:
-        p_smem = o_smem  # not read
     q_ready = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -514,7 +456,7 @@ def attn_fwd_ws(
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
              used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-             GROUP, win_left, win_right, p_smem, turn)  # fmt: skip
+             GROUP, win_left, win_right, turn)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
              max_q, max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right)  # fmt: skip
@@ -541,7 +483,6 @@ def attn_fwd_ws(
                     RELABEL,
                     WINDOW,
                     TOP_LEFT,
-                    P_SMEM,
                     PINGPONG,
                 ),
             ),
@@ -564,7 +505,6 @@ def attn_fwd_ws(
                     RELABEL,
                     WINDOW,
                     TOP_LEFT,
-                    P_SMEM,
                     PINGPONG,
                 ),
             ),
@@ -600,9 +540,6 @@ def stages_for(d: int, fp8: bool = False) -> tuple[int, int]:
 # lengths 100, 200, 300) stopped the H200 with an illegal instruction. In-order keys measured faster
 # than relabelled ones (787 against 739 TFLOP/s at B=4 S=4096 H=16 D=128, BENCHMARKS.md).
 FP8_V_COPY = "aligned"
-# FP8: P reaches P·V through a shared-memory tile (``_stage_p``) rather than registers, so that the
-# P·V of one step can stay in flight under the next step's softmax. Opt-in until measured.
-FP8_P_SMEM = False
 # The consumer warpgroups take turns issuing their GEMMs (``_take_turn``). Opt-in until measured.
 PINGPONG = False
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
@@ -614,7 +551,7 @@ LPT_MAX_S = 4096
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
         lse_dense: bool, lpt: bool | None = None, descale=None, v_copy: str | None = None,
         window: tuple[int, int] | None = None, top_left: bool = False,
-        p_smem: bool | None = None, pingpong: bool | None = None) -> None:  # fmt: skip
+        pingpong: bool | None = None) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
@@ -625,7 +562,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     ``descale``: (q, k, v) contiguous fp32 (B, Hkv) for float8_e4m3fn q, k, v (out bf16); V is then
     read through a K-major copy made here, laid out as ``v_copy`` says (default ``FP8_V_COPY``):
     "relabel" puts its keys in ``KEY_ORDER`` groups so P reaches P·V without moving values between
-    threads (``_fp8_operand``). ``p_smem`` (default ``FP8_P_SMEM``): FP8's P through shared memory.
+    threads (``_fp8_operand``).
+
     ``pingpong`` (default ``PINGPONG``): the consumer warpgroups alternate their GEMM issues.
 
     ``window`` (win_left, win_right), sides resolved as ``lp_fa4.triton.launch.Problem``'s (BIG =
@@ -663,11 +601,10 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_v, relabel=relabel, max_len=max_k)
         v_desc = TensorDescriptor(vt, list(vt.shape), [vt.shape[1], 1], [d, BN], smem_layout(d, BN, gdt))
         qd, kd, vd = descale
-        p_smem = FP8_P_SMEM if p_smem is None else bool(p_smem)
     else:
         v_desc = TensorDescriptor(v2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
         qd = kd = vd = vcol = cu_q  # not read
-        relabel = p_smem = False
+        relabel = False
     m_tiles = triton.cdiv(max_q, BM)
     if lpt is None:
         lpt = lse_dense and causal and tq // n_b <= LPT_MAX_S
@@ -694,7 +631,6 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=232, PRODUCER_REGS=24,
         LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None, TOP_LEFT=bool(top_left),
-        P_SMEM=p_smem, P_LAYOUT=smem_layout(BM // 2, BN, gdt) if p_smem else None,
         PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
         num_warps=4,
     )  # fmt: skip
