@@ -81,7 +81,7 @@ def _gluon_bwd_job(
     causal: bool = False,
     used: bool = False,
     fp16: bool = False,
-    stats: str = "regs",
+    stats: str = "smem",
     sass: bool = False,
     pipe: int = 0,
 ) -> dict:
@@ -114,28 +114,25 @@ def _gluon_bwd_job(
 
 
 GLUON_BWD_JOBS = {
+    # LP_FA4_BWD_STATS=smem (the default): LSE/delta staged in shared memory by the producer
     "d128": dict(d=128),
     "d128-causal": dict(d=128, causal=True),
     "d128-causal-seqused-fp16": dict(d=128, causal=True, used=True, fp16=True),
     "d64": dict(d=64),
     "d64-causal-seqused-fp16": dict(d=64, causal=True, used=True, fp16=True),
-    # LP_FA4_BWD_STATS=smem: LSE/delta staged in shared memory by the producer (opt-in, untimed)
-    "d128-stats-smem": dict(d=128, stats="smem"),
-    "d128-causal-stats-smem": dict(d=128, causal=True, stats="smem"),
-    "d128-causal-seqused-fp16-stats-smem": dict(d=128, causal=True, used=True, fp16=True, stats="smem"),
-    "d64-causal-seqused-fp16-stats-smem": dict(d=64, causal=True, used=True, fp16=True, stats="smem"),
+    # LP_FA4_BWD_STATS=regs: loaded by the consumers (opt-in; spills in ptxas, none in the PTX)
+    "d128-stats-regs": dict(d=128, stats="regs"),
+    "d128-causal-stats-regs": dict(d=128, causal=True, stats="regs"),
+    "d128-causal-seqused-fp16-stats-regs": dict(d=128, causal=True, used=True, fp16=True, stats="regs"),
+    "d64-causal-seqused-fp16-stats-regs": dict(d=64, causal=True, used=True, fp16=True, stats="regs"),
     # LP_FA4_BWD_PIPE=1 (dV, dQ, dK order) and 2 (the next step's Sᵀ/dPᵀ issued behind this step's dK)
-    "d128-pipe1-stats-smem": dict(d=128, stats="smem", pipe=1),
+    "d128-pipe1": dict(d=128, pipe=1),
     "d128-pipe2": dict(d=128, pipe=2),
-    "d128-pipe2-stats-smem": dict(d=128, stats="smem", pipe=2),
-    "d128-causal-pipe2-stats-smem": dict(d=128, causal=True, stats="smem", pipe=2),
-    "d128-causal-seqused-fp16-pipe2-stats-smem": dict(
-        d=128, causal=True, used=True, fp16=True, stats="smem", pipe=2
-    ),
-    "d64-pipe2-stats-smem": dict(d=64, stats="smem", pipe=2),
-    "d64-causal-seqused-fp16-pipe2-stats-smem": dict(
-        d=64, causal=True, used=True, fp16=True, stats="smem", pipe=2
-    ),
+    "d128-pipe2-stats-regs": dict(d=128, stats="regs", pipe=2),
+    "d128-causal-pipe2": dict(d=128, causal=True, pipe=2),
+    "d128-causal-seqused-fp16-pipe2": dict(d=128, causal=True, used=True, fp16=True, pipe=2),
+    "d64-pipe2": dict(d=64, pipe=2),
+    "d64-causal-seqused-fp16-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2),
 }
 
 
@@ -155,7 +152,7 @@ def test_gluon_bwd_compiles_for_sm90(name, gluon_bwd_counts):
     assert 0 < c["shared_bytes"] <= SMEM_LIMIT, c["shared_bytes"]
 
 
-# ptxas spills of the D=128 builds, default vs LP_FA4_BWD_STATS=smem (SASS of the whole kernel)
+# ptxas spills of the D=128 builds, LP_FA4_BWD_STATS=regs vs the default smem (SASS of the whole kernel)
 SPILL_PAIRS = {"d128": dict(d=128), "d128-causal": dict(d=128, causal=True)}
 
 
@@ -175,8 +172,8 @@ def test_gluon_bwd_stats_in_smem_spill_less(name, gluon_bwd_spills):
     regs, smem = gluon_bwd_spills[name, "regs"], gluon_bwd_spills[name, "smem"]
     assert "error" not in regs and "error" not in smem, (regs.get("error"), smem.get("error"))
     (n_regs,), (n_smem,) = regs["spills"], smem["spills"]
-    assert n_regs > 0, "the default build no longer spills: revisit LP_FA4_BWD_STATS"
-    assert 2 * n_smem < n_regs, f"{name}: {n_smem} spill instructions with smem stats vs {n_regs} default"
+    assert n_regs > 0, "the regs build no longer spills: revisit LP_FA4_BWD_STATS"
+    assert 2 * n_smem < n_regs, f"{name}: {n_smem} spill instructions with smem stats vs {n_regs} with regs"
 
 
 # SASS of the whole kernel: HGMMA instructions, and those that close a commit group (gsb0). When
@@ -213,27 +210,33 @@ def test_gluon_bwd_wgmma_stays_asynchronous(name, gluon_bwd_wgmma):
     assert 4 * groups < hgmma, f"{name}: {groups} of {hgmma} HGMMA close a commit group (serialised)"
 
 
-def test_bwd_stats_switch_is_read(monkeypatch):
-    """LP_FA4_BWD_STATS picks the kernel's STATS constexpr: default regs, smem opt-in, else an error;
-    the launcher passes the value it reads (the kernel is replaced by a recorder: no GPU needed)."""
+def test_bwd_stats_and_pipe_switches_are_read(monkeypatch):
+    """LP_FA4_BWD_STATS and LP_FA4_BWD_PIPE pick the kernel's STATS and PIPE constexprs: default smem
+    and 0, the others opt-in, anything else an error; the launcher passes the values it reads (the
+    kernel is replaced by a recorder: no GPU needed)."""
     import torch
 
     from lp_fa4 import config
     from lp_fa4.gluon import bwd_sm90
 
     monkeypatch.delenv("LP_FA4_BWD_STATS", raising=False)
-    assert config.bwd_stats() == "regs"
-    monkeypatch.setenv("LP_FA4_BWD_STATS", " SMEM ")
-    assert config.bwd_stats() == "smem"
+    monkeypatch.delenv("LP_FA4_BWD_PIPE", raising=False)
+    assert config.bwd_stats() == "smem" and config.bwd_pipe() == 0
+    monkeypatch.setenv("LP_FA4_BWD_STATS", " REGS ")
+    monkeypatch.setenv("LP_FA4_BWD_PIPE", " 2")
+    assert config.bwd_stats() == "regs" and config.bwd_pipe() == 2
     monkeypatch.setenv("LP_FA4_BWD_STATS", "late")
     with pytest.raises(ValueError, match="LP_FA4_BWD_STATS"):
         config.bwd_stats()
+    monkeypatch.setenv("LP_FA4_BWD_PIPE", "3")
+    with pytest.raises(ValueError, match="LP_FA4_BWD_PIPE"):
+        config.bwd_pipe()
 
     seen = []
 
     class Recorder:
         def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append(kw["STATS"])
+            return lambda *args, **kw: seen.append((kw["STATS"], kw["PIPE"]))
 
     monkeypatch.setattr(bwd_sm90, "attn_bwd_ws", Recorder())
     monkeypatch.setattr(bwd_sm90, "num_sms", lambda device: 1)
@@ -242,7 +245,8 @@ def test_bwd_stats_switch_is_read(monkeypatch):
     q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)
     lse = torch.zeros(2, 64, device=dev)
     cu = torch.tensor([0, 64], dtype=torch.int32, device=dev)
-    for mode in ("regs", "smem"):
+    for mode, pipe in (("regs", "1"), ("smem", "0"), ("smem", "2")):
         monkeypatch.setenv("LP_FA4_BWD_STATS", mode)
+        monkeypatch.setenv("LP_FA4_BWD_PIPE", pipe)
         bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, False)
-    assert seen == ["regs", "smem"]
+    assert seen == [("regs", 1), ("smem", 0), ("smem", 2)]
