@@ -104,30 +104,33 @@ def _jobs() -> dict[str, dict]:
     )  # fmt: skip
     jobs["gluon_ln_fwd_n1024"] = _gluon_job(1024, rms=False, xhat=False)
     jobs["gluon_rms_fwd_n384_xhat"] = _gluon_job(384, rms=True, xhat=True)
+    jobs["gluon_ln_fwd_n1024_split2"] = _gluon_job(1024, rms=False, xhat=False, split=2)
+    jobs["gluon_rms_fwd_n768_xhat_split2"] = _gluon_job(768, rms=True, xhat=True, split=2)
     return jobs
 
 
-def _gluon_job(n: int, *, rms: bool, xhat: bool) -> dict:
+def _gluon_job(n: int, *, rms: bool, xhat: bool, split: int = 1) -> dict:
     """The Gluon forward (``gluon.fwd_sm90``) at the tiles and ring depth its launcher picks."""
     import torch
     from triton.runtime.jit import mangle_type
 
     from ads_norm_fusion.gluon import fwd_sm90 as g
 
-    bn = g.block_n(n)
+    bm, bn = g.block_m(split), g.block_n(n, split)
+    bk = g.block_k(n, bn, xhat, split)
     host = torch.empty(256, 256, dtype=torch.bfloat16)
 
     def desc(rows, cols):
         return mangle_type(g._desc(host, rows, cols))
 
-    types = {"a_desc": desc(g.BLOCK_M, g.BLOCK_K), "b_desc": desc(bn, g.BLOCK_K),
-             "out_desc": desc(g.BLOCK_M, bn), "xhat_desc": desc(g.BLOCK_M, bn),
-             **{p: "*bf16" for p in ("bias_ptr", "gamma_ptr", "beta_ptr")},
-             "stat1_ptr": "*fp32", "stat2_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
-    consts = dict(RMS=rms, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=not rms, SAVE_XHAT=xhat, NT=n // bn,
-                  STAGES=g.stages_for(n, bn, xhat))  # fmt: skip
+    types = {"a_desc": desc(bm, bk), "b_desc": desc(bn, bk), "out_desc": desc(bm, bn),
+             "xhat_desc": desc(bm, bn), **{p: "*bf16" for p in ("bias_ptr", "gamma_ptr", "beta_ptr")},
+             "stat1_ptr": "*fp32", "stat2_ptr": "*fp32", "part_ptr": "*fp32",
+             "flag_ptr": "*i32" if split == 2 else "*fp32", "eps": "fp32"}  # fmt: skip
+    consts = dict(RMS=rms, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=not rms, SAVE_XHAT=xhat,
+                  NT=n // split // bn, STAGES=g.stages_for(n, bn, xhat, split, bk), SPLIT=split)  # fmt: skip
     return dict(module=g.__name__, kernel="linear_norm_fwd_kernel", types=types, constexprs=consts,
-                gluon=True, num_warps=4)  # fmt: skip
+                gluon=True, num_warps=4 * split)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +143,7 @@ def ptx(request) -> dict[str, dict]:
 
 # each compile costs 10-20 s of CPU: six representative kernels by default, the rest with --run-slow
 _DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "rms_input_grad_raw", "rms_gemm", "rms_gemm_dx", "norm_bwd",
-            "gluon_ln_fwd_n1024")  # fmt: skip
+            "gluon_ln_fwd_n1024", "gluon_ln_fwd_n1024_split2")  # fmt: skip
 CASES = [
     c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
     for c in [
@@ -152,6 +155,8 @@ CASES = [
         "norm_bwd",
         "gluon_ln_fwd_n1024",
         "gluon_rms_fwd_n384_xhat",
+        "gluon_ln_fwd_n1024_split2",
+        "gluon_rms_fwd_n768_xhat_split2",
     ]  # fmt: skip
 ]
 

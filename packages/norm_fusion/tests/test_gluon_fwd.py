@@ -20,10 +20,30 @@ def gluon_on(monkeypatch):
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "auto")
 
 
+@pytest.fixture(params=["split1", "split2"])
+def gluon_split(request, monkeypatch):
+    """Both layouts of the Gluon forward: 64-row blocks in one program, or 128-row blocks shared by
+    two programs (N a multiple of 128; other N fall back to one program)."""
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "auto")
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", request.param[-1])
+
+
 def _mats(m, k, n, dtype=BF16, device="cpu"):
     x = torch.zeros(m, k, dtype=dtype, device=device)
     w = torch.zeros(n, k, dtype=dtype, device=device)
     return x, w, torch.empty(m, n, dtype=dtype, device=device)
+
+
+def test_split_knob(monkeypatch) -> None:
+    from ads_norm_fusion import config
+
+    monkeypatch.delenv("ADS_NORM_FUSION_GLUON_SPLIT", raising=False)
+    assert (config.gluon_split(1024), config.gluon_split(384), config.gluon_split(192)) == (2, 2, 1)
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", "1")
+    assert config.gluon_split(1024) == 1
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", "3")
+    with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON_SPLIT"):
+        config.gluon_split(1024)
 
 
 def test_switch_off_by_default(monkeypatch) -> None:
@@ -110,7 +130,7 @@ def _assert_gluon_path(d, y_like, xhat=False) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_FWD, ids=str)
 @pytest.mark.parametrize("kind", ["ln", "rms"])
-def test_gluon_forward(gluon_on, kind: str, case: Case) -> None:
+def test_gluon_forward(gluon_split, kind: str, case: Case) -> None:
     if kind == "rms":
         case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
     eps = 1e-5 if kind == "ln" else 1e-6
@@ -140,7 +160,7 @@ GRAD_NAMES = ("x", "w", "bias", "gamma", "beta")
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [Case(4097, 384, 768), Case(129, 1024, 1024, FP16)], ids=str)
 @pytest.mark.parametrize("kind", ["ln", "rms"])
-def test_gluon_forward_training(gluon_on, kind: str, case: Case) -> None:
+def test_gluon_forward_training(gluon_split, kind: str, case: Case) -> None:
     """With grad enabled and an affine norm the forward also writes x̂ (the backward reads it)."""
     if kind == "rms":
         case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
@@ -176,7 +196,7 @@ def _assert_written(full, m, name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,k,n", [(1, 64, 128), (8513, 96, 384)])
 @pytest.mark.parametrize("mode", ["ln_fwd", "rms_fwd"])
-def test_gluon_forward_writes_all(gluon_on, m, k, n, mode) -> None:
+def test_gluon_forward_writes_all(gluon_split, m, k, n, mode) -> None:
     from ads_norm_fusion.triton.launch import launch_rownorm
 
     dt = BF16

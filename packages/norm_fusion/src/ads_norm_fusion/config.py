@@ -13,7 +13,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_BWD`` (input/output, see ``rms_backward_from_output``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
-(see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/0, see ``gluon_forward``).
+(see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/0, see ``gluon_forward``),
+``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``).
 """
 
 from __future__ import annotations
@@ -193,9 +194,19 @@ def gluon_forward() -> bool:
     """``ADS_NORM_FUSION_GLUON``: ``auto`` lets the Gluon sm_90 forward of ``linear_*norm`` (the row
     block's GEMM output kept in shared memory, ``gluon.fwd_sm90``) take the calls its predicate
     ``gluon.dispatch.why_not`` admits; ``0`` (the default) keeps the Triton kernels: the Gluon kernel
-    passes its GPU tests but was slower at every shape timed on the H200 (65536×1024×1024: 422 against
-    336 µs; BENCHMARKS.md)."""
+    passes its GPU tests but was not measured faster on the H200 (65536×1024×1024: 1.56× the same
+    run's cuBLAS with ``gluon_split`` 2, the Triton kernel 1.53× in another run; BENCHMARKS.md)."""
     return _choice("ADS_NORM_FUSION_GLUON", "0", ("auto", "0")) == "auto"
+
+
+def gluon_split(n: int) -> int:
+    """``ADS_NORM_FUSION_GLUON_SPLIT``: how many programs share one row block of the Gluon forward.
+    ``2`` (default): 128-row blocks, each of two programs holding N/2 columns and exchanging row
+    statistics with its partner (N a multiple of 128; otherwise 1); ``1``: 64-row blocks, each program
+    holding all N columns. H200, 65536×1024×1024 LayerNorm: 1.56× (split 2) and 1.92× (split 1) the
+    cuBLAS GEMM of their runs (split 2 loads half the bytes per FLOP; BENCHMARKS.md)."""
+    split = int(_choice("ADS_NORM_FUSION_GLUON_SPLIT", "2", ("1", "2")))
+    return split if n % (64 * split) == 0 else 1
 
 
 NORM_BWD_MAX_N = 16384  # whole rows in registers; wider rows use the two-phase row-norm kernel

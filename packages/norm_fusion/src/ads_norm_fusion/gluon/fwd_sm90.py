@@ -1,25 +1,30 @@
 """``linear_layernorm`` / ``linear_rmsnorm`` forward for Hopper (sm_90) in Gluon, the row block's GEMM
 output kept in shared memory.
 
-One persistent program per SM walks its 64-row blocks (row blocks p, p + programs, ...). For each
-row block it computes the ``N / BN`` column tiles of z = x·Wᵀ (+ bias) with wgmma (one warpgroup,
-64 × BN fp32 accumulator, A/B tiles through a ring of ``STAGES`` TMA buffers whose loads run ahead
-across column tiles and row blocks), merges each tile's per-row (mean, M2) into running row
-statistics with Chan's formula (RMSNorm: Σz²) and writes the tile, shifted by the first tile's mean
-as ``triton._rownorm`` stages it, into a shared-memory buffer that holds the whole row block
-(64 × N ≤ 64 × 1024 16-bit values = 128 KB). Once the row is complete each tile is read back,
-normalised (and γ, β applied) in place and sent to the output with one TMA store: y crosses global
-memory once, where the Triton kernels stage z through the output buffer and read it back.
-x̂ (``SAVE_XHAT``, training forwards with an affine norm) goes out through one more 64 × BN buffer.
+A persistent grid walks row blocks (row blocks p, p + programs, ...). For each row block a program
+computes its column tiles of z = x·Wᵀ (+ bias) with wgmma (A/B tiles through a ring of ``STAGES``
+TMA buffers whose loads run ahead across column tiles and row blocks), merges each tile's per-row
+(mean, M2) into running row statistics with Chan's formula (RMSNorm: Σz²) and writes the tile,
+shifted by the first tile's mean as ``triton._rownorm`` stages it, into shared memory that holds
+all of its columns of the row block (≤ 128 KB of 16-bit values). Once the row is complete each tile
+is read back, normalised (and γ, β applied) in place and sent to the output with one TMA store: y
+crosses global memory once, where the Triton kernels stage z through the output buffer and read it
+back. ``SPLIT`` (``config.gluon_split``):
 
-Off by default (``config.gluon_forward``): a 64-row block streams all of W through the SM, and its
-64×128×64 K steps load 24 KB of tiles per MFLOP (43 FLOP/B, half the 85 of the 128×256 tiles of the
-Triton kernel and cuBLAS), so the GEMM is the limit: on the H200 it took 422 µs at 65536×1024×1024
-against the Triton kernel's 336 (BENCHMARKS.md).
+- 1: 64-row blocks, one warpgroup, a program holds all N ≤ 1024 columns; x̂ (``SAVE_XHAT``) leaves
+  through one more 64 × BN buffer. Its 64×128×64 K steps load 24 KB per MFLOP (43 FLOP/B), and with
+  64-row blocks W streams through the SM once per row block (< 64 FLOP/B for any tile width): the
+  GEMM is the limit (H200, 65536×1024×1024: 1.92× cuBLAS).
+- 2 (default): 128-row blocks shared by two programs, each holding N/2 columns in 128×256 tiles
+  (two warpgroups, 85 FLOP/B as cuBLAS) and exchanging per-row partial statistics with its partner
+  through global memory; x̂ leaves from the z tile before y overwrites it (1.56× cuBLAS).
 
-Needs (``dispatch.why_not`` checks on the host): N a multiple of 64 up to 1024, K a multiple of 8
-(TMA's 16-byte strides; the K tail of the last 64-wide step is zero-filled by TMA), 16-byte
-aligned row-major tensors. Rows past M: TMA loads zeros and drops their stores.
+Off by default (``config.gluon_forward``): not measured faster than the Triton kernels
+(BENCHMARKS.md).
+
+Needs (``dispatch.why_not`` checks on the host): N a multiple of 64 up to 1024 (of 128 for
+``SPLIT`` 2), K a multiple of 8 (TMA's 16-byte strides; the K tail of the last step is zero-filled
+by TMA), 16-byte aligned row-major tensors. Rows past M: TMA loads zeros and drops their stores.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ads_kernel_tools.kernels.gluon_hopper import acc_layout, smem_layout
+from ads_kernel_tools.kernels.gluon_hopper import smem_layout
 
 BLOCK_M = 64  # rows per row block: one warpgroup's wgmma
 BLOCK_K = 64
@@ -48,21 +53,42 @@ MAX_STAGES = 4
 _GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def block_n(n: int) -> int:
-    """Column tile width: 128 where it divides N (wgmma n128: 64 fp32 accumulator registers per
-    thread), else 64."""
-    return 128 if n % 128 == 0 else 64
+def block_n(n: int, split: int = 1) -> int:
+    """Column tile width. split 1: 128 where it divides N (wgmma n128: 64 fp32 accumulator
+    registers per thread), else 64. split 2 (each program N/2 columns of 128 rows): 256 where it
+    divides N/2 (128×256 tiles, 85 FLOP per loaded byte), else 128 or 64."""
+    if split == 1:
+        return 128 if n % 128 == 0 else 64
+    half = n // 2
+    return 256 if half % 256 == 0 else (128 if half % 128 == 0 else 64)
 
 
-def stages_for(n: int, bn: int, save_xhat: bool) -> int:
-    """TMA ring depth that fits next to the row block's z tiles (and the x̂ staging tile)."""
-    fixed = BLOCK_M * n * 2 + (BLOCK_M * bn * 2 if save_xhat else 0) + _SMEM_SPARE
-    per_stage = (BLOCK_M + bn) * BLOCK_K * 2
+def block_m(split: int) -> int:
+    return BLOCK_M * split
+
+
+def block_k(n: int, bn: int, save_xhat: bool, split: int = 1) -> int:
+    """64, or 32 where 64-deep stages would leave fewer than three in the ring."""
+    return BLOCK_K if split == 1 or stages_for(n, bn, save_xhat, split, BLOCK_K) >= 3 else 32
+
+
+def stages_for(n: int, bn: int, save_xhat: bool, split: int = 1, bk: int = BLOCK_K) -> int:
+    """TMA ring depth that fits next to the row block's z tiles (and, split 1, the x̂ staging tile;
+    split 2 sends x̂ from the z tiles themselves)."""
+    bm = block_m(split)
+    fixed = bm * (n // split) * 2 + (bm * bn * 2 if save_xhat and split == 1 else 0) + _SMEM_SPARE
+    per_stage = (bm + bn) * bk * 2
     return min(MAX_STAGES, (SMEM_BYTES - fixed) // per_stage)
 
 
+@gluon.constexpr_function
+def _acc_layout(bn, warps):
+    """wgmma accumulator layout of a (16·warps)-row tile ``bn`` columns wide, warpgroups stacked in M."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bn, 16])
+
+
 @gluon.jit
-def _issue(p, total, per_rb, k_tiles, pid, nprog, a_desc, b_desc, a_smem, b_smem, ready,
+def _issue(p, total, per_rb, k_tiles, pid, nprog, col0, a_desc, b_desc, a_smem, b_smem, ready,
            STAGES: gl.constexpr):  # fmt: skip
     """TMA loads of flat step p (row block, column tile, K step) of this program into stage
     p % STAGES; nothing past the last step."""
@@ -79,29 +105,38 @@ def _issue(p, total, per_rb, k_tiles, pid, nprog, a_desc, b_desc, a_smem, b_smem
     bar = ready.index(s)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=ok)
     tma.async_copy_global_to_shared(a_desc, [off_m, kk * BK], bar, a_smem.index(s), pred=ok)
-    tma.async_copy_global_to_shared(b_desc, [j * BN, kk * BK], bar, b_smem.index(s), pred=ok)
+    tma.async_copy_global_to_shared(b_desc, [col0 + j * BN, kk * BK], bar, b_smem.index(s), pred=ok)
 
 
 @gluon.jit
 def linear_norm_fwd_kernel(
-    a_desc, b_desc, out_desc, xhat_desc, bias_ptr, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, M, N, K,
-    eps, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.constexpr,
-    SAVE_XHAT: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr,
+    a_desc, b_desc, out_desc, xhat_desc, bias_ptr, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, part_ptr,
+    flag_ptr, M, N, K, eps, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GAMMA: gl.constexpr,
+    HAS_BETA: gl.constexpr, SAVE_XHAT: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr,
+    SPLIT: gl.constexpr = 1,
 ):  # fmt: skip
     """y = norm(a·bᵀ + bias)·γ + β for a (M, K), b (N, K); stat1 = mean (LayerNorm), stat2 = rstd or
-    rrms, fp32 per row. ``NT`` = N / BN column tiles. The grid must not exceed the row blocks."""
+    rrms, fp32 per row. ``NT`` column tiles per program. The grid must not exceed the row blocks
+    (times ``SPLIT``).
+
+    ``SPLIT`` 2: programs 2q and 2q + 1 share each of their row blocks (128 rows), program 2q + h
+    computing and holding columns [h·N/2, (h + 1)·N/2); each writes its rows' partial (mean, M2) or
+    Σz² to ``part_ptr`` (4·BM fp32 per row block), counts itself in ``flag_ptr[row block]`` (int32,
+    zeroed by the caller) and waits for its partner, then both merge the two halves in the same
+    order (the same bits). The partner is another program of the persistent grid, at one program
+    per SM all resident together, so the wait ends."""
     dtype: gl.constexpr = a_desc.dtype
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
-    acc_l: gl.constexpr = acc_layout(BN)
+    acc_l: gl.constexpr = _acc_layout(BN, 4 * SPLIT)
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
     col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
 
     a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
     b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
     z_smem = gl.allocate_shared_memory(dtype, [NT, BM, BN], out_desc.layout)
-    if SAVE_XHAT:
+    if SAVE_XHAT and SPLIT == 1:
         xh_smem = gl.allocate_shared_memory(dtype, [BM, BN], xhat_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for si in gl.static_range(STAGES):
@@ -110,12 +145,18 @@ def linear_norm_fwd_kernel(
 
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
+    half = 0
+    if SPLIT == 2:
+        half = pid % 2
+        pid = pid // 2
+        nprog = nprog // 2
+    col0 = half * (NT * BN)
     my_blocks = gl.cdiv(gl.cdiv(M, BM) - pid, nprog)
     k_tiles = gl.cdiv(K, BK)
     per_rb = NT * k_tiles
     total = my_blocks * per_rb
     for p in gl.static_range(STAGES - 1):
-        _issue(p, total, per_rb, k_tiles, pid, nprog, a_desc, b_desc, a_smem, b_smem, ready, STAGES)
+        _issue(p, total, per_rb, k_tiles, pid, nprog, col0, a_desc, b_desc, a_smem, b_smem, ready, STAGES)
 
     nf = N.to(gl.float32)
     inv_bn = 1.0 / BN
@@ -135,11 +176,11 @@ def linear_norm_fwd_kernel(
                 )
                 # the previous step's wgmma has retired: its stage takes the load STAGES - 1 steps ahead
                 acc = warpgroup_mma_wait(1, deps=(acc,))
-                _issue(c + STAGES - 1, total, per_rb, k_tiles, pid, nprog, a_desc, b_desc, a_smem, b_smem,
-                       ready, STAGES)  # fmt: skip
+                _issue(c + STAGES - 1, total, per_rb, k_tiles, pid, nprog, col0, a_desc, b_desc, a_smem,
+                       b_smem, ready, STAGES)  # fmt: skip
                 c += 1
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            cols = j * BN + gl.arange(0, BN, col_l)
+            cols = col0 + j * BN + gl.arange(0, BN, col_l)
             v = acc
             if HAS_BIAS:
                 v = v + gl.expand_dims(gl.load(bias_ptr + cols).to(gl.float32), 0)
@@ -163,28 +204,58 @@ def linear_norm_fwd_kernel(
                 gl.thread_barrier()
             z_smem.index(j).store(staged.to(dtype))
 
+        if SPLIT == 2:  # merge with the partner's half, both halves in the same order
+            r_idx = gl.arange(0, BM, row_l)
+            base = part_ptr + (pid + i * nprog).to(gl.int64) * (4 * BM)
+            gl.store(base + half * (2 * BM) + r_idx, mean)
+            gl.store(base + half * (2 * BM) + BM + r_idx, m2)
+            gl.thread_barrier()
+            flag = flag_ptr + (pid + i * nprog)
+            seen = gl.atomic_add(flag, 1, sem="acq_rel", scope="gpu") + 1
+            while seen < 2:
+                seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+            gl.thread_barrier()
+            mean_a = gl.load(base + r_idx, cache_modifier=".cg")
+            m2_a = gl.load(base + BM + r_idx, cache_modifier=".cg")
+            mean_b = gl.load(base + 2 * BM + r_idx, cache_modifier=".cg")
+            m2_b = gl.load(base + 3 * BM + r_idx, cache_modifier=".cg")
+            if RMS:
+                m2 = m2_a + m2_b
+            else:
+                delta = mean_b - mean_a
+                mean = mean_a + delta * 0.5
+                m2 = m2_a + m2_b + delta * delta * (NT * BN * 0.5)
         rstat = gl.rsqrt(m2 / nf + eps)
         rows = off_m + gl.arange(0, BM, row_l)
         row_ok = rows < M
+        if SPLIT == 2:
+            row_ok = row_ok & (half == 0)  # one program of the pair writes the statistics
         if not RMS:
             gl.store(stat1_ptr + rows, mean, mask=row_ok)
         gl.store(stat2_ptr + rows, rstat, mask=row_ok)
         back = gl.expand_dims(shift - mean, 1)
         scale = gl.expand_dims(rstat, 1)
         for j in range(NT):
-            cols = j * BN + gl.arange(0, BN, col_l)
+            cols = col0 + j * BN + gl.arange(0, BN, col_l)
             w = z_smem.index(j).load(acc_l).to(gl.float32)  # the values this thread stored
             if RMS:
                 xh = w * scale
             else:
                 xh = (w + back) * scale
-            if SAVE_XHAT:
+            if SAVE_XHAT and SPLIT == 1:
                 tma.store_wait(1)  # the previous x̂ store has read the staging tile
                 gl.thread_barrier()
                 xh_smem.store(xh.to(dtype))
                 fence_async_shared()
                 gl.thread_barrier()
                 tma.async_copy_shared_to_global(xhat_desc, [off_m, j * BN], xh_smem)
+            if SAVE_XHAT and SPLIT == 2:  # no room for a staging tile: x̂ leaves from the z tile first
+                z_smem.index(j).store(xh.to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                tma.async_copy_shared_to_global(xhat_desc, [off_m, col0 + j * BN], z_smem.index(j))
+                tma.store_wait(0)
+                gl.thread_barrier()
             y = xh
             if HAS_GAMMA:
                 y = y * gl.expand_dims(gl.load(gamma_ptr + cols).to(gl.float32), 0)
@@ -193,7 +264,7 @@ def linear_norm_fwd_kernel(
             z_smem.index(j).store(y.to(dtype))
             fence_async_shared()
             gl.thread_barrier()
-            tma.async_copy_shared_to_global(out_desc, [off_m, j * BN], z_smem.index(j))
+            tma.async_copy_shared_to_global(out_desc, [off_m, col0 + j * BN], z_smem.index(j))
     tma.store_wait(0)
     for si in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(si))
@@ -205,25 +276,34 @@ def _desc(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
 
 
 def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, xhat=None, eps: float,
-            rms: bool, num_sms: int) -> None:  # fmt: skip
+            rms: bool, num_sms: int, split: int = 1) -> None:  # fmt: skip
     """out (M, N) = norm(x @ wᵀ + bias)·γ + β, stat1 (mean, LayerNorm) and stat2 (rstd / rrms) (M,)
-    fp32, xhat (M, N) when given; x (M, K), w (N, K). The caller checked ``dispatch.why_not``."""
+    fp32, xhat (M, N) when given; x (M, K), w (N, K). The caller checked ``dispatch.why_not`` (and,
+    for ``split`` 2, N % 128 == 0)."""
     m, k = x.shape
     n = w.shape[0]
     if m == 0:
         return
-    bn = block_n(n)
-    stages = stages_for(n, bn, xhat is not None)
-    a_desc = _desc(x, BLOCK_M, BLOCK_K)
-    b_desc = _desc(w, bn, BLOCK_K)
-    out_desc = _desc(out, BLOCK_M, bn)
-    xhat_desc = _desc(xhat, BLOCK_M, bn) if xhat is not None else out_desc
-    blocks = -(-m // BLOCK_M)
+    save = xhat is not None
+    bm, bn = block_m(split), block_n(n, split)
+    bk = block_k(n, bn, save, split)
+    stages = stages_for(n, bn, save, split, bk)
+    a_desc = _desc(x, bm, bk)
+    b_desc = _desc(w, bn, bk)
+    out_desc = _desc(out, bm, bn)
+    xhat_desc = _desc(xhat, bm, bn) if save else out_desc
+    blocks = -(-m // bm)
+    programs = max(1, min(blocks, num_sms // split)) * split
     dummy = stat2
-    linear_norm_fwd_kernel[(max(1, min(blocks, num_sms)),)](
+    if split == 2:
+        part = torch.empty(blocks * 4 * bm, dtype=torch.float32, device=x.device)
+        flags = torch.zeros(blocks, dtype=torch.int32, device=x.device)
+    else:
+        part, flags = dummy, dummy
+    linear_norm_fwd_kernel[(programs,)](
         a_desc, b_desc, out_desc, xhat_desc, bias if bias is not None else dummy,
         gamma if gamma is not None else dummy, beta if beta is not None else dummy,
-        stat1 if stat1 is not None else stat2, stat2, m, n, k, float(eps),
+        stat1 if stat1 is not None else stat2, stat2, part, flags, m, n, k, float(eps),
         RMS=bool(rms), HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
-        SAVE_XHAT=xhat is not None, NT=n // bn, STAGES=stages, num_warps=4,
+        SAVE_XHAT=save, NT=n // split // bn, STAGES=stages, SPLIT=split, num_warps=4 * split,
     )  # fmt: skip
