@@ -167,8 +167,11 @@ def _run_providers(report, bench, op, shape, providers, leaves, dy) -> None:
                 )
 
 
-# persistent-forward settings the sweep times (config.py knobs; {} = the defaults)
+# forward settings the sweep times (config.py knobs; {} = the defaults); the Gluon ones fall back to the
+# Triton kernels where gluon.dispatch.why_not refuses (N > 1024)
 SWEEP_VARIANTS = {
+    "gluon split 2": {"ADS_NORM_FUSION_GLUON": "auto", "ADS_NORM_FUSION_GLUON_SPLIT": "2"},
+    "gluon split 1": {"ADS_NORM_FUSION_GLUON": "auto", "ADS_NORM_FUSION_GLUON_SPLIT": "1"},
     "per-row-block kernel": {"ADS_NORM_FUSION_PERSISTENT": "0"},
     "persistent default": {},
     "persistent 3 stages": {"ADS_NORM_FUSION_STAGES": "3"},
@@ -223,6 +226,13 @@ def _sweep_shape(bench, show, shape) -> None:
             for knob in env:
                 os.environ.pop(knob)
         show(tag, "RMS persistent default", lambda: linear_rmsnorm(x, w, b, g), cublas)
+        prev = os.environ.get("ADS_NORM_FUSION_GLUON")
+        os.environ["ADS_NORM_FUSION_GLUON"] = "auto"
+        show(tag, "RMS gluon (default split)", lambda: linear_rmsnorm(x, w, b, g), cublas)
+        if prev is None:
+            os.environ.pop("ADS_NORM_FUSION_GLUON")
+        else:
+            os.environ["ADS_NORM_FUSION_GLUON"] = prev
         show(tag, "GEMM alone, persistent", lambda: launch_rownorm("gemm", x, y, stat, b=w, bias=b), cublas)
 
 
