@@ -16,12 +16,12 @@ Env:
     LP_FA4_BWD_STATS=smem|regs  where the Gluon Hopper backward's consumers get each query tile's LSE and
         delta: ``smem`` (default) staged in shared memory by the TMA producer and read right before
         use, ``regs`` loaded from global memory at the top of the step. ``regs`` keeps two column
-        vectors live across the wgmma issue and spills in the step loop at D=128: 1.3x slower
-        non-causal and 2.1x causal on the H200 (BENCHMARKS.md "Backward (Gluon)").
+        vectors live across the wgmma issue and spills in the step loop at D=128: 1.25-1.33x
+        slower non-causal and 2.1x causal on the H200 (BENCHMARKS.md "Backward (Gluon)").
     LP_FA4_BWD_PIPE=0|1|2  the Gluon Hopper backward's step schedule: ``0`` (default) each step issues
         Sᵀ, dPᵀ, then dV, dK, dQ and waits for all; ``1`` orders them dV, dQ, dK and stages/sends dQ
         while dK runs; ``2`` also issues the next step's Sᵀ/dPᵀ behind dK and computes its Pᵀ/dSᵀ
-        before the loop turns (spills with ``LP_FA4_BWD_STATS=regs``). Both opt-in: 3-7 % slower
+        before the loop turns (spills with ``LP_FA4_BWD_STATS=regs``). Both opt-in: 1-7 % slower
         than ``0`` on the H200.
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by

@@ -19,7 +19,7 @@ delta = rowsum(dO∘O) - dLSE comes from the Triton preprocess kernel (``lp_fa4.
 and delta are read per query tile from global memory (256 bytes each, L2 resident): by the producer
 into a shared-memory slot of the stage (``LP_FA4_BWD_STATS=smem``, the default), which keeps the two
 16-register column vectors out of the consumers' live range across the wgmma issue (no spills in the
-step loop at D=128; 1.3x faster non-causal, 2.1x causal than ``regs`` on the H200), or by the
+step loop at D=128; 1.25-1.33x faster non-causal, 2.1x causal than ``regs`` on the H200), or by the
 consumers at the top of the step (``regs``). ``LP_FA4_BWD_PIPE`` (``_consumer_pipe``) selects other
 step schedules, opt-in: they measured slower.
 
