@@ -133,6 +133,8 @@ GLUON_BWD_JOBS = {
     "d128-causal-seqused-fp16-pipe2": dict(d=128, causal=True, used=True, fp16=True, pipe=2),
     "d64-pipe2": dict(d=64, pipe=2),
     "d64-causal-seqused-fp16-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2),
+    "d128-causal-seqused-fp16-pipe3": dict(d=128, causal=True, used=True, fp16=True, pipe=3),
+    "d64-pipe3": dict(d=64, pipe=3),
 }
 
 
@@ -187,7 +189,7 @@ PIPE_BUILDS = {
     f"d128{'-causal' * causal}-{stats}-pipe{pipe}": dict(d=128, causal=causal, stats=stats, pipe=pipe)
     for causal in (False, True)
     for stats in ("regs", "smem")
-    for pipe in (0, 1, 2)
+    for pipe in (0, 1, 2, 3)
 }
 
 

@@ -18,11 +18,12 @@ Env:
         use, ``regs`` loaded from global memory at the top of the step. ``regs`` keeps two column
         vectors live across the wgmma issue and spills in the step loop at D=128: 1.25-1.33x
         slower non-causal and 2.1x causal on the H200 (BENCHMARKS.md "Backward (Gluon)").
-    LP_FA4_BWD_PIPE=0|1|2  the Gluon Hopper backward's step schedule: ``0`` (default) each step issues
-        Sᵀ, dPᵀ, then dV, dK, dQ and waits for all; ``1`` orders them dV, dQ, dK and stages/sends dQ
-        while dK runs; ``2`` also issues the next step's Sᵀ/dPᵀ behind dK and computes its Pᵀ/dSᵀ
-        before the loop turns (spills with ``LP_FA4_BWD_STATS=regs``). Both opt-in: 1-7 % slower
-        than ``0`` on the H200.
+    LP_FA4_BWD_PIPE=0|1|2|3  the Gluon Hopper backward's step schedule: ``0`` (default) each step
+        issues Sᵀ, dPᵀ, then dV, dK, dQ and waits for all; ``1`` orders them dV, dQ, dK and
+        stages/sends dQ while dK runs; ``2`` also issues the next step's Sᵀ/dPᵀ behind dK and
+        computes its Pᵀ/dSᵀ before the loop turns (spills with ``LP_FA4_BWD_STATS=regs``); ``3`` keeps
+        ``0``'s order and issues the next Sᵀ behind dQ, staging dQ under it. 1 and 2: 1-7 % slower
+        than ``0`` on the H200 (BENCHMARKS.md "Backward (Gluon)"); all opt-in.
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
         default: the hot path never syncs.

@@ -251,6 +251,7 @@ def bwd_grad_issue(
     dq_zero,
     WG: gl.constexpr,
     P_LAYOUT: gl.constexpr,
+    DK_LAST: gl.constexpr = True,
 ):
     """``bwd_grad_step``'s GEMMs in the order that lets the caller overlap its own work with the
     last one: dV += Pᵀ dO (Pᵀ from registers), then, once both dSᵀ halves are in ``ds_smem.index(db)``
@@ -259,7 +260,8 @@ def bwd_grad_issue(
     fp32 partial, and dk STILL IN FLIGHT: the caller may issue more wgmma (the next step's Sᵀ), then
     must wait for dk (``warpgroup_mma_wait``) before it releases the Q/dO stage and the dSᵀ buffer
     (``mbarrier.arrive`` on ``qd_empty`` and ``ds_free.index(db)``, one each), which this helper
-    leaves to it."""
+    leaves to it. ``DK_LAST=False``: ``bwd_grad_step``'s order (dV, dK, then dQ after the exchange),
+    waiting for dV and dK: dq comes back in flight instead (same duties for the caller)."""
     R: gl.constexpr = pt.shape[0]
     mbarrier.wait(ds_free.index(db), dph ^ 1)
     ds_half = ds_smem.index(db).slice(WG * R, R, dim=0)
@@ -269,11 +271,19 @@ def bwd_grad_issue(
     mbarrier.arrive(ds_full.index(db), count=1)
     p_op = gl.convert_layout(pt.to(q_s.dtype), P_LAYOUT)
     dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-    mbarrier.wait(ds_full.index(db), dph)
-    dq = warpgroup_mma(ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)
-    dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
-    dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
-    dv = warpgroup_mma_init(dv)
+    if DK_LAST:
+        mbarrier.wait(ds_full.index(db), dph)
+        dq = warpgroup_mma(ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)
+        dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
+        dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
+        dv = warpgroup_mma_init(dv)
+    else:
+        dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
+        mbarrier.wait(ds_full.index(db), dph)
+        dq = warpgroup_mma(ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)
+        dv, dk = warpgroup_mma_wait(1, deps=(dv, dk))
+        dv = warpgroup_mma_init(dv)
+        dk = warpgroup_mma_init(dk)
     return dv, dk, dq
 
 

@@ -315,7 +315,9 @@ def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN
     Pᵀ/dSᵀ (plain registers) are what it carries. No wgmma is in flight at the loop's back edge or
     across a branch that yields values: otherwise ptxas serialises every wgmma of the kernel
     (C7514). After the last step the "next" scores are computed on the last stage again and
-    discarded (that stage is released after them)."""
+    discarded (that stage is released after them). PIPE == 3 rotates the loop the same way but
+    keeps ``bwd_grad_step``'s order (dV, dK, then dQ after the dSᵀ exchange) and issues the next
+    Sᵀ behind dQ: dQ is staged and sent while that Sᵀ runs, then the next dPᵀ is issued."""
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
      used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args[0:31]  # fmt: skip
@@ -357,7 +359,7 @@ def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN
             mbarrier.wait(kv_ready, kc & 1)
             dk = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
             dv = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
-            if PIPE == 2:
+            if PIPE >= 2:
                 pt = s_zero
                 dst = s_zero
                 if n_steps > 0:  # the first step's scores
@@ -395,12 +397,17 @@ def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN
                     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     pt, dst = _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
                                      qk_scale2, rows2, cols2, BM, ROWS, CAUSAL, STATS)  # fmt: skip
-                dv, dk, dq = bwd_grad_issue(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
-                                            ds_free, dq_zero, WG, p_layout)  # fmt: skip
-                # dK is still on the tensor cores while dQ is staged and sent
-                stage_for_tma(dq_s, dq * scale)
-                tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
-                if PIPE == 2:
+                if PIPE == 3:
+                    # bwd_grad_step's order (dK queued before the dSᵀ exchange); dQ comes back in flight
+                    dv, dk, dq = bwd_grad_issue(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
+                                                ds_free, dq_zero, WG, p_layout, False)  # fmt: skip
+                else:
+                    dv, dk, dq = bwd_grad_issue(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
+                                                ds_free, dq_zero, WG, p_layout)  # fmt: skip
+                    # dK is still on the tensor cores while dQ is staged and sent
+                    stage_for_tma(dq_s, dq * scale)
+                    tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
+                if PIPE >= 2:
                     more = j + 1 < n_steps
                     jn = gl.minimum(j + 1, n_steps - 1)
                     gn = jn // n_m
@@ -417,9 +424,17 @@ def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN
                         mbarrier.wait(qd_ready.index(sn), ((it + 1) // STAGES) & 1)
                     st = warpgroup_mma(k_half, q_smem.index(sn).permute((1, 0)), s_zero, use_acc=False,
                                        is_async=True)  # fmt: skip
-                    dpt = warpgroup_mma(v_half, do_smem.index(sn).permute((1, 0)), s_zero, use_acc=False,
-                                        is_async=True)  # fmt: skip
-                    dk = warpgroup_mma_init(warpgroup_mma_wait(2, deps=(dk,)))
+                    if PIPE == 3:
+                        # dQ staged and sent while the next Sᵀ runs; its dPᵀ goes in behind
+                        dq = warpgroup_mma_wait(1, deps=(dq,))
+                        stage_for_tma(dq_s, dq * scale)
+                        tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
+                        dpt = warpgroup_mma(v_half, do_smem.index(sn).permute((1, 0)), s_zero, use_acc=False,
+                                            is_async=True)  # fmt: skip
+                    else:
+                        dpt = warpgroup_mma(v_half, do_smem.index(sn).permute((1, 0)), s_zero, use_acc=False,
+                                            is_async=True)  # fmt: skip
+                        dk = warpgroup_mma_init(warpgroup_mma_wait(2, deps=(dk,)))
                     mbarrier.arrive(ds_free.index(db), count=1)
                     if more:
                         mbarrier.arrive(qd_empty.index(s), count=1)
