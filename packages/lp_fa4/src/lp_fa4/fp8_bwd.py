@@ -6,10 +6,11 @@ its input's dtype, so a float8 leaf could only ever receive a float8 gradient: a
 scales the chain-rule gradient dQ·q_descale is far below e4m3's smallest subnormal (2^-9) and
 flushes to zero. Users hold FP8 inputs quantised from bf16 tensors that require grad, so:
 
-- :func:`quantize_fp8` is the differentiable quantiser (per (batch, kv head) amax/448, FA3's descale
-  layout). The float8 tensor it returns remembers its source; the attention then sends the bf16
-  gradient of the dequantised input straight to that source (the straight-through rule of FP8
-  training: d loss / d x := d loss / d dequant(quant(x))), in the source's dtype. Pass the returned
+- :func:`quantize_fp8` is the differentiable quantiser (per (batch, kv head) power-of-two scales
+  from amax/448, FA3's descale layout). The float8 tensor it returns remembers its source; the
+  attention then sends the bf16 gradient of the dequantised input straight to that source (the
+  straight-through rule of FP8 training: d loss / d x := d loss / d dequant(quant(x))), in the
+  source's dtype. Pass the returned
   tensor to the attention as it is: a view or copy drops the link, and a gradient that then reaches
   the quantiser as float8 raises instead of flowing on silently. Eager mode only.
 - Float8 leaves that require grad (and descales that require grad) get the true chain-rule
@@ -20,7 +21,8 @@ flushes to zero. Users hold FP8 inputs quantised from bf16 tensors that require 
   forward's out and LSE, as upstream's ``mxfp8_flash_attn_varlen_backward`` does.
 
 Kernel path: q, k, v are dequantised to bf16 (fp32 product, one rounding; one Triton pass each,
-``dequantise``) and the BF16 backward runs
+``scale_rows``; k_descale moves onto Q so that K stays exact, ``dequantised_grads``) and the BF16
+backward runs
 (``gluon.bwd_dispatch``: the Gluon kernel on sm_90, Triton elsewhere and on the interpreter). That is
 the accuracy reference; FP8 GEMMs inside the backward are future work (BENCHMARKS.md, "FP8 backward").
 """
@@ -72,8 +74,8 @@ def _dequant_kernel(X, Y, SC, RB, rows, HKV, HX: tl.constexpr, G: tl.constexpr, 
     tl.store(Y + off, (x * sc[:, None]).to(Y.dtype.element_ty), mask=m)
 
 
-@torch.library.custom_op("lp_fa4::fp8_dequantise", mutates_args=())
-def _dequantise_op(x8: Tensor, descale: Tensor, cu: Tensor) -> Tensor:
+@torch.library.custom_op("lp_fa4::scale_rows", mutates_args=())
+def _scale_rows_op(x8: Tensor, descale: Tensor, cu: Tensor) -> Tensor:
     x8 = x8.contiguous()
     rows, hx, d = x8.shape
     y = torch.empty(x8.shape, dtype=torch.bfloat16, device=x8.device)
@@ -86,15 +88,34 @@ def _dequantise_op(x8: Tensor, descale: Tensor, cu: Tensor) -> Tensor:
     return y
 
 
-@_dequantise_op.register_fake
+@_scale_rows_op.register_fake
 def _(x8, descale, cu):
     return torch.empty(x8.shape, dtype=torch.bfloat16, device=x8.device)
 
 
-def dequantise(x8: Tensor, descale: Tensor, cu: Tensor) -> Tensor:
-    """Varlen (rows, Hx, D) float8 -> bf16: x8·descale[sequence, head // G], the product in fp32 and
-    one rounding; one Triton pass (1 byte read, 2 written per element), a custom op (traceable)."""
-    return torch.ops.lp_fa4.fp8_dequantise(x8, descale, cu)
+def scale_rows(x: Tensor, scale: Tensor, cu: Tensor) -> Tensor:
+    """Varlen (rows, Hx, D) float8/bf16 -> bf16: x·scale[sequence, head // G], the product in fp32
+    and one rounding; one Triton pass (for float8: 1 byte read, 2 written per element), a custom op
+    (traceable)."""
+    return torch.ops.lp_fa4.scale_rows(x, scale, cu)
+
+
+def dequantised_grads(q8, k8, v8, descales, cu_q, cu_k, run_bwd):
+    """bf16 (dq, dk, dv) of the dequantised inputs, ``run_bwd(q, k, v)`` being the BF16 backward.
+
+    The backward recomputes the scores, and a bf16 rounding of both dequantised operands puts them
+    off the forward's (exact e4m3 products, whose LSE the backward reuses) by enough to dominate the
+    gradient error when K has outlier channels. So the kernel gets Q' = q8·q_descale·k_descale
+    (rounded once) and K' = k8 (exact: e4m3 values are bf16 values), the same scores, and the
+    gradients are mapped back: dQ = dQ'·k_descale, dK = dK' / k_descale (a zero k_descale keeps
+    K' = 0 and dQ = dQ')."""
+    qd, kd, vd = descales
+    fold = torch.where(kd != 0, kd, torch.ones_like(kd))
+    qb = scale_rows(q8, qd * fold, cu_q)
+    kb = scale_rows(k8, kd / fold, cu_k)
+    vb = scale_rows(v8, vd, cu_k)
+    dq, dk, dv = run_bwd(qb, kb, vb)
+    return scale_rows(dq, fold, cu_q), scale_rows(dk, 1.0 / fold, cu_k), dv
 
 
 def _descale_grad(dx: Tensor, x8: Tensor, cu: Tensor, n_kv: int) -> Tensor:
@@ -118,9 +139,12 @@ def _dequantised_grads(ctx, dout, dlse):
     from . import _ops
 
     q8, k8, v8, out, lse, cu_q, cu_k, used_q, used_k, sink, qd, kd, vd = ctx.saved_tensors
-    qb, kb, vb = dequantise(q8, qd, cu_q), dequantise(k8, kd, cu_k), dequantise(v8, vd, cu_k)
-    dq, dk, dv, _ = _ops.bwd_call(ctx, dout, dlse, qb, kb, vb, out, lse, cu_q, cu_k, used_q, used_k, sink)
-    return (dq, dk, dv), (q8, k8, v8), (qd, kd, vd), (cu_q, cu_k, cu_k)
+
+    def run_bwd(qb, kb, vb):
+        return _ops.bwd_call(ctx, dout, dlse, qb, kb, vb, out, lse, cu_q, cu_k, used_q, used_k, sink)[:3]
+
+    grads = dequantised_grads(q8, k8, v8, (qd, kd, vd), cu_q, cu_k, run_bwd)
+    return grads, (q8, k8, v8), (qd, kd, vd), (cu_q, cu_k, cu_k)
 
 
 def _input_grads(needs, grads, fp8, descales, cus):
@@ -148,7 +172,7 @@ def op_backward(ctx, dout, dlse):
 
 class _Quantise(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, n_kv, cu):
+    def forward(ctx, x, n_kv, cu, pow2):
         rows = x.shape[0]
         hx, d = x.shape[-2], x.shape[-1]
         xf = x.detach().float().reshape(rows, hx, d)
@@ -159,8 +183,12 @@ class _Quantise(torch.autograd.Function):
         amax = amax * live[:, None]
         per_seq = torch.zeros(n_b, n_kv, dtype=torch.float32, device=x.device)
         per_seq = per_seq.scatter_reduce(0, _row_batch(cu, rows)[:, None].expand(-1, n_kv), amax, "amax")
+        descale = per_seq / E4M3_MAX
+        if pow2:  # 2^ceil(log2(amax / 448)): frexp gives amax/448 = m·2^e, m in [0.5, 1)
+            m, e = torch.frexp(descale)
+            descale = torch.ldexp(torch.ones_like(descale), torch.where(m == 0.5, e - 1, e))
         # all-zero and empty sequences: descale 1.0 (the forward's None)
-        descale = torch.where(per_seq > 0, per_seq / E4M3_MAX, 1.0)
+        descale = torch.where(per_seq > 0, descale, 1.0)
         s = _row_scales(descale, cu, rows, hx)
         x8 = (xf / s[..., None]).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3).reshape(x.shape)
         ctx.mark_non_differentiable(descale)
@@ -175,14 +203,19 @@ class _Quantise(torch.autograd.Function):
         )
 
 
-def quantize_fp8(x: Tensor, kv_heads: int | None = None, cu_seqlens: Tensor | None = None):
+def quantize_fp8(x: Tensor, kv_heads: int | None = None, cu_seqlens: Tensor | None = None, *,
+                 power_of_two: bool = True):  # fmt: skip
     """Quantise a bf16/fp16/fp32 tensor for the FP8 attention: (float8_e4m3fn x8, fp32 descale (B, Hkv)).
 
-    x is dense (B, S, H, D) or, with ``cu_seqlens`` (B+1,), varlen (T, H, D). The descale is
-    amax/448 over each (sequence, kv head) (``kv_heads`` groups H heads; None = H, i.e. k and v, or q
-    without GQA; 1.0 where a sequence is empty or all zeros), so x8 = x / descale rounded to e4m3.
-    Differentiable when x requires grad: the attention given x8 sends bf16 gradients of dequant(x8)
-    straight to x (module docstring)."""
+    x is dense (B, S, H, D) or, with ``cu_seqlens`` (B+1,), varlen (T, H, D). The descale covers each
+    (sequence, kv head) (``kv_heads`` groups H heads; None = H, i.e. k and v, or q without GQA):
+    2^ceil(log2(amax/448)) by default, amax/448 with ``power_of_two=False``; 1.0 where a sequence is
+    empty or all zeros; x8 = x / descale rounded to e4m3 (never saturating). Power-of-two descales
+    cost the forward nothing measurable and make the backward's dequantised q, k, v exact in bf16, so
+    its recomputed scores are the forward's (``dequantised_grads``): with outlier channels in K the
+    dK and dV errors fall to the bf16 path's (BENCHMARKS.md, "FP8 backward"). Differentiable when x
+    requires grad: the attention given x8 sends bf16 gradients of dequant(x8) straight to x (module
+    docstring)."""
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dtype in (E4M3, torch.float8_e5m2):
         raise ValueError(f"lp_fa4: quantize_fp8 takes a bf16/fp16/fp32 tensor, got {getattr(x, 'dtype', x)}")
     dims = 3 if cu_seqlens is not None else 4
@@ -200,7 +233,9 @@ def quantize_fp8(x: Tensor, kv_heads: int | None = None, cu_seqlens: Tensor | No
         if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise ValueError("lp_fa4: cu_seqlens must be a 1-D int32 tensor")
         cu, xv = cu_seqlens, x
-    x8, descale = _Quantise.apply(xv, n_kv, cu)
+    if not isinstance(power_of_two, bool):
+        raise ValueError(f"lp_fa4: power_of_two must be a bool, got {power_of_two!r}")
+    x8, descale = _Quantise.apply(xv, n_kv, cu, power_of_two)
     x8 = x8.view(x.shape) if x8.shape != x.shape else x8
     if x.requires_grad and torch.is_grad_enabled():
         setattr(x8, _SOURCE, x)
@@ -315,17 +350,17 @@ def fp8_attn_backward(
     wl, wr = _resolve_window(causal, (None, None))
     descale = _check_fp8(q, k, v, q_descale, k_descale, v_descale, n_b, paged=False, sink=None, softcap=0.0,
                          window=(wl, wr))  # fmt: skip
-    qb, kb, vb = (
-        dequantise(q3, descale[0], cu_q),
-        dequantise(k3, descale[1], cu_k),
-        dequantise(v3, descale[2], cu_k),
-    )
     pb = _ops._problem(max_q, max_k, _scale(softmax_scale, d), 0.0, wl, wr, False, False, BIG)
     from .gluon import bwd_dispatch
 
     lse_f = _ops._flat(lse, not varlen).contiguous()
     do3 = do3.contiguous()
     o3 = out.reshape(want)
-    det = bool(deterministic)
-    dq, dk, dv, _ = bwd_dispatch.bwd(do3, qb, kb, vb, o3, lse_f, None, cu_q, cu_k, None, None, pb, det)
+
+    def run_bwd(qb, kb, vb):
+        return bwd_dispatch.bwd(
+            do3, qb, kb, vb, o3, lse_f, None, cu_q, cu_k, None, None, pb, bool(deterministic)
+        )[:3]
+
+    dq, dk, dv = dequantised_grads(q3, k3, v3, descale, cu_q, cu_k, run_bwd)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
