@@ -54,7 +54,7 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return "learnable sink"
     if (reason := score_reason(pb, windows=True)) is not None:
         return reason
-    if q.dtype == torch.float8_e4m3fn and _band(pb) is not None:
+    if q.dtype == torch.float8_e4m3fn and _band(pb) == "window":
         return "FP8 with a window"
     if pb.rows_cap < pb.max_q:
         return "jagged max_seqlen_q row cap"
