@@ -37,6 +37,23 @@ def test_interpreter_flag(monkeypatch):
     assert not cap.interpreter_active()
 
 
+def test_gluon_sm90_reason(monkeypatch):
+    """The interpreter first, then the real device (the override is not trusted: a kernel would be
+    launched), then Gluon's presence."""
+    t = torch.zeros(1)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert cap.gluon_sm90_reason(t) == "interpreter"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv(cap.SM_OVERRIDE_ENV, "9.0")
+    assert cap.gluon_sm90_reason(t) == "not an sm_90 GPU"
+    if torch.cuda.is_available():
+        g = torch.zeros(1, device="cuda")
+        want = None if torch.cuda.get_device_capability() == (9, 0) else "not an sm_90 GPU"
+        if want is None and not cap.gluon_importable():
+            want = "triton.experimental.gluon missing"
+        assert cap.gluon_sm90_reason(g) == want
+
+
 def test_require_names_op_need_and_gpu(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv(cap.SM_OVERRIDE_ENV, "8.0")

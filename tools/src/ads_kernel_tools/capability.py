@@ -96,6 +96,30 @@ def has_fp8(device: torch.device | str | int | None = None) -> bool:
     return cc is not None and cc >= (8, 9)
 
 
+@functools.cache
+def gluon_importable() -> bool:
+    """Triton's Gluon (``triton.experimental.gluon``, triton >= 3.5) is installed. Asked once and
+    without importing it: the lookup would cost host time on every call of a dispatch predicate."""
+    import importlib.util
+
+    return importlib.util.find_spec("triton.experimental.gluon") is not None
+
+
+def gluon_sm90_reason(t: torch.Tensor) -> str | None:
+    """None when tensor ``t``'s device can run a Gluon sm_90 (Hopper) kernel, else why not:
+    "interpreter" (``TRITON_INTERPRET=1``), "not an sm_90 GPU" (the real device's capability;
+    ``ADS_SM_OVERRIDE`` is not consulted, as a kernel would really be launched) or
+    "triton.experimental.gluon missing". The device checks every package's Gluon support predicate
+    ends with."""
+    if interpreter_active():
+        return "interpreter"
+    if t.device.type != "cuda" or _cuda_capability(_device_index(t.device)) != (9, 0):
+        return "not an sm_90 GPU"
+    if not gluon_importable():
+        return "triton.experimental.gluon missing"
+    return None
+
+
 def gpu_name(device: torch.device | str | int | None = None) -> str:
     if not torch.cuda.is_available():
         return "no CUDA device"

@@ -13,13 +13,12 @@ Extension checklist for a new architecture (e.g. an sm100 forward): write
 
 from __future__ import annotations
 
-import functools
 import importlib
-import importlib.util
 from dataclasses import dataclass
 
 import torch
 
+from ads_kernel_tools.capability import gluon_importable as _gluon_importable
 from ads_kernel_tools.capability import interpreter_active, sm_version
 
 from . import config as cfg
@@ -97,13 +96,6 @@ KERNELS: dict[tuple[str, int, str], tuple[str, str]] = {
     ("gluon", 9, "fwd"): ("ads_gdpa.gluon.fwd_sm90", "gdpa_fwd_gluon"),
     ("gluon", 9, "bwd"): ("ads_gdpa.gluon.bwd_sm90", "gdpa_bwd_gluon"),
 }
-
-
-@functools.cache
-def _gluon_importable() -> bool:
-    """Triton's Gluon exists in this install (triton >= 3.5). Asked without importing it, once: the
-    lookup costs host time every call would pay."""
-    return importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
 def _arch(device: torch.device) -> int | None:

@@ -14,21 +14,15 @@ interpreter.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-
 import torch
+
+from ads_kernel_tools.capability import gluon_sm90_reason as device_reason
 
 from .. import config as cfg
 from ..triton import launch
 
 # input dtype -> output dtype of the Gluon forward
 _DTYPES = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float16, torch.float8_e4m3fn: torch.bfloat16}
-
-
-@functools.cache
-def _gluon_importable() -> bool:
-    return importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
 def _packed(t: torch.Tensor) -> bool:
@@ -80,19 +74,6 @@ def score_reason(pb: launch.Problem, windows: bool = False) -> str | None:
         return "jagged top-left window" if pb.top_left else "local window"
     if not (pb.scale > 0 and pb.scale < float("inf")):
         return "softmax_scale <= 0"
-    return None
-
-
-def device_reason(q: torch.Tensor) -> str | None:
-    """None when q's device can run the Gluon Hopper kernels (an sm_90 GPU, off the interpreter,
-    with Triton's Gluon), else why not; the last check of the forward's and the backward's
-    predicates."""
-    if cfg.interpreter_active():
-        return "interpreter"
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
-        return "not an sm_90 GPU"
-    if not _gluon_importable():
-        return "triton.experimental.gluon missing"
     return None
 
 

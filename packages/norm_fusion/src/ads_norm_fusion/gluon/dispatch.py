@@ -12,23 +12,16 @@ Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON=auto`` (not the def
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-
 import torch
 
-from ads_kernel_tools.capability import interpreter_active, num_sms
+from ads_kernel_tools.capability import gluon_sm90_reason as device_reason
+from ads_kernel_tools.capability import num_sms
 
 from .. import config
 
 _DTYPES = (torch.bfloat16, torch.float16)
 MULTIPLE_N = 64
 MAX_N = 1024  # fwd_sm90.MAX_N (not imported: this module must load without Gluon)
-
-
-@functools.cache
-def _gluon_importable() -> bool:
-    return importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
 def _tma_matrix(t: torch.Tensor) -> bool:
@@ -61,17 +54,6 @@ def why_not(x, w, out, *, xhat=None, vectors=()) -> str | None:
     if any(v is not None and (v.dim() != 1 or v.stride(0) != 1) for v in vectors):
         return "strided bias or norm parameters"
     return device_reason(x)
-
-
-def device_reason(x: torch.Tensor) -> str | None:
-    """None when x's device can run the Gluon sm_90 kernel, else why not."""
-    if interpreter_active():
-        return "interpreter"
-    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) != (9, 0):
-        return "not an sm_90 GPU"
-    if not _gluon_importable():
-        return "triton.experimental.gluon missing"
-    return None
 
 
 def forward(mode: str, x, w, out, stat2, *, stat1, bias, gamma, beta, xhat, eps: float) -> bool:
