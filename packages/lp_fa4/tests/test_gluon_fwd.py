@@ -340,3 +340,23 @@ def test_jagged_top_left_windows_through_gluon(window, device, gluon_calls):
     jagged_case((T + 1, 0, 7, 700, 300), (2 * T + 3, 5, 0, 40, 300), max_q=512, window=window, heads=4,
                 kv_heads=2, d=128, device=device)  # fmt: skip
     assert gluon_calls, "the Gluon forward did not run"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_calls_reach_the_gluon_forward(causal, device, gluon_calls):
+    """float8_e4m3fn q, k, v with descales through flash_attn_func take the Gluon kernel, causal
+    included (a window check once sent causal FP8 to Triton); accuracy is tests/test_fp8.py's."""
+    from lp_fa4 import flash_attn_func
+    from lp_fa4.bench import dequantise_fp8, quantise_fp8
+
+    q, k, v = (randn((2, 300, 4, 128), dtype=torch.bfloat16, device=device, seed=40 + i) for i in range(3))
+    (q8, qd), (k8, kd), (v8, vd) = (quantise_fp8(t, 4) for t in (q, k, v))
+    out = flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)[0]
+    assert gluon_calls, "the FP8 call did not reach the Gluon forward"
+    deq = [dequantise_fp8(t, s) for t, s in ((q8, qd), (k8, kd), (v8, vd))]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    ref = sdpa(*(t.transpose(1, 2) for t in deq), is_causal=causal)
+    cos = torch.nn.functional.cosine_similarity(out.float().flatten(), ref.transpose(1, 2).flatten(), dim=0)
+    assert cos > 0.999, float(cos)
