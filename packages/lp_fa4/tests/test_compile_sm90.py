@@ -230,7 +230,7 @@ def test_bwd_stats_and_pipe_switches_are_read(monkeypatch):
     monkeypatch.setenv("LP_FA4_BWD_STATS", "late")
     with pytest.raises(ValueError, match="LP_FA4_BWD_STATS"):
         config.bwd_stats()
-    monkeypatch.setenv("LP_FA4_BWD_PIPE", "3")
+    monkeypatch.setenv("LP_FA4_BWD_PIPE", "4")
     with pytest.raises(ValueError, match="LP_FA4_BWD_PIPE"):
         config.bwd_pipe()
 
@@ -247,8 +247,8 @@ def test_bwd_stats_and_pipe_switches_are_read(monkeypatch):
     q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)
     lse = torch.zeros(2, 64, device=dev)
     cu = torch.tensor([0, 64], dtype=torch.int32, device=dev)
-    for mode, pipe in (("regs", "1"), ("smem", "0"), ("smem", "2")):
+    for mode, pipe in (("regs", "1"), ("smem", "0"), ("smem", "2"), ("smem", "3")):
         monkeypatch.setenv("LP_FA4_BWD_STATS", mode)
         monkeypatch.setenv("LP_FA4_BWD_PIPE", pipe)
         bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, False)
-    assert seen == [("regs", 1), ("smem", 0), ("smem", 2)]
+    assert seen == [("regs", 1), ("smem", 0), ("smem", 2), ("smem", 3)]
