@@ -1,5 +1,6 @@
 """Run by the GPU job under ``compute-sanitizer --tool memcheck``: lying offsets, seqused entries
-and page indices, forward and backward. The kernels clamp every span to its tensor, so memcheck must
+and page indices, forward and backward, bf16 (local and top-left windows included) and FP8. The
+kernels clamp every span to its tensor, so memcheck must
 report 0 errors. Not a pytest file (it needs the sanitizer around the whole process)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def main() -> None:
     for cq, ck in bad:
         cu_q = torch.tensor(cq, dtype=torch.int32, device=dev)
         cu_k = torch.tensor(ck, dtype=torch.int32, device=dev)
-        for kw in (dict(causal=True), dict(window_size=(40, 7), softcap=5.0)):
+        for kw in (dict(causal=True), dict(window_size=(40, 7), softcap=5.0), dict(window_size=(40, 7))):
             out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 512, 512, return_lse=True, **kw)
             torch.autograd.grad(out.float().sum(), (q, k, v))
         used = torch.tensor([500, -4, 1 << 30], dtype=torch.int32, device=dev)
@@ -30,6 +31,13 @@ def main() -> None:
         torch.autograd.grad(out.float().sum(), (q, k, v))
         out, _ = jagged_attention(q, k, v, cu_q, cu_k, 64, 512, window_size=9)
         torch.autograd.grad(out.float().sum(), (q, k, v))
+        # FP8 (the Gluon forward with V's K-major copy, then the backward of the dequantised inputs)
+        q8, k8, v8 = (t.detach().to(torch.float8_e4m3fn).requires_grad_() for t in (q, k, v))
+        ones = torch.ones(3, 2, device=dev)
+        for causal in (False, True):
+            out, _ = flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, 512, 512, causal=causal, q_descale=ones,
+                                            k_descale=ones, v_descale=ones)  # fmt: skip
+            torch.autograd.grad(out.float().sum(), (q8, k8, v8))
     cq = torch.tensor([0, 300], dtype=torch.int32, device=dev)
     ck = torch.tensor([0, 77, 5000, -1], dtype=torch.int32, device=dev)
     out, _ = jagged_attention(q, k, v, cq, ck, 300, 512, broadcast_q=True)
