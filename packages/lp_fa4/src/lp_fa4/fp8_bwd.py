@@ -59,7 +59,7 @@ def _row_scales(descale: Tensor, cu: Tensor, rows: int, heads: int) -> Tensor:
 
 
 @triton.jit
-def _dequant_kernel(X, Y, SC, RB, rows, HKV, HX: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+def _scale_rows_kernel(X, Y, SC, RB, rows, HKV, HX: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
     """Y[r, h] = X[r, h] · SC[RB[r], h // G] in fp32, one rounding to Y's dtype; X, Y (rows, HX, D)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -78,12 +78,14 @@ def _dequant_kernel(X, Y, SC, RB, rows, HKV, HX: tl.constexpr, G: tl.constexpr, 
 def _scale_rows_op(x8: Tensor, descale: Tensor, cu: Tensor) -> Tensor:
     x8 = x8.contiguous()
     rows, hx, d = x8.shape
+    if descale.numel() == 0:  # no sequence: no row belongs to one
+        return torch.zeros(x8.shape, dtype=torch.bfloat16, device=x8.device)
     y = torch.empty(x8.shape, dtype=torch.bfloat16, device=x8.device)
     if rows == 0 or hx == 0:
         return y
     block_r = max(1, min(64, 8192 // _pad(d)))
     grid = (triton.cdiv(rows, block_r), hx)
-    _dequant_kernel[grid](x8, y, descale.contiguous(), _row_batch(cu, rows), rows, descale.shape[1], HX=hx,
+    _scale_rows_kernel[grid](x8, y, descale.contiguous(), _row_batch(cu, rows), rows, descale.shape[1], HX=hx,
                           G=hx // descale.shape[1], D=d, BLOCK_R=block_r, BLOCK_D=_pad(d))  # fmt: skip
     return y
 
