@@ -708,3 +708,19 @@ def test_gpu_backward_varlen_ragged():
         _, grads = _ref_grads(q8, k8, v8, qd, kd, vd, do, causal, cu_l)
         for name, src, g in zip("qkv", (q, k, v), grads):
             _grad_gate(src.grad, g, f"gpu varlen d{name} causal={causal}")
+
+
+def test_scale_rows_compiles_for_sm90():
+    """The backward's one new kernel at the GPU's operand types: e4m3 in (dequantise) and bf16 in (dQ
+    and dK mapped back), bf16 out, D 64 and 128; no spills."""
+    from ads_kernel_tools.compile_check import ptx_counts_batch
+
+    jobs = []
+    for x, d in (("*fp8e4nv", 128), ("*bf16", 128), ("*fp8e4nv", 64)):
+        types = {"X": x, "Y": "*bf16", "SC": "*fp32", "RB": "*i32", "rows": "i32", "HKV": "i32"}
+        consts = dict(HX=16, G=2, D=d, BLOCK_R=64, BLOCK_D=d)
+        jobs.append(dict(module="lp_fa4.fp8_bwd", kernel="_scale_rows_kernel", types=types, constexprs=consts,
+                         num_warps=4))  # fmt: skip
+    for c in ptx_counts_batch(jobs):
+        assert "error" not in c, c.get("error")
+        assert c["local_memory"] == 0, c
