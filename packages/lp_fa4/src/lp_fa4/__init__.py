@@ -5,6 +5,7 @@
 """
 
 from .__about__ import __version__
+from .fp8_bwd import fp8_attn_backward, quantize_fp8
 from .interface import flash_attn_func, flash_attn_varlen_func, jagged_attention
 from .mxfp8 import (
     Mxfp8VarlenMeta,
@@ -15,6 +16,7 @@ from .mxfp8 import (
 )
 
 __all__ = ["__version__", "flash_attn_func", "flash_attn_varlen_func", "jagged_attention"]
+__all__ += ["quantize_fp8", "fp8_attn_backward"]
 __all__ += [
     "Mxfp8VarlenMeta",
     "Mxfp8VarlenTensor",
