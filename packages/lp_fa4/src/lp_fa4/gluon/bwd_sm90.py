@@ -185,6 +185,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
      used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args[0:31]  # fmt: skip
+    stat_smem = dq_smem  # unused unless STATS == "smem"
     if STATS == "smem":
         stat_smem = args[31]
     ROWS: gl.constexpr = BN // 2
@@ -203,6 +204,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
     v_half = v_smem.slice(WG * ROWS, ROWS, dim=0)
     k_cols = k_smem.slice(WG * DH, DH, dim=1)
     dq_s = dq_smem.index(WG)
+    no_stat = gl.zeros([BM], gl.float32, col_l)
 
     it = 0
     kc = 0
@@ -227,6 +229,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     db = it % 2
                     dph = (it // 2) & 1
                     cq = m * BM + c_idx
+                    lse2 = no_stat
+                    delta = no_stat
                     if STATS == "regs":
                         lse2, delta = _row_stats(lse_ptr + stat_base, delta_ptr + stat_base, cq, rows)
                     mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
@@ -234,27 +238,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     do_s = do_smem.index(s)
                     st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    # Sᵀ retires first (groups complete in order); dPᵀ keeps running under exp2
-                    st = warpgroup_mma_wait(1, deps=(st,))
-                    if STATS == "smem":
-                        lse2 = stat_smem.index(2 * s).load(col_l)
-                    pt = gl.exp2(st * qk_scale2 - gl.expand_dims(lse2, 0))
-                    dpt = warpgroup_mma_wait(0, deps=(dpt,))
-                    if STATS == "smem":
-                        delta = stat_smem.index(2 * s + 1).load(col_l)
-                    dst = pt * (dpt - gl.expand_dims(delta, 0))
-                    q_valid = rows - m * BM
-                    edge = (kv_valid < ROWS) | (q_valid < BM)
-                    if CAUSAL:
-                        edge = edge | (kv_first + ROWS - 1 > m * BM + off)
-                    if edge:
-                        # keys past the sequence (TMA brought a neighbour's rows or zeros), query
-                        # rows past it, and keys right of the causal diagonal
-                        keep = (rows2 < kv_valid) & (cols2 < q_valid)
-                        if CAUSAL:
-                            keep = keep & (rows2 + kv_first <= cols2 + m * BM + off)
-                        pt = gl.where(keep, pt, 0.0)
-                        dst = gl.where(keep, dst, 0.0)
+                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
+                                     qk_scale2, rows2, cols2, BM, ROWS, CAUSAL, STATS)  # fmt: skip
                     # dSᵀ halves exchanged through shared memory; dV, dK accumulated; dQ over all 128 keys
                     dv, dk, dq = bwd_grad_step(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
                                                ds_free, qd_empty.index(s), dq_zero, WG, p_layout)  # fmt: skip
@@ -281,6 +266,7 @@ def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
     after them): exp2 under dPᵀ, then the product; masked on edge tiles only. STATS == "smem" reads
     LSE·log2e and delta from stage s's slot (``lse2``/``delta`` unused), else takes them."""
     col_l: gl.constexpr = gl.SliceLayout(0, st.type.tensor_type.layout)
+    # Sᵀ retires first (groups complete in order); dPᵀ keeps running under exp2
     st = warpgroup_mma_wait(1, deps=(st,))
     if STATS == "smem":
         lse2 = stat_smem.index(2 * s).load(col_l)
@@ -294,6 +280,8 @@ def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
     if CAUSAL:
         edge = edge | (kv_first + ROWS - 1 > m * BM + off)
     if edge:
+        # keys past the sequence (TMA brought a neighbour's rows or zeros), query rows past it, and
+        # keys right of the causal diagonal
         keep = (rows2 < kv_valid) & (cols2 < q_valid)
         if CAUSAL:
             keep = keep & (rows2 + kv_first <= cols2 + m * BM + off)
