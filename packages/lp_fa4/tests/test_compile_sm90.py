@@ -84,6 +84,8 @@ def _gluon_bwd_job(
     stats: str = "smem",
     sass: bool = False,
     pipe: int = 0,
+    window: bool = False,
+    top_left: bool = False,
 ) -> dict:
     import torch
     from triton.experimental.gluon import language as gl
@@ -108,7 +110,7 @@ def _gluon_bwd_job(
                                     "used_k_ptr")}}  # fmt: skip
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, CAUSAL=causal, HAS_USED_Q=used,
                   HAS_USED_K=used, CONSUMER_REGS=g.CONSUMER_REGS, PRODUCER_REGS=g.PRODUCER_REGS,
-                  STATS=stats, PIPE=pipe)  # fmt: skip
+                  STATS=stats, PIPE=pipe, WINDOW=window, TOP_LEFT=top_left)  # fmt: skip
     job = dict(module=g.__name__, kernel="attn_bwd_ws", types=types, constexprs=consts, gluon=True)
     return job | ({"sass_between": SASS_SPILLS} if sass else {})
 
@@ -135,6 +137,10 @@ GLUON_BWD_JOBS = {
     "d64-causal-seqused-fp16-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2),
     "d128-causal-seqused-fp16-pipe3": dict(d=128, causal=True, used=True, fp16=True, pipe=3),
     "d64-pipe3": dict(d=64, pipe=3),
+    # windows (LP_FA4_BWD_WINDOWS=1, opt-in): local (bottom-right) and jagged top-left bands
+    "d128-window": dict(d=128, window=True),
+    "d128-window-top-left-seqused-fp16": dict(d=128, window=True, top_left=True, used=True, fp16=True),
+    "d64-window-top-left": dict(d=64, window=True, top_left=True),
 }
 
 
@@ -190,6 +196,9 @@ PIPE_BUILDS = {
     for causal in (False, True)
     for stats in ("regs", "smem")
     for pipe in (0, 1, 2, 3)
+} | {
+    "d128-window-smem-pipe0": dict(d=128, window=True),
+    "d128-window-top-left-smem-pipe2": dict(d=128, window=True, top_left=True, pipe=2),
 }
 
 

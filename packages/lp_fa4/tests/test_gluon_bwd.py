@@ -65,6 +65,24 @@ def test_predicate_sends_the_rest_to_triton(change, reason, device):
     assert got is not None and reason in got, got
 
 
+@pytest.mark.parametrize(
+    "pb",
+    [dict(win_left=16), dict(win_left=16, win_right=0), dict(top_left=True, win_left=16, win_right=16),
+     dict(top_left=True, win_left=BIG, win_right=0)],
+    ids=str,
+)  # fmt: skip
+def test_predicate_takes_windows_when_opted_in(pb, device, monkeypatch):
+    """LP_FA4_BWD_WINDOWS=1: local and top-left windows pass the score checks (and go to Gluon on an
+    sm_90 GPU); without it they keep the Triton backward."""
+    do, q, k, v = _tensors(device)
+    assert "window" in bwd_dispatch.why_not(do, q, k, v, _pb(**pb), False)
+    monkeypatch.setenv("LP_FA4_BWD_WINDOWS", "1")
+    got = bwd_dispatch.why_not(do, q, k, v, _pb(**pb), False)
+    on_h = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+    assert got is None if on_h and not bwd_dispatch.cfg.interpreter_active() else got in (
+        "interpreter", "not an sm_90 GPU"), got  # fmt: skip
+
+
 @pytest.mark.parametrize("mask", ["none", "causal", "jagged-capped"])
 @pytest.mark.parametrize("d,dtype,kv_heads", [(64, torch.float16, 1), (128, torch.bfloat16, 4)])
 def test_predicate_takes_supported_calls_on_sm90_only(mask, d, dtype, kv_heads, device, monkeypatch):
@@ -123,6 +141,14 @@ DENSE = [
 
 
 STATS = ["regs", "smem"]  # LP_FA4_BWD_STATS: where the consumers get LSE and delta
+# local windows (bottom-right): band edges inside and across 128-key tiles, one-sided, empty bands
+WINDOWED = [
+    Case(lq=(1000, T + 1, 1, 0), lk=(1000, T - 1, 300, 7), heads=4, kv_heads=2, d=128, window=(64, 32)),
+    Case(lq=(700, 2 * T + 1), lk=(300, 2 * T + 1), heads=4, kv_heads=4, d=128, window=(200, 0)),
+    Case(lq=(T + 1, 900), lk=(2049, 900), heads=4, kv_heads=1, d=64, window=(None, 100), dtype=torch.float16),
+    Case(lq=(600,), lk=(600,), heads=2, kv_heads=2, d=128, window=(0, 0)),
+    Case(lq=(1024,) * 2, lk=(1024,) * 2, heads=4, kv_heads=2, d=128, dense=True, window=(256, 256)),
+]
 
 
 @pytest.mark.gpu
@@ -207,3 +233,25 @@ def test_gluon_bwd_seqused_and_poisoned_buffers(causal, stats, device, gluon_bwd
             assert_close_vs_baseline(got, r, bb, name=f"{name}[{b}]")
     assert (dq[~live_q] == 0).all(), "dQ of rows past seqused_q or outside the sequences"
     assert (dk[~live_k] == 0).all() and (dv[~live_k] == 0).all(), "dK/dV of keys past seqused_k"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("case", WINDOWED, ids=lambda c: c.id)
+def test_gluon_bwd_windows_match_reference(case, device, gluon_bwd_calls, monkeypatch):
+    """LP_FA4_BWD_WINDOWS=1: local windows through the Gluon backward, against the fp32 reference."""
+    monkeypatch.setenv("LP_FA4_BWD_WINDOWS", "1")
+    run_case(case, device)
+    assert gluon_bwd_calls, "the Gluon backward did not run"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("window", [0, 5, 32, 256])
+def test_gluon_bwd_jagged_top_left_windows(window, device, gluon_bwd_calls, monkeypatch):
+    """LP_FA4_BWD_WINDOWS=1: jagged_attention's top-left band |i - j| <= W through the Gluon
+    backward: cross attention with Lq != Lk, an empty kv sequence, rows past max_seqlen_q, GQA."""
+    monkeypatch.setenv("LP_FA4_BWD_WINDOWS", "1")
+    jagged_case((T + 1, 0, 7, 700, 300), (2 * T + 3, 5, 0, 40, 300), max_q=512, window=window, heads=4,
+                kv_heads=2, d=128, device=device)  # fmt: skip
+    assert gluon_bwd_calls, "the Gluon backward did not run"

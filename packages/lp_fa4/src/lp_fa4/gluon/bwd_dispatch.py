@@ -4,7 +4,8 @@ The Gluon Hopper backward (``bwd_sm90``) takes: bf16/fp16, head dims 64 and 128 
 MHA/GQA/MQA, no mask or a bottom-right causal mask, dense and varlen (dense arrives as varlen),
 seqused_q/k, a gradient on the LSE (it only changes delta), a learnable sink (the kernel reads the
 forward's LSE, which holds the sink; dsink is computed outside), and ``jagged_attention`` without a
-window and without broadcast_q (its max_seqlen_q row cap included); on an sm_90 GPU with
+window and without broadcast_q (its max_seqlen_q row cap included), and with ``LP_FA4_BWD_WINDOWS=1``
+(opt-in, not yet run on a GPU) local and top-left windows; on an sm_90 GPU with
 ``LP_FA4_BACKEND=auto`` (the default). Everything else runs the portable Triton backward
 (``lp_fa4.triton.launch.bwd``): ``deterministic=True`` (the Gluon kernel adds dQ by fp32 atomics,
 so its bits depend on the order), softcap, local windows, top-left windows, broadcast_q, other head
@@ -18,7 +19,7 @@ import torch
 from .. import config as cfg
 from ..triton import launch
 from ..triton.launch_bwd import preprocess
-from .dispatch import _packed, device_reason, score_reason
+from .dispatch import _band, _packed, device_reason, score_reason
 
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -30,7 +31,7 @@ def why_not(do, q, k, v, pb: launch.Problem, deterministic: bool) -> str | None:
         return "LP_FA4_BACKEND=triton"
     if deterministic:
         return "deterministic"
-    if (reason := score_reason(pb)) is not None:
+    if (reason := score_reason(pb, windows=cfg.bwd_windows())) is not None:
         return reason
     if q.dtype not in _DTYPES or any(t.dtype != q.dtype for t in (k, v, do)):
         return f"dtype {q.dtype}"
@@ -51,7 +52,10 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: launch.Prob
     from . import bwd_sm90
 
     delta = preprocess(out, do, dlse)
-    causal = pb.win_right == 0  # bottom-right: a top-left mask with a window stayed on Triton
+    band = _band(pb)
+    causal = band == "causal"
+    window = (pb.win_left, pb.win_right) if band == "window" else None  # LP_FA4_BWD_WINDOWS=1 only
     dq, dk, dv = bwd_sm90.bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k,
-                              pb.caps()[0], pb.scale, causal)  # fmt: skip
+                              pb.caps()[0], pb.scale, causal, window=window,
+                              top_left=pb.top_left and window is not None)  # fmt: skip
     return dq, dk, dv, delta

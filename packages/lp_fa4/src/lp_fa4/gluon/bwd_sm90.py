@@ -75,9 +75,9 @@ PRODUCER_REGS = 24
 
 @gluon.jit
 def _kv_item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
-             HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr):  # fmt: skip
+             HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, TOP_LEFT: gl.constexpr):  # fmt: skip
     """Entry t of the tile list -> (kv head, first kv tile, q start, computed rows, diagonal offset,
-    k start, k_len)."""
+    k start, k_len). The diagonal: k_len - used Lq (bottom-right), 0 under TOP_LEFT."""
     b, hk, n_first = split_entry(gl.load(tiles_ptr + t), H_KV, N_TILES)
     q0 = gl.load(cu_q_ptr + b)
     q_len = gl.load(cu_q_ptr + b + 1) - q0
@@ -89,7 +89,11 @@ def _kv_item(t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_T
         k_len = gl.minimum(gl.maximum(gl.load(used_k_ptr + b), 0), k_len)
     k_len = gl.maximum(k_len, 0)
     rows = gl.minimum(q_len, rows_cap)
-    return hk, n_first, q0, rows, k_len - q_len, k0, k_len
+    if TOP_LEFT:
+        off = k_len * 0
+    else:
+        off = k_len - q_len
+    return hk, n_first, q0, rows, off, k0, k_len
 
 
 @gluon.jit
@@ -106,19 +110,27 @@ def _kv_tiles(j, k_len, N_TILES, BN: gl.constexpr, PAIRS: gl.constexpr):
 
 
 @gluon.jit
-def _q_tiles(n, rows, off, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+def _q_tiles(n, rows, off, band, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
+             WINDOW: gl.constexpr):  # fmt: skip
     """Query tiles [lo, hi) that kv tile n meets: under CAUSAL, from the first tile holding a row
-    i with i + off >= n·BN (the tile's first key)."""
+    i with i + off >= n·BN (the tile's first key); under WINDOW (``band`` = (win_left, win_right):
+    row i sees keys [i + off - win_left, i + off + win_right]) the rows whose band reaches the tile's
+    keys [n·BN, n·BN + BN)."""
     lo = n * 0
+    hi = gl.cdiv(rows, BM)
     if CAUSAL:
         lo = gl.maximum(n * BN - off, 0) // BM
-    return lo, gl.cdiv(rows, BM)
+    elif WINDOW:
+        win_left, win_right = band
+        lo = gl.maximum(n * BN - off - win_right, 0) // BM
+        hi = gl.minimum(hi, gl.cdiv(gl.maximum(n * BN + BN - off + win_left, 0), BM))
+    return lo, hi
 
 
 @gluon.jit
-def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr,
-              STATS: gl.constexpr):  # fmt: skip
+              STATS: gl.constexpr, WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr):  # fmt: skip
     """TMA loads: per kv tile its K and V, then Q/dO tiles into the ring (``it`` continues across
     items, as the consumers count it). STATS == "smem": also each tile's LSE·log2e and delta into the
     stage's ``stat_smem`` slot, by plain loads and stores before the stage's arrival (which releases
@@ -135,11 +147,11 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
     for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
         hk, n_first, q0, rows, off, k0, k_len = _kv_item(
             t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
-            HAS_USED_Q, HAS_USED_K,
+            HAS_USED_Q, HAS_USED_K, TOP_LEFT,
         )  # fmt: skip
         start, stop, step = _kv_tiles(n_first, k_len, N_TILES, BN, CAUSAL)
         for n in range(start, stop, step):
-            lo, hi = _q_tiles(n, rows, off, BM, BN, CAUSAL)
+            lo, hi = _q_tiles(n, rows, off, band, BM, BN, CAUSAL, WINDOW)
             mbarrier.wait(kv_empty, (kc & 1) ^ 1)
             mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [k0 + n * BN, hk * D], kv_ready, k_smem)
@@ -175,9 +187,10 @@ def _row_stats(lse_row, delta_row, cq, rows):
 
 
 @gluon.jit
-def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-              HAS_USED_K: gl.constexpr, STATS: gl.constexpr):  # fmt: skip
+              HAS_USED_K: gl.constexpr, STATS: gl.constexpr, WINDOW: gl.constexpr,
+              TOP_LEFT: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2).
     LSE·log2e and delta of a query tile (16 registers each in the Sᵀ column layout) come per STATS:
     "regs" loaded from global at the top of the step, "smem" read from the stage's ``stat_smem`` slot
@@ -211,11 +224,11 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
     for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
         hk, n_first, q0, rows, off, k0, k_len = _kv_item(
             t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
-            HAS_USED_Q, HAS_USED_K,
+            HAS_USED_Q, HAS_USED_K, TOP_LEFT,
         )  # fmt: skip
         start, stop, step = _kv_tiles(n_first, k_len, N_TILES, BN, CAUSAL)
         for n in range(start, stop, step):
-            lo, hi = _q_tiles(n, rows, off, BM, BN, CAUSAL)
+            lo, hi = _q_tiles(n, rows, off, band, BM, BN, CAUSAL, WINDOW)
             kv_first = n * BN + WG * ROWS  # first key of this warpgroup inside the sequence
             kv_valid = k_len - kv_first  # keys of this half inside the sequence (may be <= 0)
             mbarrier.wait(kv_ready, kc & 1)
@@ -239,7 +252,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                     st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     pt, dst = _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
-                                     qk_scale2, rows2, cols2, BM, ROWS, CAUSAL, STATS)  # fmt: skip
+                                     qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
+                                     WINDOW)  # fmt: skip
                     # dSᵀ halves exchanged through shared memory; dV, dK accumulated; dQ over all 128 keys
                     dv, dk, dq = bwd_grad_step(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
                                                ds_free, qd_empty.index(s), dq_zero, WG, p_layout)  # fmt: skip
@@ -261,7 +275,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
 
 @gluon.jit
 def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid, qk_scale2, rows2, cols2,
-           BM: gl.constexpr, ROWS: gl.constexpr, CAUSAL: gl.constexpr, STATS: gl.constexpr):  # fmt: skip
+           band, BM: gl.constexpr, ROWS: gl.constexpr, CAUSAL: gl.constexpr, STATS: gl.constexpr,
+           WINDOW: gl.constexpr):  # fmt: skip
     """Pᵀ and dSᵀ of query tile m from the in-flight Sᵀ and dPᵀ (issued in that order, nothing
     after them): exp2 under dPᵀ, then the product; masked on edge tiles only. STATS == "smem" reads
     LSE·log2e and delta from stage s's slot (``lse2``/``delta`` unused), else takes them."""
@@ -279,21 +294,32 @@ def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
     edge = (kv_valid < ROWS) | (q_valid < BM)
     if CAUSAL:
         edge = edge | (kv_first + ROWS - 1 > m * BM + off)
+    if WINDOW:
+        win_left, win_right = band
+        edge = (
+            edge
+            | (kv_first < m * BM + BM - 1 + off - win_left)
+            | (kv_first + ROWS - 1 > m * BM + off + win_right)
+        )
     if edge:
         # keys past the sequence (TMA brought a neighbour's rows or zeros), query rows past it, and
-        # keys right of the causal diagonal
+        # keys right of the causal diagonal or outside the window's band
         keep = (rows2 < kv_valid) & (cols2 < q_valid)
         if CAUSAL:
             keep = keep & (rows2 + kv_first <= cols2 + m * BM + off)
+        if WINDOW:
+            rel = (rows2 + kv_first) - (cols2 + m * BM) - off
+            keep = keep & (rel >= -win_left) & (rel <= win_right)
         pt = gl.where(keep, pt, 0.0)
         dst = gl.where(keep, dst, 0.0)
     return pt, dst
 
 
 @gluon.jit
-def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-                   HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr):  # fmt: skip
+                   HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr,
+                   WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr):  # fmt: skip
     """``_consumer`` with the steps of a kv tile in one flat loop over (query head, query tile) and
     the GEMMs of a step reordered (``bwd_grad_issue``): dV, dQ, dK, so that dQ's staging and bulk
     reduce-add run while dK is still on the tensor cores.
@@ -335,11 +361,11 @@ def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN
     for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
         hk, n_first, q0, rows, off, k0, k_len = _kv_item(
             t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
-            HAS_USED_Q, HAS_USED_K,
+            HAS_USED_Q, HAS_USED_K, TOP_LEFT,
         )  # fmt: skip
         start, stop, step = _kv_tiles(n_first, k_len, N_TILES, BN, CAUSAL)
         for n in range(start, stop, step):
-            lo, hi = _q_tiles(n, rows, off, BM, BN, CAUSAL)
+            lo, hi = _q_tiles(n, rows, off, band, BM, BN, CAUSAL, WINDOW)
             n_m = gl.maximum(hi - lo, 0)
             n_steps = G * n_m  # the producer's order: query heads of the group, then query tiles
             kv_first = n * BN + WG * ROWS
@@ -363,7 +389,8 @@ def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN
                     dp0 = warpgroup_mma(v_half, do_smem.index(s0).permute((1, 0)), s_zero, use_acc=False,
                                         is_async=True)  # fmt: skip
                     pt, dst = _probs(st0, dp0, lse2, delta, stat_smem, s0, lo, rows, off, kv_first, kv_valid,
-                                     qk_scale2, rows2, cols2, BM, ROWS, CAUSAL, STATS)  # fmt: skip
+                                     qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
+                                     WINDOW)  # fmt: skip
             for j in range(n_steps):
                 g = j // n_m
                 m = lo + j - g * n_m
@@ -384,7 +411,8 @@ def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN
                     st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     pt, dst = _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
-                                     qk_scale2, rows2, cols2, BM, ROWS, CAUSAL, STATS)  # fmt: skip
+                                     qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
+                                     WINDOW)  # fmt: skip
                 if PIPE == 3:
                     # bwd_grad_step's order (dK queued before the dSᵀ exchange); dQ comes back in flight
                     dv, dk, dq = bwd_grad_issue(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
@@ -427,7 +455,8 @@ def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN
                     if more:
                         mbarrier.arrive(qd_empty.index(s), count=1)
                     pt, dst = _probs(st, dpt, lse2, delta, stat_smem, sn, mn, rows, off, kv_first, kv_valid,
-                                     qk_scale2, rows2, cols2, BM, ROWS, CAUSAL, STATS)  # fmt: skip
+                                     qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
+                                     WINDOW)  # fmt: skip
                     if not more:
                         # the discarded scores read this stage: released once they retired
                         mbarrier.arrive(qd_empty.index(s), count=1)
@@ -450,10 +479,11 @@ def _consumer_pipe(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN
 def attn_bwd_ws(
     q_desc, do_desc, k_desc, v_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
-    N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2,
+    N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2, win_left, win_right,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr = False,
+    TOP_LEFT: gl.constexpr = False,
 ):  # fmt: skip
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free) = bwd_buffers(q_desc, do_desc, k_desc, v_desc, dq_desc, STAGES)  # fmt: skip
@@ -478,12 +508,50 @@ def attn_bwd_ws(
                  N_TILES, rows_cap, max_k, H_KV, G, lse_ptr, delta_ptr, TO, stat_smem)  # fmt: skip
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
+    band = (win_left, win_right)
     if PIPE == 0:
         gl.warp_specialize(
             [
-                (_consumer, (cargs, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
-                (_consumer, (cargs, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
-                (_producer, (pargs, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
+                (
+                    _consumer,
+                    (
+                        cargs,
+                        band,
+                        WG0,
+                        D,
+                        BM,
+                        BN,
+                        STAGES,
+                        CAUSAL,
+                        HAS_USED_Q,
+                        HAS_USED_K,
+                        STATS,
+                        WINDOW,
+                        TOP_LEFT,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        cargs,
+                        band,
+                        WG1,
+                        D,
+                        BM,
+                        BN,
+                        STAGES,
+                        CAUSAL,
+                        HAS_USED_Q,
+                        HAS_USED_K,
+                        STATS,
+                        WINDOW,
+                        TOP_LEFT,
+                    ),
+                ),
+                (
+                    _producer,
+                    (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW, TOP_LEFT),
+                ),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -493,13 +561,46 @@ def attn_bwd_ws(
             [
                 (
                     _consumer_pipe,
-                    (cargs, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE),
+                    (
+                        cargs,
+                        band,
+                        WG0,
+                        D,
+                        BM,
+                        BN,
+                        STAGES,
+                        CAUSAL,
+                        HAS_USED_Q,
+                        HAS_USED_K,
+                        STATS,
+                        PIPE,
+                        WINDOW,
+                        TOP_LEFT,
+                    ),
                 ),
                 (
                     _consumer_pipe,
-                    (cargs, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE),
+                    (
+                        cargs,
+                        band,
+                        WG1,
+                        D,
+                        BM,
+                        BN,
+                        STAGES,
+                        CAUSAL,
+                        HAS_USED_Q,
+                        HAS_USED_K,
+                        STATS,
+                        PIPE,
+                        WINDOW,
+                        TOP_LEFT,
+                    ),
                 ),
-                (_producer, (pargs, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS)),
+                (
+                    _producer,
+                    (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW, TOP_LEFT),
+                ),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -514,11 +615,17 @@ _GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, rows_cap: int,
-        scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        scale: float, causal: bool, window: tuple[int, int] | None = None,
+        top_left: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, dk, dv) like (q, k, v). q, do (TQ, H, D); k, v (TK, Hkv, D); lse and delta (H, TQ) fp32
     (natural-log LSE of the forward; delta = rowsum(dO∘O) - dLSE). Query rows past
     min(seqused_q, rows_cap, max_q) and keys past min(seqused_k, max_k) contribute nothing; their
-    gradients are 0. The caller checked ``bwd_dispatch.why_not``. No host sync."""
+    gradients are 0. ``window`` (win_left, win_right), resolved as ``lp_fa4.triton.launch.Problem``'s
+    sides (BIG = unbounded), with ``causal`` False: query row i sees keys [i + off - win_left, i +
+    off + win_right], off = Lk - Lq, or 0 under ``top_left``. The caller checked
+    ``bwd_dispatch.why_not``. No host sync."""
+    if window is not None and causal:
+        raise ValueError("bwd_sm90.bwd: pass causal as window (BIG, 0), not both")
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     n_b = cu_q.shape[0] - 1
@@ -541,8 +648,10 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
         q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, lse, delta, lse.shape[1], tiles, count, cu_q, cu_k,
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
         n_tiles, rows_cap, max_k, hkv, h // hkv, float(scale), float(scale) * LOG2E,
+        *(window if window is not None else (0, 0)),
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-        STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), num_warps=4,
+        STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), WINDOW=window is not None, TOP_LEFT=bool(top_left),
+        num_warps=4,
     )  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
