@@ -187,6 +187,34 @@ def _row_stats(lse_row, delta_row, cq, rows):
 
 
 @gluon.jit
+def _consumer_operands(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                       STATS: gl.constexpr):  # fmt: skip
+    """What both consumer schedules of warpgroup WG hold for the whole kernel: the LSE/delta slots
+    (STATS == "smem", else a placeholder), the Sᵀ tile's key-row and query-column indices, zero
+    accumulators, this warpgroup's halves of K and V, its column slice of K for dQ, its dQ staging
+    buffer, and a placeholder for statistics it does not hold in registers."""
+    k_smem, v_smem, dq_smem = args[2], args[3], args[5]
+    stat_smem = dq_smem  # unused unless STATS == "smem"
+    if STATS == "smem":
+        stat_smem = args[31]
+    ROWS: gl.constexpr = BN // 2
+    DH: gl.constexpr = D // 2
+    s_layout: gl.constexpr = acc_layout(BM)
+    col_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+    rows2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, s_layout)), 1)
+    c_idx = gl.arange(0, BM, col_l)
+    cols2 = gl.expand_dims(c_idx, 0)
+    s_zero = gl.zeros([ROWS, BM], gl.float32, s_layout)
+    dq_zero = gl.zeros([BM, DH], gl.float32, acc_layout(DH))
+    k_half = k_smem.slice(WG * ROWS, ROWS, dim=0)
+    v_half = v_smem.slice(WG * ROWS, ROWS, dim=0)
+    k_cols = k_smem.slice(WG * DH, DH, dim=1)
+    dq_s = dq_smem.index(WG)
+    no_stat = gl.zeros([BM], gl.float32, col_l)
+    return stat_smem, rows2, c_idx, cols2, s_zero, dq_zero, k_half, v_half, k_cols, dq_s, no_stat
+
+
+@gluon.jit
 def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, STATS: gl.constexpr, WINDOW: gl.constexpr,
@@ -198,26 +226,12 @@ def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, B
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
      used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args[0:31]  # fmt: skip
-    stat_smem = dq_smem  # unused unless STATS == "smem"
-    if STATS == "smem":
-        stat_smem = args[31]
     ROWS: gl.constexpr = BN // 2
     DH: gl.constexpr = D // 2
-    s_layout: gl.constexpr = acc_layout(BM)
     kv_layout: gl.constexpr = acc_layout(D)
-    dq_layout: gl.constexpr = acc_layout(DH)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    col_l: gl.constexpr = gl.SliceLayout(0, s_layout)
-    rows2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, s_layout)), 1)
-    c_idx = gl.arange(0, BM, col_l)
-    cols2 = gl.expand_dims(c_idx, 0)
-    s_zero = gl.zeros([ROWS, BM], gl.float32, s_layout)
-    dq_zero = gl.zeros([BM, DH], gl.float32, dq_layout)
-    k_half = k_smem.slice(WG * ROWS, ROWS, dim=0)
-    v_half = v_smem.slice(WG * ROWS, ROWS, dim=0)
-    k_cols = k_smem.slice(WG * DH, DH, dim=1)
-    dq_s = dq_smem.index(WG)
-    no_stat = gl.zeros([BM], gl.float32, col_l)
+    (stat_smem, rows2, c_idx, cols2, s_zero, dq_zero, k_half, v_half, k_cols, dq_s,
+     no_stat) = _consumer_operands(args, WG, D, BM, BN, STATS)  # fmt: skip
 
     it = 0
     kc = 0
@@ -335,26 +349,12 @@ def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
      used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args[0:31]  # fmt: skip
-    stat_smem = dq_smem  # unused unless STATS == "smem"
-    if STATS == "smem":
-        stat_smem = args[31]
     ROWS: gl.constexpr = BN // 2
     DH: gl.constexpr = D // 2
-    s_layout: gl.constexpr = acc_layout(BM)
     kv_layout: gl.constexpr = acc_layout(D)
-    dq_layout: gl.constexpr = acc_layout(DH)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    col_l: gl.constexpr = gl.SliceLayout(0, s_layout)
-    rows2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, s_layout)), 1)
-    c_idx = gl.arange(0, BM, col_l)
-    cols2 = gl.expand_dims(c_idx, 0)
-    s_zero = gl.zeros([ROWS, BM], gl.float32, s_layout)
-    dq_zero = gl.zeros([BM, DH], gl.float32, dq_layout)
-    k_half = k_smem.slice(WG * ROWS, ROWS, dim=0)
-    v_half = v_smem.slice(WG * ROWS, ROWS, dim=0)
-    k_cols = k_smem.slice(WG * DH, DH, dim=1)
-    dq_s = dq_smem.index(WG)
-    no_stat = gl.zeros([BM], gl.float32, col_l)
+    (stat_smem, rows2, c_idx, cols2, s_zero, dq_zero, k_half, v_half, k_cols, dq_s,
+     no_stat) = _consumer_operands(args, WG, D, BM, BN, STATS)  # fmt: skip
 
     it = 0
     kc = 0
