@@ -216,3 +216,18 @@ def count_calls(monkeypatch, module, name: str) -> list[int]:
 
     monkeypatch.setattr(module, name, spy)
     return calls
+
+
+TILE = 128  # the Gluon kernels' query / key tile
+# local windows (bottom-right, FA4's window_size) for both Gluon kernels' GPU tests: band edges
+# inside and across tiles, one-sided, empty bands for some rows (Lq > Lk with a right side of 0),
+# every row's band outside its sequence
+WINDOWED = [
+    Case(lq=(1000, TILE + 1, 1, 0), lk=(1000, TILE - 1, 300, 7), heads=4, kv_heads=2, d=128, window=(64, 32)),
+    Case(lq=(700, 2 * TILE + 1), lk=(300, 2 * TILE + 1), heads=4, kv_heads=4, d=128, window=(200, 0)),
+    Case(
+        lq=(TILE + 1, 900), lk=(2049, 900), heads=4, kv_heads=1, d=64, window=(None, 100), dtype=torch.float16
+    ),  # fmt: skip
+    Case(lq=(600,), lk=(600,), heads=2, kv_heads=2, d=128, window=(0, 0)),
+    Case(lq=(1024,) * 2, lk=(1024,) * 2, heads=4, kv_heads=2, d=128, dense=True, window=(256, 256)),
+]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fa4_testlib import Case, count_calls, jagged_case, run_case
+from fa4_testlib import WINDOWED, Case, count_calls, jagged_case, run_case
 
 from ads_kernel_tools.reference.attention import softmax_attention_varlen_ref
 from ads_kernel_tools.testing import lengths_to_offsets, randn
@@ -141,14 +141,6 @@ DENSE = [
 
 
 STATS = ["regs", "smem"]  # LP_FA4_BWD_STATS: where the consumers get LSE and delta
-# local windows (bottom-right): band edges inside and across 128-key tiles, one-sided, empty bands
-WINDOWED = [
-    Case(lq=(1000, T + 1, 1, 0), lk=(1000, T - 1, 300, 7), heads=4, kv_heads=2, d=128, window=(64, 32)),
-    Case(lq=(700, 2 * T + 1), lk=(300, 2 * T + 1), heads=4, kv_heads=4, d=128, window=(200, 0)),
-    Case(lq=(T + 1, 900), lk=(2049, 900), heads=4, kv_heads=1, d=64, window=(None, 100), dtype=torch.float16),
-    Case(lq=(600,), lk=(600,), heads=2, kv_heads=2, d=128, window=(0, 0)),
-    Case(lq=(1024,) * 2, lk=(1024,) * 2, heads=4, kv_heads=2, d=128, dense=True, window=(256, 256)),
-]
 
 
 @pytest.mark.gpu

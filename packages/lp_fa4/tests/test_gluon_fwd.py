@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fa4_testlib import Case, compare_lse, count_calls, jagged_case, run_case
+from fa4_testlib import WINDOWED, Case, compare_lse, count_calls, jagged_case, run_case
 
 from ads_kernel_tools.compile_check import ptx_counts_batch
 from ads_kernel_tools.reference.attention import softmax_attention_varlen_ref
@@ -178,15 +178,6 @@ VARLEN = [
     Case(lq=(T - 1, 2049, 3), heads=6, kv_heads=3, d=64, dtype=torch.float16),
     Case(lq=(1500, T + 1), lk=(1000, T + 2), heads=4, kv_heads=2, d=128, causal=True, dtype=torch.float16),
     Case(lq=(513, 64), heads=2, kv_heads=2, d=128, causal=True, scale=0.3),
-]
-# local windows (bottom-right, FA4's window_size): band edges inside a tile, across tiles, one-sided,
-# empty bands for some rows (Lq > Lk with a right side of 0), every row's band outside its sequence
-WINDOWED = [
-    Case(lq=(1000, T + 1, 1, 0), lk=(1000, T - 1, 300, 7), heads=4, kv_heads=2, d=128, window=(64, 32)),
-    Case(lq=(700, 2 * T + 1), lk=(300, 2 * T + 1), heads=4, kv_heads=4, d=128, window=(200, 0)),
-    Case(lq=(T + 1, 900), lk=(2049, 900), heads=4, kv_heads=1, d=64, window=(None, 100), dtype=torch.float16),
-    Case(lq=(600,), lk=(600,), heads=2, kv_heads=2, d=128, window=(0, 0)),
-    Case(lq=(1024,) * 2, lk=(1024,) * 2, heads=4, kv_heads=2, d=128, dense=True, window=(256, 256)),
 ]
 DENSE = [
     Case(lq=(1024,) * 2, lk=(1024,) * 2, heads=4, kv_heads=4, d=128, dense=True),
