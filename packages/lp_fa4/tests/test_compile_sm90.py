@@ -137,7 +137,7 @@ GLUON_BWD_JOBS = {
     "d64-causal-seqused-fp16-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2),
     "d128-causal-seqused-fp16-pipe3": dict(d=128, causal=True, used=True, fp16=True, pipe=3),
     "d64-pipe3": dict(d=64, pipe=3),
-    # windows (LP_FA4_BWD_WINDOWS=1, opt-in): local (bottom-right) and jagged top-left bands
+    # windows (the default unless LP_FA4_BWD_WINDOWS=0): local (bottom-right) and jagged top-left bands
     "d128-window": dict(d=128, window=True),
     "d128-window-top-left-seqused-fp16": dict(d=128, window=True, top_left=True, used=True, fp16=True),
     "d64-window-top-left": dict(d=64, window=True, top_left=True),

@@ -38,12 +38,7 @@ def _tensors(device, d=128, dv=None, dtype=torch.bfloat16, heads=4, kv_heads=2):
     [
         (dict(deterministic=True), "deterministic"),
         (dict(pb=dict(softcap=5.0)), "softcap"),
-        (dict(pb=dict(top_left=True, win_left=16, win_right=16)), "jagged top-left window"),
-        (dict(pb=dict(top_left=True, win_left=BIG, win_right=0)), "jagged top-left window"),
         (dict(pb=dict(broadcast_q=True)), "jagged broadcast_q"),
-        (dict(pb=dict(win_left=16)), "local window"),
-        (dict(pb=dict(win_left=16, win_right=0)), "local window"),
-        (dict(pb=dict(win_right=16)), "local window"),
         (dict(pb=dict(scale=-1.0)), "softmax_scale"),
         (dict(t=dict(d=96)), "head dims"),
         (dict(t=dict(d=256)), "head dims"),
@@ -71,12 +66,13 @@ def test_predicate_sends_the_rest_to_triton(change, reason, device):
      dict(top_left=True, win_left=BIG, win_right=0)],
     ids=str,
 )  # fmt: skip
-def test_predicate_takes_windows_when_opted_in(pb, device, monkeypatch):
-    """LP_FA4_BWD_WINDOWS=1: local and top-left windows pass the score checks (and go to Gluon on an
-    sm_90 GPU); without it they keep the Triton backward."""
+def test_predicate_takes_windows_unless_opted_out(pb, device, monkeypatch):
+    """Local and top-left windows pass the score checks by default (and go to Gluon on an sm_90 GPU);
+    LP_FA4_BWD_WINDOWS=0 keeps them on the Triton backward."""
     do, q, k, v = _tensors(device)
+    monkeypatch.setenv("LP_FA4_BWD_WINDOWS", "0")
     assert "window" in bwd_dispatch.why_not(do, q, k, v, _pb(**pb), False)
-    monkeypatch.setenv("LP_FA4_BWD_WINDOWS", "1")
+    monkeypatch.delenv("LP_FA4_BWD_WINDOWS")
     got = bwd_dispatch.why_not(do, q, k, v, _pb(**pb), False)
     on_h = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     assert got is None if on_h and not bwd_dispatch.cfg.interpreter_active() else got in (
@@ -231,8 +227,8 @@ def test_gluon_bwd_seqused_and_poisoned_buffers(causal, stats, device, gluon_bwd
 @pytest.mark.sm90
 @pytest.mark.parametrize("case", WINDOWED, ids=lambda c: c.id)
 def test_gluon_bwd_windows_match_reference(case, device, gluon_bwd_calls, monkeypatch):
-    """LP_FA4_BWD_WINDOWS=1: local windows through the Gluon backward, against the fp32 reference."""
-    monkeypatch.setenv("LP_FA4_BWD_WINDOWS", "1")
+    """Local windows through the Gluon backward (the default), against the fp32 reference."""
+    monkeypatch.delenv("LP_FA4_BWD_WINDOWS", raising=False)
     run_case(case, device)
     assert gluon_bwd_calls, "the Gluon backward did not run"
 
@@ -241,9 +237,9 @@ def test_gluon_bwd_windows_match_reference(case, device, gluon_bwd_calls, monkey
 @pytest.mark.sm90
 @pytest.mark.parametrize("window", [0, 5, 32, 256])
 def test_gluon_bwd_jagged_top_left_windows(window, device, gluon_bwd_calls, monkeypatch):
-    """LP_FA4_BWD_WINDOWS=1: jagged_attention's top-left band |i - j| <= W through the Gluon
-    backward: cross attention with Lq != Lk, an empty kv sequence, rows past max_seqlen_q, GQA."""
-    monkeypatch.setenv("LP_FA4_BWD_WINDOWS", "1")
+    """jagged_attention's top-left band |i - j| <= W through the Gluon backward (the default): cross
+    attention with Lq != Lk, an empty kv sequence, rows past max_seqlen_q, GQA."""
+    monkeypatch.delenv("LP_FA4_BWD_WINDOWS", raising=False)
     jagged_case((T + 1, 0, 7, 700, 300), (2 * T + 3, 5, 0, 40, 300), max_q=512, window=window, heads=4,
                 kv_heads=2, d=128, device=device)  # fmt: skip
     assert gluon_bwd_calls, "the Gluon backward did not run"

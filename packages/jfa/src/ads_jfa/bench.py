@@ -6,8 +6,7 @@ and PMA (Lq = 32 and 128 learned queries over the B sequences). FLOPs = 2·H·(D
 counted exactly per sequence (a window counts only its band), x2.5 backward, for every provider, so
 padded peers are credited with useful work only.
 
-Providers: ours (``jagged_flash_attention``; on windowed rows also ours[bwd-windows], lp-fa4's
-opt-in Gluon backward for windows, ``LP_FA4_BWD_WINDOWS=1``), FA4-CuTe varlen when
+Providers: ours (``jagged_flash_attention``), FA4-CuTe varlen when
 ``flash_attn.cute`` imports (PMA: the queries repeated per sequence, as a user of it has to; windows
 only for self attention, where its bottom-right local window equals our top-left band), cuDNN
 through torch SDPA on zero-padded (B, H, max, D) tensors with a boolean key-padding / band mask, and
@@ -124,12 +123,6 @@ class Bench:
             return (out, ls) if grad else out
 
         self.fwd_bwd(op, "ours", shape, ours, flop)
-        if window is not None:
-            from ads_kernel_tools.bench.cli import env as cli_env
-
-            # lp-fa4's opt-in Gluon backward for windows, beside the default (Triton) one
-            with cli_env(LP_FA4_BWD_WINDOWS="1"):
-                self.fwd_bwd(op, "ours[bwd-windows]", shape, ours, flop)
         fa4 = peers.fa4_varlen()
         if fa4 is not None and (window is None or kind == "self"):
             qf = q.repeat(B, 1, 1) if bq else q

@@ -24,10 +24,10 @@ Env:
         computes its Pᵀ/dSᵀ before the loop turns (spills with ``LP_FA4_BWD_STATS=regs``); ``3`` keeps
         ``0``'s order and issues the next Sᵀ behind dQ, staging dQ under it. 1 and 2: 1-7 % slower
         than ``0`` on the H200 (BENCHMARKS.md "Backward (Gluon)"); all opt-in.
-    LP_FA4_BWD_WINDOWS=1  the Gluon Hopper backward also takes windows: FA4's local windows and
-        ``jagged_attention``'s top-left band (query tiles outside a kv tile's band skipped, edge
-        tiles masked). Opt-in: built and checked offline (no spills, asynchronous wgmma), not yet run
-        on a GPU; windowed backwards otherwise run the Triton kernels.
+    LP_FA4_BWD_WINDOWS=1|0  whether the Gluon Hopper backward also takes windows: FA4's local windows
+        and ``jagged_attention``'s top-left band (query tiles outside a kv tile's band skipped, edge
+        tiles masked). Default 1: 1.66-1.73x the Triton backward at W = 256 on the H200
+        (BENCHMARKS.md); ``0`` sends windowed backwards to the Triton kernels.
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
         default: the hot path never syncs.
@@ -89,7 +89,7 @@ def bwd_pipe() -> int:
 
 
 def bwd_windows() -> bool:
-    return _flag("LP_FA4_BWD_WINDOWS")
+    return _flag("LP_FA4_BWD_WINDOWS", "1")
 
 
 def dq_mode(deterministic: bool) -> str:

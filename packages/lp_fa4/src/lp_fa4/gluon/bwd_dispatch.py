@@ -4,11 +4,11 @@ The Gluon Hopper backward (``bwd_sm90``) takes: bf16/fp16, head dims 64 and 128 
 MHA/GQA/MQA, no mask or a bottom-right causal mask, dense and varlen (dense arrives as varlen),
 seqused_q/k, a gradient on the LSE (it only changes delta), a learnable sink (the kernel reads the
 forward's LSE, which holds the sink; dsink is computed outside), and ``jagged_attention`` without a
-window and without broadcast_q (its max_seqlen_q row cap included), and with ``LP_FA4_BWD_WINDOWS=1``
-(opt-in, not yet run on a GPU) local and top-left windows; on an sm_90 GPU with
+broadcast_q (its max_seqlen_q row cap included), and local and top-left windows (unless
+``LP_FA4_BWD_WINDOWS=0``); on an sm_90 GPU with
 ``LP_FA4_BACKEND=auto`` (the default). Everything else runs the portable Triton backward
 (``lp_fa4.triton.launch.bwd``): ``deterministic=True`` (the Gluon kernel adds dQ by fp32 atomics,
-so its bits depend on the order), softcap, local windows, top-left windows, broadcast_q, other head
+so its bits depend on the order), softcap, broadcast_q, other head
 dims, fp32, strided tensors, the interpreter. Both compute delta with the same Triton preprocess.
 """
 
@@ -54,7 +54,7 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: launch.Prob
     delta = preprocess(out, do, dlse)
     band = _band(pb)
     causal = band == "causal"
-    window = (pb.win_left, pb.win_right) if band == "window" else None  # LP_FA4_BWD_WINDOWS=1 only
+    window = (pb.win_left, pb.win_right) if band == "window" else None  # unless LP_FA4_BWD_WINDOWS=0
     dq, dk, dv = bwd_sm90.bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k,
                               pb.caps()[0], pb.scale, causal, window=window,
                               top_left=pb.top_left and window is not None)  # fmt: skip
