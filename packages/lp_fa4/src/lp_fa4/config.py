@@ -28,6 +28,11 @@ Env:
         and ``jagged_attention``'s top-left band (query tiles outside a kv tile's band skipped, edge
         tiles masked). Default 1: 1.66-1.73x the Triton backward at W = 256 on the H200
         (BENCHMARKS.md); ``0`` sends windowed backwards to the Triton kernels.
+    LP_FA4_BROADCAST_Q=auto|repeat|kernel  how a ``broadcast_q`` call (PMA) runs: ``auto`` (default)
+        repeats the queries per kv sequence where the Gluon Hopper kernels would take the repeated
+        call (bf16/fp16, D == Dv in {64, 128}, sm_90, not deterministic; ``lp_fa4.broadcast``) and
+        otherwise keeps the Triton kernels' in-place broadcast; ``repeat`` always repeats, ``kernel``
+        never.
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
         default: the hot path never syncs.
@@ -90,6 +95,13 @@ def bwd_pipe() -> int:
 
 def bwd_windows() -> bool:
     return _flag("LP_FA4_BWD_WINDOWS", "1")
+
+
+def broadcast_q() -> str:
+    mode = os.environ.get("LP_FA4_BROADCAST_Q", "auto").strip().lower()
+    if mode not in ("auto", "repeat", "kernel"):
+        raise ValueError(f"LP_FA4_BROADCAST_Q must be auto, repeat or kernel, got {mode!r}")
+    return mode
 
 
 def dq_mode(deterministic: bool) -> str:

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from . import _ops, fp8_bwd
+from . import _ops, broadcast, fp8_bwd
 from . import config as cfg
 from ._checks import (
     _check_fp8,
@@ -90,6 +90,11 @@ def _run(
     sources=None,
 ):
     _check_runnable(q3)
+    if broadcast_q and _plain(used_q, page_table, sink, softcap, descale):
+        n_b = cu_k.shape[0] - 1
+        if broadcast.repeats(q3, v, n_b, deterministic):
+            q3, cu_q, host_q = broadcast.repeat(q3, n_b)
+            broadcast_q = False
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
     zero_fill = zero_fill or sink is not None
     # FP8 tensors from quantize_fp8: gradients go to their bf16 sources (lp_fa4.fp8_bwd)
@@ -120,6 +125,11 @@ def _run(
         host_k,
         *(descale if descale is not None else (None, None, None)),
     )
+
+
+def _plain(used_q, page_table, sink, softcap, descale) -> bool:
+    """No option that keeps a call off the Gluon kernels whatever its queries (``lp_fa4.broadcast``)."""
+    return used_q is None and page_table is None and sink is None and softcap == 0 and descale is None
 
 
 def _sources(descale, q, k, v, shapes):
