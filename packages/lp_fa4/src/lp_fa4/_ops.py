@@ -297,10 +297,25 @@ torch.library.register_autograd("lp_fa4::fwd", _backward, setup_context=_setup_c
 _EagerAttention = eager_function("_EagerAttention", fwd_impl, _setup_context, _backward)
 
 
+def _needs_grad(inputs) -> bool:
+    """Whether autograd would record the call: grad mode on and a differentiable input (q, k, v,
+    the sink, the FP8 descales) that requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in inputs[:3] + (inputs[8],) + inputs[23:26]:  # a loop, not any(<genexpr>): every call
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
 def attention(*inputs) -> tuple[Tensor, Tensor]:
     """``lp_fa4::fwd`` with autograd, arguments as the op's: plain eager calls take
-    ``_EagerAttention``, everything else (compile, fake tensors, dispatch modes) the custom op."""
+    ``_EagerAttention`` (or, when autograd records nothing, ``fwd_impl`` itself: the Function's
+    apply costs host time and adds nothing then), everything else (compile, fake tensors,
+    dispatch modes) the custom op."""
     if _plain_eager(inputs[:9]):
+        if not _needs_grad(inputs):
+            return fwd_impl(*inputs)
         return _EagerAttention.apply(*inputs)
     return torch.ops.lp_fa4.fwd(*inputs)
 

@@ -27,14 +27,10 @@ from ._checks import (
     _scale,
     _score_options,
 )
+from .gluon.dispatch import dense_offsets
 from .triton.launch import BIG
 
 Tensor = torch.Tensor
-
-
-@functools.lru_cache(maxsize=32)
-def _dense_offsets_cached(n_b: int, s: int, device: str) -> Tensor:
-    return torch.arange(0, n_b + 1, dtype=torch.int32, device=device) * s
 
 
 def _dense_offsets(n_b: int, s: int, device) -> Tensor:
@@ -42,7 +38,7 @@ def _dense_offsets(n_b: int, s: int, device) -> Tensor:
         return torch.arange(0, n_b + 1, dtype=torch.int64, device=device) * s
     if torch.compiler.is_compiling():
         return torch.arange(0, n_b + 1, dtype=torch.int32, device=device) * s
-    return _dense_offsets_cached(n_b, s, str(device))
+    return dense_offsets(n_b, s, device)  # cached, and trusted by the Gluon forward (no clamp)
 
 
 def _host_copy(name: str, host, entries: int) -> Tensor | None:

@@ -108,22 +108,43 @@ def kv_cols(cu_k: torch.Tensor) -> torch.Tensor:
 
 
 def v_kmajor_relabel(
-    v: torch.Tensor, cu_k: torch.Tensor, relabel: bool = True, max_len: int | None = None
+    v: torch.Tensor,
+    cu_k: torch.Tensor,
+    relabel: bool = True,
+    max_len: int | None = None,
+    *,
+    starts: torch.Tensor | None = None,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(Tk, H_kv, D) fp8 V -> ((H_kv·D, width) copy with each sequence's keys in KEY_ORDER groups from
     a 32-aligned column, (B+1,) int32 those columns). No host sync: width is the bound
     Tk + 32·B rounded to 16, and the columns past the last sequence are zeroed. ``relabel=False``
     keeps each sequence's keys in their order (only the 32-aligned starts). ``max_len`` (a bound on
     the longest sequence, known on the host) spreads each sequence's keys over more programs, for
-    batches of few long sequences; without it one program walks each (sequence, column block)."""
+    batches of few long sequences; without it one program walks each (sequence, column block).
+
+    ``starts`` / ``width`` (opt-in, both or neither): the caller's ``kv_cols(cu_k)`` as an int32
+    device tensor and its last entry, known on the host (a dense batch of length L has starts
+    b·ceil(L/32)·32 from shapes alone). Then no columns lie past the last sequence and the copy
+    costs one launch (no column scan, no zero fill); the kernel writes where ``starts`` says, so
+    they must be exact and ``width`` a multiple of 16."""
     tk = v.shape[0]
     cols = v.shape[1] * v.shape[2]
     n_seq = cu_k.numel() - 1
-    width = max(triton.cdiv(tk + 32 * n_seq, 16) * 16, 16)
     cu = cu_k.to(torch.int32)
-    starts = kv_cols(cu)
-    dst = torch.empty(cols, width, dtype=torch.uint8, device=v.device)
-    dst[:, tk:].zero_()  # covers every column past the last sequence (its start is >= Tk)
+    if (starts is None) != (width is None):
+        raise ValueError("v_kmajor_relabel: pass starts and width together")
+    if starts is None:
+        width = max(triton.cdiv(tk + 32 * n_seq, 16) * 16, 16)
+        starts = kv_cols(cu)
+        dst = torch.empty(cols, width, dtype=torch.uint8, device=v.device)
+        dst[:, tk:].zero_()  # covers every column past the last sequence (its start is >= Tk)
+    else:
+        if width % 16 or width <= 0 or starts.dtype != torch.int32 or starts.numel() != n_seq + 1:
+            got = f"{starts.dtype} {tuple(starts.shape)}, {width}"
+            raise ValueError(f"v_kmajor_relabel: starts must be int32 ({n_seq + 1},) and width a "
+                             f"positive multiple of 16, got {got}")  # fmt: skip
+        dst = torch.empty(cols, width, dtype=torch.uint8, device=v.device)
     if n_seq > 0 and tk > 0:
         BR, BC = 64, 64
         src = v.reshape(tk, cols).view(torch.uint8)

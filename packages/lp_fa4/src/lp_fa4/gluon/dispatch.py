@@ -21,6 +21,41 @@ from ads_kernel_tools.capability import gluon_sm90_reason as device_reason
 from .. import config as cfg
 from ..triton import launch
 
+# (B, L, device) -> int32 offsets b·L of a dense batch; id -> (tensor, L) of the same tensors
+_DENSE: dict[tuple[int, int, str], torch.Tensor] = {}
+_DENSE_IDS: dict[int, tuple[torch.Tensor, int]] = {}
+_DENSE_MAX = 64
+
+
+def dense_offsets(n_b: int, s: int, device) -> torch.Tensor:
+    """int32 (B+1,) offsets b·s of a dense batch, cached per (B, s, device): a dense call builds
+    none on the device. Kernels may trust these without clamping (``dense_length``). Callers must
+    not write into them."""
+    key = (n_b, s, str(device))
+    t = _DENSE.get(key)
+    if t is None:
+        t = torch.arange(0, n_b + 1, dtype=torch.int32, device=device) * s
+        if t.is_cuda and torch.cuda.is_current_stream_capturing():
+            return t  # filled only when the graph replays: not for eager reuse
+        if len(_DENSE) >= _DENSE_MAX:  # forget the oldest; it is then clamped like any offsets
+            old = _DENSE.pop(next(iter(_DENSE)))
+            _DENSE_IDS.pop(id(old), None)
+        _DENSE[key] = t
+        _DENSE_IDS[id(t)] = (t, s)
+    return t
+
+
+def dense_length(cu: torch.Tensor | None, rows: int) -> int | None:
+    """L when ``cu`` is one of ``dense_offsets``' tensors, unmodified, whose B·L equals ``rows`` (so
+    every span lies inside a tensor of that many rows: no clamp needed), else None."""
+    entry = _DENSE_IDS.get(id(cu)) if cu is not None else None
+    if entry is None or entry[0] is not cu or (cu.shape[0] - 1) * entry[1] != rows:
+        return None
+    if not cu.is_inference() and cu._version != 0:  # inference tensors keep no version counter
+        return None
+    return entry[1]
+
+
 # input dtype -> output dtype of the Gluon forward
 _DTYPES = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float16, torch.float8_e4m3fn: torch.bfloat16}
 

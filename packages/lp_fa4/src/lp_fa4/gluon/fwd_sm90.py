@@ -13,8 +13,10 @@ Partitions of each persistent program (one per SM at most):
 Work items come from ``ads_kernel_tools.kernels.tile_list.schedule`` (only real tiles, heaviest
 sequence first); under ``CAUSAL`` a sequence's query tiles are walked from the last (the one with
 the most keys) to the first, so each program's list also runs longest first. Dense causal batches up
-to ``LPT_MAX_S`` take no list: their tiles are walked in groups of (batch, head) pairs whose K/V fit
-in L2, heaviest rank first across the group (``fwd``'s ``lpt``).
+to ``LPT_MAX_S``, and dense non-causal batches (all tiles equal), take no list: their tiles are walked
+in groups of (batch, head) pairs whose K/V fit in L2, heaviest rank first across the group (``fwd``'s
+``lpt``). The offsets of dense batches (``dispatch.dense_offsets``) are in range by construction and
+skip the clamp launch; a dense call then launches only the attention kernel (FP8: and V's copy).
 
 Semantics (the Triton forward's, ``lp_fa4.triton._fwd``, for the subset admitted by
 ``dispatch.supported``): query rows [0, rows) of sequence b are computed, with rows = min(Lq_b,
@@ -61,6 +63,8 @@ from ads_kernel_tools.kernels.gluon_hopper import (
 from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.tile_list import schedule
 from ads_kernel_tools.kernels.transpose import v_kmajor_relabel
+
+from .dispatch import dense_length, dense_offsets
 
 BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
 BLOCK_N = 128  # keys per step
@@ -555,9 +559,10 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
-    ``lpt`` (default: dense, causal and S <= ``LPT_MAX_S``): walk the dense batch's tiles in head
-    groups whose K/V fit in L2, heaviest tiles first in each group, instead of the sequence-major
-    tile list. A dense batch (``lse_dense``) has equal slots, so the order needs no list.
+    ``lpt`` (default: dense q, causal and S <= ``LPT_MAX_S``; or dense q and K (``dense_offsets``),
+    non-causal, no window, no seqused): walk the dense batch's tiles in head groups whose K/V fit in
+    L2, heaviest tiles first in each group, instead of the sequence-major tile list. A dense batch
+    (``lse_dense``) has equal slots, so the order needs no list.
 
     ``descale``: (q, k, v) contiguous fp32 (B, Hkv) for float8_e4m3fn q, k, v (out bf16); V is then
     read through a K-major copy made here, laid out as ``v_copy`` says (default ``FP8_V_COPY``):
@@ -576,7 +581,14 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     n_b = cu_q.shape[0] - 1
     if n_b <= 0 or h == 0 or max_q <= 0 or tq == 0:
         return
-    cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
+    # the dense batches' own offsets (dispatch.dense_offsets) are in range: only others are clamped
+    lq_dense, lk_dense = dense_length(cu_q, tq), dense_length(cu_k, tk)
+    if lq_dense is None and lk_dense is None:
+        cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
+    elif lq_dense is None:
+        cu_q = clamp_offsets(cu_q, tq)[0]
+    elif lk_dense is None:
+        cu_k = clamp_offsets(cu_k, tk)[0]
     gdt = _GL[q.dtype]
     fp8 = descale is not None
     BM, BN = BLOCK_M, BLOCK_N
@@ -597,8 +609,14 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
             raise ValueError(f"v_copy must be 'aligned' or 'relabel', got {v_copy!r}")
         relabel = v_copy == "relabel"
         # sequence b's keys from column vcol[b] (32-aligned) of the copy
-        cu_v = cu_k if tk > 0 else cu_k * 0
-        vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_v, relabel=relabel, max_len=max_k)
+        if lk_dense is not None and tk > 0:  # dense: the columns b·L32 from shapes, no zero fill
+            l32 = triton.cdiv(lk_dense, 32) * 32
+            starts = cu_k if l32 == lk_dense else dense_offsets(n_b, l32, q.device)
+            vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_k, relabel=relabel, max_len=lk_dense,
+                                        starts=starts, width=n_b * l32)  # fmt: skip
+        else:
+            cu_v = cu_k if tk > 0 else cu_k * 0
+            vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_v, relabel=relabel, max_len=max_k)
         v_desc = TensorDescriptor(vt, list(vt.shape), [vt.shape[1], 1], [d, BN], smem_layout(d, BN, gdt))
         qd, kd, vd = descale
     else:
@@ -607,7 +625,9 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         relabel = False
     m_tiles = triton.cdiv(max_q, BM)
     if lpt is None:
-        lpt = lse_dense and causal and tq // n_b <= LPT_MAX_S
+        # dense non-causal: every tile weighs the same, so any order balances and no list is built
+        even = not causal and window is None and lk_dense is not None and used_q is None and used_k is None
+        lpt = lse_dense and ((causal and tq // n_b <= LPT_MAX_S) or even)
     lpt = lpt and lse_dense
     if lpt:
         m_tiles = min(m_tiles, triton.cdiv(tq // n_b, BM))  # every slot has these tiles

@@ -1,0 +1,147 @@
+"""The forward's host path: what a call launches and builds per call, and that the shortcuts give the
+same results as the general path. Dense offsets are cached and trusted (no clamp launch), dense
+non-causal batches take no tile list, FP8 dense batches copy V in one launch, and a call that
+autograd does not record takes no autograd.Function."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ads_kernel_tools.kernels.transpose import kv_cols, v_kmajor_relabel
+from ads_kernel_tools.testing import lengths_to_offsets, randn
+from lp_fa4 import _ops, flash_attn_func
+from lp_fa4.gluon import dispatch
+
+E4M3 = torch.float8_e4m3fn
+
+
+def test_dense_offsets_are_cached_and_trusted_only_as_built(device):
+    """dense_offsets returns one tensor per (B, L, device) holding b·L; dense_length trusts exactly
+    that tensor, unmodified, and only for a tensor of B·L rows."""
+    cu = dispatch.dense_offsets(3, 40, device)
+    assert cu is dispatch.dense_offsets(3, 40, device)
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 40, 80, 120]
+    assert dispatch.dense_length(cu, 120) == 40
+    assert dispatch.dense_length(cu, 119) is None  # other rows: clamped like any offsets
+    assert dispatch.dense_length(cu.clone(), 120) is None  # equal values, not the built tensor
+    assert dispatch.dense_length(lengths_to_offsets([40] * 3, device=device), 120) is None
+    assert dispatch.dense_length(None, 0) is None
+    other = dispatch.dense_offsets(2, 7, device)
+    other.add_(0)  # an in-place write (even a no-op) bumps the version: no longer trusted
+    assert dispatch.dense_length(other, 14) is None
+
+
+def test_dense_offsets_cache_is_bounded(device, monkeypatch):
+    monkeypatch.setattr(dispatch, "_DENSE_MAX", 4)
+    monkeypatch.setattr(dispatch, "_DENSE", {})
+    monkeypatch.setattr(dispatch, "_DENSE_IDS", {})
+    first = dispatch.dense_offsets(1, 1, device)
+    for s in range(2, 10):
+        dispatch.dense_offsets(1, s, device)
+    assert len(dispatch._DENSE) == 4 and len(dispatch._DENSE_IDS) == 4
+    assert dispatch.dense_length(first, 1) is None  # evicted: clamped from then on
+
+
+@pytest.mark.parametrize("length", [64, 40, 1])
+@pytest.mark.parametrize("relabel", [False, True])
+def test_v_copy_with_given_starts_matches_the_general_copy(length, relabel, device):
+    """v_kmajor_relabel(starts=, width=) of a dense batch (starts b·ceil(L/32)·32, no zero fill)
+    holds the general copy's columns, gaps zero, and returns the starts it was given."""
+    n_b, hkv, d = 3, 2, 32
+    x = randn((n_b * length, hkv, d), dtype=torch.bfloat16, device=device, seed=3).to(E4M3)
+    cu = lengths_to_offsets([length] * n_b, device=device)
+    starts = kv_cols(cu)
+    width = int(starts[-1])
+    ref, ref_starts = v_kmajor_relabel(x, cu, relabel=relabel, max_len=length)
+    got, got_starts = v_kmajor_relabel(x, cu, relabel=relabel, max_len=length, starts=starts, width=width)
+    assert got_starts is starts and torch.equal(ref_starts, starts)
+    assert got.shape == (hkv * d, width)
+    assert torch.equal(got.view(torch.uint8), ref.view(torch.uint8)[:, :width])
+
+
+def test_v_copy_rejects_half_or_bad_starts(device):
+    x = torch.zeros(64, 1, 32, dtype=E4M3, device=device)
+    cu = lengths_to_offsets([32, 32], device=device)
+    with pytest.raises(ValueError, match="together"):
+        v_kmajor_relabel(x, cu, starts=cu)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        v_kmajor_relabel(x, cu, starts=cu, width=40)
+    with pytest.raises(ValueError, match="int32"):
+        v_kmajor_relabel(x, cu, starts=cu.long(), width=64)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_calls_autograd_does_not_record_skip_the_function(grad, device, monkeypatch):
+    """Without a gradient to record (no_grad, or no input requiring grad) a plain eager call runs
+    the op's implementation itself; with one it takes _EagerAttention and gets a graph."""
+    applied = []
+    real = _ops._EagerAttention
+
+    class Spy:
+        @staticmethod
+        def apply(*a):
+            applied.append(1)
+            return real.apply(*a)
+
+    monkeypatch.setattr(_ops, "_EagerAttention", Spy)
+    q, k, v = (randn((2, 33, 2, 32), dtype=torch.bfloat16, device=device, seed=i) for i in range(3))
+    out0, _ = flash_attn_func(q, k, v, causal=True)
+    with torch.no_grad():
+        out1, _ = flash_attn_func(q.requires_grad_(grad), k, v, causal=True)
+    assert not applied and out0.grad_fn is None and out1.grad_fn is None
+    out2, _ = flash_attn_func(q.requires_grad_(grad), k, v, causal=True)
+    assert bool(applied) == grad and (out2.grad_fn is not None) == grad
+    assert torch.equal(out0, out1) and torch.equal(out0, out2.detach())
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the dense shortcuts launch less and compute the same bits as the general path
+# ---------------------------------------------------------------------------------------------
+
+
+def _forbid(monkeypatch, module, name):
+    def boom(*a, **k):
+        raise AssertionError(f"{name} ran for a dense call")
+
+    monkeypatch.setattr(module, name, boom)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype,s", [(torch.bfloat16, 700), (E4M3, 300), (E4M3, 512)])
+def test_dense_call_launches_less_and_matches_the_general_path(dtype, s, causal, device, monkeypatch):
+    """flash_attn_func on a dense batch runs no clamp and no tile list (and, FP8, no column scan),
+    and gives bit for bit what fwd_sm90.fwd gives on untrusted copies of the same offsets with the
+    sorted tile list (non-causal) and the general V copy."""
+    from lp_fa4.bench import quantise_fp8
+    from lp_fa4.gluon import fwd_sm90
+
+    b, h, hkv, d = 3, 4, 2, 128
+    src = [
+        randn((b, s, n, d), dtype=torch.bfloat16, device=device, seed=60 + i)
+        for i, n in enumerate((h, hkv, hkv))
+    ]
+    kw = {}
+    if dtype == E4M3:
+        (q, qd), (k, kd), (v, vd) = (quantise_fp8(t, hkv) for t in src)
+        kw = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+    else:
+        q, k, v = src
+    with monkeypatch.context() as mp:
+        _forbid(mp, fwd_sm90, "clamp_offsets")
+        _forbid(mp, fwd_sm90, "schedule")
+        import ads_kernel_tools.kernels.transpose as tr
+
+        _forbid(mp, tr, "kv_cols")
+        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **kw)
+    cu = lengths_to_offsets([s] * b, device=device)
+    q3, k3, v3 = (t.reshape(b * s, *t.shape[2:]) for t in (q, k, v))
+    ref = torch.full(q3.shape, float("nan"), dtype=out.dtype, device=device)
+    ref_lse = torch.full((b, h, s), float("nan"), device=device)
+    descale = None if dtype != E4M3 else (kw["q_descale"], kw["k_descale"], kw["v_descale"])
+    fwd_sm90.fwd(q3, k3, v3, cu, cu.clone(), None, None, s, s, d**-0.5, causal, ref, ref_lse, True,
+                 lpt=None if causal else False, descale=descale)  # fmt: skip
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(out.reshape(ref.shape), ref) and torch.equal(lse, ref_lse)
