@@ -30,21 +30,18 @@ def repeats(q: torch.Tensor, v: torch.Tensor, n_b: int, deterministic: bool) -> 
         return False
     if mode == "repeat":
         return True
-    return not deterministic and _gluon_takes(q.dtype, int(q.shape[-1]), int(v.shape[-1]), q.device)
+    if deterministic or q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if q.shape[-1] not in (64, 128) or v.shape[-1] != q.shape[-1]:
+        return False
+    return _gluon_device(q.device)
 
 
 @torch.compiler.assume_constant_result
-def _gluon_takes(dtype: torch.dtype, d: int, dv: int, device: torch.device) -> bool:
-    """Whether the Gluon kernels take these dtypes and head dims on this device: a constant of the
-    configuration and the machine, so torch.compile evaluates it once instead of tracing it."""
-    if (
-        cfg.backend() != "auto"
-        or dtype not in (torch.bfloat16, torch.float16)
-        or d not in (64, 128)
-        or dv != d
-    ):
-        return False
-    return gluon_sm90_reason(torch.empty(0, device=device)) is None
+def _gluon_device(device: torch.device) -> bool:
+    """Whether the Gluon kernels run on this device with this configuration: a constant of the
+    machine and the environment, so torch.compile evaluates it once instead of tracing it."""
+    return cfg.backend() == "auto" and gluon_sm90_reason(torch.empty(0, device=device)) is None
 
 
 def repeat(q: torch.Tensor, n_b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
