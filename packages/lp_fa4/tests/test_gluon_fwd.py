@@ -138,6 +138,7 @@ JOBS = {
     "d64-causal-seqused-dense-fp16": dict(d=64, causal=True, used=True, dense=True, fp16=True),
     "d128-seqused-fp16": dict(d=128, used=True, fp16=True),
     "d128-causal-dense-lpt": dict(d=128, causal=True, dense=True, lpt=True),
+    "d128-dense-lpt": dict(d=128, dense=True, lpt=True),  # dense non-causal: the list's order, no list
     "d128-window": dict(d=128, window=True),
     "d64-window-top-left-seqused-fp16": dict(d=64, window=True, top_left=True, used=True, fp16=True),
 }

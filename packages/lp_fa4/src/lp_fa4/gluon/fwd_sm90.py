@@ -13,10 +13,11 @@ Partitions of each persistent program (one per SM at most):
 Work items come from ``ads_kernel_tools.kernels.tile_list.schedule`` (only real tiles, heaviest
 sequence first); under ``CAUSAL`` a sequence's query tiles are walked from the last (the one with
 the most keys) to the first, so each program's list also runs longest first. Dense causal batches up
-to ``LPT_MAX_S``, and dense non-causal batches (all tiles equal), take no list: their tiles are walked
-in groups of (batch, head) pairs whose K/V fit in L2, heaviest rank first across the group (``fwd``'s
-``lpt``). The offsets of dense batches (``dispatch.dense_offsets``) are in range by construction and
-skip the clamp launch; a dense call then launches only the attention kernel (FP8: and V's copy).
+to ``LPT_MAX_S`` take no list: their tiles are walked in groups of (batch, head) pairs whose K/V fit
+in L2, heaviest rank first across the group (``fwd``'s ``lpt``). Dense non-causal batches (all tiles
+equal) take no list either: the same walk with one pair per group is the list's order. The offsets
+of dense batches (``dispatch.dense_offsets``) are in range by construction and skip the clamp
+launch; a dense call then launches only the attention kernel (FP8: and V's copy).
 
 Semantics (the Triton forward's, ``lp_fa4.triton._fwd``, for the subset admitted by
 ``dispatch.supported``): query rows [0, rows) of sequence b are computed, with rows = min(Lq_b,
@@ -544,7 +545,8 @@ def stages_for(d: int, fp8: bool = False) -> tuple[int, int]:
 # lengths 100, 200, 300) stopped the H200 with an illegal instruction. In-order keys measured faster
 # than relabelled ones (787 against 739 TFLOP/s at B=4 S=4096 H=16 D=128, BENCHMARKS.md).
 FP8_V_COPY = "aligned"
-# The consumer warpgroups take turns issuing their GEMMs (``_take_turn``). Opt-in until measured.
+# The consumer warpgroups take turns issuing their GEMMs (``_take_turn``). Off: slower than free-running
+# consumers on the H200 for bf16 and FP8 at S = 8192 (BENCHMARKS.md, Experiments).
 PINGPONG = False
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
 # The LPT walk measured faster than the tile list for dense causal S = 2048 and 4096 and slower at
@@ -559,10 +561,12 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
-    ``lpt`` (default: dense q, causal and S <= ``LPT_MAX_S``; or dense q and K (``dense_offsets``),
-    non-causal, no window, no seqused): walk the dense batch's tiles in head groups whose K/V fit in
-    L2, heaviest tiles first in each group, instead of the sequence-major tile list. A dense batch
-    (``lse_dense``) has equal slots, so the order needs no list.
+    ``lpt`` (default: dense q, causal and S <= ``LPT_MAX_S``): walk the dense batch's tiles in head
+    groups whose K/V fit in L2, heaviest tiles first in each group, instead of the sequence-major
+    tile list. A dense batch (``lse_dense``) has equal slots, so the order needs no list. Left to
+    the default, a dense q and K (``dense_offsets``) without causal mask, window or seqused, whose
+    tiles all weigh the same, walk in the tile list's own order (groups of one (b, h) pair) without
+    building it: the list's sort and fill launch goes.
 
     ``descale``: (q, k, v) contiguous fp32 (B, Hkv) for float8_e4m3fn q, k, v (out bf16); V is then
     read through a K-major copy made here, laid out as ``v_copy`` says (default ``FP8_V_COPY``):
@@ -624,16 +628,17 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         qd = kd = vd = vcol = cu_q  # not read
         relabel = False
     m_tiles = triton.cdiv(max_q, BM)
+    even = False  # dense non-causal: the tile list's own order (one (b, h) pair after the other), no list
     if lpt is None:
-        # dense non-causal: every tile weighs the same, so any order balances and no list is built
-        even = not causal and window is None and lk_dense is not None and used_q is None and used_k is None
-        lpt = lse_dense and ((causal and tq // n_b <= LPT_MAX_S) or even)
+        even = lse_dense and not causal and window is None and lk_dense is not None and used_q is None
+        even = even and used_k is None
+        lpt = (lse_dense and causal and tq // n_b <= LPT_MAX_S) or even
     lpt = lpt and lse_dense
     if lpt:
         m_tiles = min(m_tiles, triton.cdiv(tq // n_b, BM))  # every slot has these tiles
         tiles = count = cu_q  # not read
         kv_bytes = 2 * (tk // n_b) * d * q.element_size() * hkv // h  # per (b, h) pair
-        hg = max(1, min(n_b * h, L2_GROUP_BYTES // max(kv_bytes, 1)))
+        hg = 1 if even else max(1, min(n_b * h, L2_GROUP_BYTES // max(kv_bytes, 1)))
     else:
         tiles, count = schedule(cu_q, cu_k, max_q, tile_q=True, block=BM, slots=m_tiles, heads=h)
         hg = 1
