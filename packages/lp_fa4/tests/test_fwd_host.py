@@ -95,6 +95,85 @@ def test_calls_autograd_does_not_record_skip_the_function(grad, device, monkeypa
     assert torch.equal(out0, out1) and torch.equal(out0, out2.detach())
 
 
+def _launch_args(monkeypatch, device, *, b, s, h, hkv, causal, trusted, fp8=False):
+    """fwd_sm90.fwd's host work with the attention launch recorded instead of run (any machine):
+    (positional args, keyword args, calls of clamp_offsets, calls of schedule, inputs)."""
+    from lp_fa4.gluon import fwd_sm90
+
+    rec, calls = {}, {"clamp": 0, "schedule": 0}
+
+    class Launch:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: rec.update(grid=grid, a=a, kw=kw)
+
+    def spy(name, fn):
+        def run(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+
+        return run
+
+    monkeypatch.setattr(fwd_sm90, "attn_fwd_ws", Launch())
+    monkeypatch.setattr(fwd_sm90, "clamp_offsets", spy("clamp", fwd_sm90.clamp_offsets))
+    monkeypatch.setattr(fwd_sm90, "schedule", spy("schedule", fwd_sm90.schedule))
+    d = 128
+    dt = E4M3 if fp8 else torch.bfloat16
+    q = randn((b * s, h, d), dtype=torch.bfloat16, device=device, seed=1).to(dt)
+    k = randn((b * s, hkv, d), dtype=torch.bfloat16, device=device, seed=2).to(dt)
+    v = randn((b * s, hkv, d), dtype=torch.bfloat16, device=device, seed=3).to(dt)
+    cu = dispatch.dense_offsets(b, s, device)
+    cu = cu if trusted else cu.clone()
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(b, h, s, device=device)
+    descale = tuple(torch.ones(b, hkv, device=device) for _ in range(3)) if fp8 else None
+    fwd_sm90.fwd(q, k, v, cu, cu, None, None, s, s, d**-0.5, causal, out, lse, True, descale=descale)
+    return rec["a"], rec["kw"], calls, (q, k, v, cu)
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_host_work(trusted, causal, device, monkeypatch):
+    """Trusted dense offsets: no clamp and no tile list; non-causal walks one (b, h) pair per group
+    (the list's order), causal L2-sized groups. Untrusted copies of the same offsets: clamped, and
+    non-causal builds the list."""
+    b, s, h, hkv = 3, 300, 4, 2
+    a, kw, calls, (_, _, _, cu) = _launch_args(
+        monkeypatch, device, b=b, s=s, h=h, hkv=hkv, causal=causal, trusted=trusted
+    )
+    assert calls["clamp"] == (0 if trusted else 1)
+    assert (a[10] is cu) == trusted  # cu_q reaches the kernel unclamped only when trusted
+    lpt = causal or trusted
+    assert kw["LPT"] == lpt and calls["schedule"] == (0 if lpt else 1)
+    if lpt:
+        assert a[20] == (1 if not causal else b * h)  # HG: these pairs' K/V fit in L2 together
+    assert a[22] == b * h * 3  # N_ITEMS: ceil(300 / 128) tiles per (b, h)
+
+
+@pytest.mark.parametrize("s", [256, 300])
+def test_fp8_dense_v_copy_columns(s, device, monkeypatch):
+    """FP8 dense: V's K-major copy starts sequence b at column b·ceil(L/32)·32 (the trusted offsets
+    themselves when L is a multiple of 32), no column past the last sequence, the general copy's
+    content."""
+    import ads_kernel_tools.kernels.transpose as tr
+
+    def no_scan(cu):
+        raise AssertionError("kv_cols ran for a dense FP8 call")
+
+    b, h, hkv = 3, 4, 2
+    with monkeypatch.context() as mp:
+        mp.setattr(tr, "kv_cols", no_scan)
+        a, kw, calls, (_, _, v, cu) = _launch_args(
+            monkeypatch, device, b=b, s=s, h=h, hkv=hkv, causal=False, trusted=True, fp8=True
+        )
+    l32 = -(-s // 32) * 32
+    vcol, v_desc = a[26], a[2]
+    assert vcol.tolist() == [i * l32 for i in range(b + 1)] and (vcol is cu) == (s == l32)
+    assert v_desc.shape == [hkv * 128, b * l32]
+    ref, _ = v_kmajor_relabel(v, lengths_to_offsets([s] * b, device=device), relabel=False, max_len=s)
+    assert torch.equal(v_desc.base.view(torch.uint8), ref.view(torch.uint8)[:, : b * l32])
+    assert calls["clamp"] == 0 and calls["schedule"] == 0 and kw["LPT"]
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: the dense shortcuts launch less and compute the same bits as the general path
 # ---------------------------------------------------------------------------------------------

@@ -614,10 +614,10 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         relabel = v_copy == "relabel"
         # sequence b's keys from column vcol[b] (32-aligned) of the copy
         if lk_dense is not None and tk > 0:  # dense: the columns b·L32 from shapes, no zero fill
-            l32 = triton.cdiv(lk_dense, 32) * 32
-            starts = cu_k if l32 == lk_dense else dense_offsets(n_b, l32, q.device)
+            l32, n_kv = triton.cdiv(lk_dense, 32) * 32, cu_k.shape[0] - 1
+            starts = cu_k if l32 == lk_dense else dense_offsets(n_kv, l32, q.device)
             vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_k, relabel=relabel, max_len=lk_dense,
-                                        starts=starts, width=n_b * l32)  # fmt: skip
+                                        starts=starts, width=n_kv * l32)  # fmt: skip
         else:
             cu_v = cu_k if tk > 0 else cu_k * 0
             vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_v, relabel=relabel, max_len=max_k)
