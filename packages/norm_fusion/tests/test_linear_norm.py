@@ -172,3 +172,36 @@ def test_weight_grads_are_deterministic() -> None:
     first = _run_ours("ln", d, 1e-5)[2]
     second = _run_ours("ln", d, 1e-5)[2]
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_norm_backward_tile_knobs(kind: str, monkeypatch) -> None:
+    """The norm-backward sweep knobs (config.norm_bwd_config): 2-row tiles, 6 rows per program (the
+    last program partial at M = 37), 2 warps, 2 stages still give every checked gradient."""
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_BLOCK_M", "2")
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_ROWS", "6")
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_WARPS", "2")
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_STAGES", "2")
+    case = Case(37, 48, 48 if DEVICE == "cpu" else 1024, norm_bias=kind == "ln")
+    eps = 1e-5 if kind == "ln" else 1e-6
+    d = inputs(case)
+    y, _, grads = _run_ours(kind, d, eps)
+    (ref, gref), (base, gbase) = ref_and_baseline(
+        lambda t, dt: linear_norm_torch(kind, t, dt, eps), d, GRAD_NAMES, case.dtype, grads=True
+    )
+    check(y, ref, base, "y")
+    assert set(grads) == set(gref)
+    for name, g in grads.items():
+        check(g, gref[name], gbase[name], f"d{name}")
+
+
+def test_norm_backward_tile_knobs_checked(monkeypatch) -> None:
+    from ads_norm_fusion.config import norm_bwd_config
+
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_BLOCK_M", "4")
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_ROWS", "6")
+    with pytest.raises(ValueError, match="power of two"):
+        norm_bwd_config(64, 48, 1)
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_ROWS", "8")
+    cfg = norm_bwd_config(64, 48, 1)
+    assert (cfg.block_m, cfg.rows_per_prog, cfg.block_n) == (4, 8, 64)

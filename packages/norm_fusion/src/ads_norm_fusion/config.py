@@ -14,7 +14,9 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/0, see ``gluon_forward``),
-``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``).
+``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
+``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES`` (the
+row-wise norm backward, see ``norm_bwd_config``).
 """
 
 from __future__ import annotations
@@ -219,18 +221,36 @@ class NormBwdConfig:
     block_n: int
     rows_per_prog: int
     num_warps: int
+    num_stages: int = 3  # Triton's default for a launch
 
 
 def norm_bwd_config(m: int, n: int, num_sms: int) -> NormBwdConfig | None:
     """Memory-bound row kernel: ~8K elements per register tile (a few whole rows), about eight
     programs per SM, each summing its rows' weight-gradient partials (fewer, longer programs keep
-    the partial-sum buffer small)."""
+    the partial-sum buffer small). H200 at 65536×1024: 334-348 µs against ~100 µs for its 384 MB
+    (BENCHMARKS.md, "Forward+backward breakdown"); the sweep knobs ``ADS_NORM_FUSION_BWD_BLOCK_M``
+    (rows per register tile, a power of two), ``ADS_NORM_FUSION_BWD_ROWS`` (rows per program, a
+    multiple of it), ``ADS_NORM_FUSION_BWD_WARPS`` and ``ADS_NORM_FUSION_BWD_STAGES`` override it."""
     if n > (_INTERP_NORM_BWD_MAX_N if interpreter_active() else NORM_BWD_MAX_N):
         return None
     block_n = _pow2_at_least(n)
     block_m = max(1, 8192 // block_n)
     if interpreter_active():
-        return NormBwdConfig(block_m=min(block_m, 8), block_n=block_n, rows_per_prog=32, num_warps=4)
-    rows = _pow2_at_least(max(block_m, -(-m // (8 * num_sms))))
-    rows = min(max(rows, block_m), 1024)
-    return NormBwdConfig(block_m, block_n, rows, 4 if block_m * block_n <= 4096 else 8)
+        cfg = NormBwdConfig(block_m=min(block_m, 8), block_n=block_n, rows_per_prog=32, num_warps=4)
+    else:
+        rows = _pow2_at_least(max(block_m, -(-m // (8 * num_sms))))
+        rows = min(max(rows, block_m), 1024)
+        cfg = NormBwdConfig(block_m, block_n, rows, 4 if block_m * block_n <= 4096 else 8)
+    block_m = _env_int("ADS_NORM_FUSION_BWD_BLOCK_M") or cfg.block_m
+    rows = _env_int("ADS_NORM_FUSION_BWD_ROWS") or cfg.rows_per_prog
+    if block_m & (block_m - 1) or rows % block_m:
+        raise ValueError(
+            f"norm backward tiles: BLOCK_M {block_m} must be a power of two dividing ROWS {rows}"
+        )
+    return NormBwdConfig(
+        block_m=block_m,
+        block_n=block_n,
+        rows_per_prog=rows,
+        num_warps=_env_int("ADS_NORM_FUSION_BWD_WARPS") or cfg.num_warps,
+        num_stages=_env_int("ADS_NORM_FUSION_BWD_STAGES") or cfg.num_stages,
+    )
