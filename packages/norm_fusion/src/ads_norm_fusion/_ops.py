@@ -33,10 +33,11 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ads_kernel_tools.dispatch import eager_function, plain_eager
 
-from .config import rms_backward_from_output
+from .config import norm_bwd_sums_kernel, rms_backward_from_output
 from .costs import gemm_flops
 from .triton.launch import (
     launch_norm_bwd,
+    launch_part_sums,
     launch_rms_gemm,
     launch_row_col_scale,
     launch_row_stat,
@@ -142,6 +143,18 @@ def _norm_bwd(
         dy, xhat, rstat, dz, gamma=weight, rms=rms, weight_grads=weight_grads, bias_grad=bias_grad
     )
     pdtype = weight.dtype if weight is not None else dy.dtype
+    if part is not None and norm_bwd_sums_kernel():
+        n = dy.shape[1]
+        dweight = dy.new_empty((n,) if weight_grads else _EMPTY, dtype=pdtype)
+        dnorm_bias = dy.new_empty((n,) if weight_grads and not rms else _EMPTY, dtype=pdtype)
+        dbias = dy.new_empty((n,) if bias_grad else _EMPTY)
+        launch_part_sums(
+            part,
+            dweight if weight_grads else None,
+            dnorm_bias if weight_grads and not rms else None,
+            dbias if bias_grad else None,
+        )
+        return dz, dweight, dnorm_bias, dbias
     dweight = _sums(part, 0, pdtype) if weight_grads else dy.new_empty(_EMPTY, dtype=pdtype)
     dnorm_bias = _sums(part, 1, pdtype) if weight_grads and not rms else dy.new_empty(_EMPTY, dtype=pdtype)
     dbias = _sums(part, 2, dy.dtype) if bias_grad else dy.new_empty(_EMPTY)

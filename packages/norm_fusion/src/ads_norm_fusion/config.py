@@ -16,7 +16,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/0, see ``gluon_forward``),
 ``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
 ``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES`` (the
-row-wise norm backward, see ``norm_bwd_config``).
+row-wise norm backward, see ``norm_bwd_config``), ``ADS_NORM_FUSION_BWD_SUMS`` (torch/kernel, see
+``norm_bwd_sums_kernel``).
 """
 
 from __future__ import annotations
@@ -209,6 +210,14 @@ def gluon_split(n: int) -> int:
     cuBLAS GEMM of their runs (split 2 loads half the bytes per FLOP; BENCHMARKS.md)."""
     split = int(_choice("ADS_NORM_FUSION_GLUON_SPLIT", "2", ("1", "2")))
     return split if n % (64 * split) == 0 else 1
+
+
+def norm_bwd_sums_kernel() -> bool:
+    """``ADS_NORM_FUSION_BWD_SUMS``: ``torch`` (default) turns the norm backward's partial sums into dγ,
+    dβ and the GEMM bias gradient with one reduction and one cast per output; ``kernel`` with one
+    Triton launch for all of them (fewer host-side ops: the H200's host spent ~175 µs on the six
+    at 8192×512, BENCHMARKS.md). Not yet timed on the GPU, hence not the default."""
+    return _choice("ADS_NORM_FUSION_BWD_SUMS", "torch", ("torch", "kernel")) == "kernel"
 
 
 NORM_BWD_MAX_N = 16384  # whole rows in registers; wider rows use the two-phase row-norm kernel

@@ -57,3 +57,34 @@ def norm_bwd_kernel(
         tl.store(part_row + part_plane, sum_g, mask=col_ok)
     if BIAS_GRAD:
         tl.store(part_row + 2 * part_plane, sum_dz, mask=col_ok)
+
+
+@triton.jit
+def part_sums_kernel(
+    PART, OUT0, OUT1, OUT2, P, N, part_plane,
+    DO0: tl.constexpr, DO1: tl.constexpr, DO2: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """OUTi[n] = Σ_p PART[i, p, n] for the planes asked for, in one launch instead of a reduction and a
+    cast per plane: fp32 sums over the P rows in a fixed order (deterministic), rounded once to OUTi's
+    dtype. One program per ``BLOCK_N`` columns."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    s0 = tl.zeros((BLOCK_N,), tl.float32)
+    s1 = tl.zeros((BLOCK_N,), tl.float32)
+    s2 = tl.zeros((BLOCK_N,), tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        rows = p0 + tl.arange(0, BLOCK_P)
+        mask = (rows < P)[:, None] & col_ok[None, :]
+        ptrs = PART + rows.to(tl.int64)[:, None] * N + cols[None, :]
+        if DO0:
+            s0 += tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=0)
+        if DO1:
+            s1 += tl.sum(tl.load(ptrs + part_plane, mask=mask, other=0.0), axis=0)
+        if DO2:
+            s2 += tl.sum(tl.load(ptrs + 2 * part_plane, mask=mask, other=0.0), axis=0)
+    if DO0:
+        tl.store(OUT0 + cols, s0.to(OUT0.dtype.element_ty), mask=col_ok)
+    if DO1:
+        tl.store(OUT1 + cols, s1.to(OUT1.dtype.element_ty), mask=col_ok)
+    if DO2:
+        tl.store(OUT2 + cols, s2.to(OUT2.dtype.element_ty), mask=col_ok)

@@ -24,7 +24,7 @@ from ..config import (
     rownorm_persistent,
 )
 from ..gluon import dispatch as gluon_dispatch
-from ._norm_bwd import norm_bwd_kernel
+from ._norm_bwd import norm_bwd_kernel, part_sums_kernel
 from ._rms_gemm import rms_gemm_kernel, row_stat_kernel, scaled_gemm_kernel
 from ._rownorm import rownorm_kernel, rownorm_persistent_kernel
 from ._scale import row_col_scale_kernel
@@ -316,4 +316,21 @@ def launch_row_col_scale(x: torch.Tensor, r: torch.Tensor, g: torch.Tensor | Non
     row_col_scale_kernel[grid](
         x, r, g if g is not None else x, out, m, k, x.stride(0), out.stride(0),
         HAS_G=g is not None, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4,
+    )  # fmt: skip
+
+
+def launch_part_sums(
+    part: torch.Tensor, out0: torch.Tensor | None, out1: torch.Tensor | None, out2: torch.Tensor | None
+) -> None:
+    """outi (N,) = part[i].sum(0) for each outi given, in one launch (``part_sums_kernel``); part is the
+    (3, P, N) fp32 partial-sum buffer of ``launch_norm_bwd``."""
+    _, p, n = part.shape
+    if n == 0:
+        return
+    block_n = 64 if part.device.type == "cuda" else 32
+    dummy = part
+    part_sums_kernel[(triton.cdiv(n, block_n),)](
+        part, out0 if out0 is not None else dummy, out1 if out1 is not None else dummy,
+        out2 if out2 is not None else dummy, p, n, p * n, DO0=out0 is not None, DO1=out1 is not None,
+        DO2=out2 is not None, BLOCK_P=32 if part.device.type == "cuda" else 8, BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
