@@ -174,14 +174,17 @@ def test_weight_grads_are_deterministic() -> None:
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
+@pytest.mark.parametrize("acc2d", ["0", "1"])
 @pytest.mark.parametrize("kind", ["ln", "rms"])
-def test_norm_backward_tile_knobs(kind: str, monkeypatch) -> None:
+def test_norm_backward_tile_knobs(kind: str, acc2d: str, monkeypatch) -> None:
     """The norm-backward sweep knobs (config.norm_bwd_config): 2-row tiles, 6 rows per program (the
-    last program partial at M = 37), 2 warps, 2 stages still give every checked gradient."""
+    last program partial at M = 37), 2 warps, 2 stages, with and without the per-row-of-tile
+    weight-gradient accumulators, still give every checked gradient."""
     monkeypatch.setenv("ADS_NORM_FUSION_BWD_BLOCK_M", "2")
     monkeypatch.setenv("ADS_NORM_FUSION_BWD_ROWS", "6")
     monkeypatch.setenv("ADS_NORM_FUSION_BWD_WARPS", "2")
     monkeypatch.setenv("ADS_NORM_FUSION_BWD_STAGES", "2")
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_ACC2D", acc2d)
     case = Case(37, 48, 48 if DEVICE == "cpu" else 1024, norm_bias=kind == "ln")
     eps = 1e-5 if kind == "ln" else 1e-6
     d = inputs(case)

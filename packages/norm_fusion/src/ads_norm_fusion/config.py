@@ -15,9 +15,9 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/0, see ``gluon_forward``),
 ``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
-``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES`` (the
-row-wise norm backward, see ``norm_bwd_config``), ``ADS_NORM_FUSION_BWD_SUMS`` (torch/kernel, see
-``norm_bwd_sums_kernel``).
+``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES``,
+``ADS_NORM_FUSION_BWD_ACC2D`` (the row-wise norm backward, see ``norm_bwd_config``),
+``ADS_NORM_FUSION_BWD_SUMS`` (torch/kernel, see ``norm_bwd_sums_kernel``).
 """
 
 from __future__ import annotations
@@ -231,6 +231,7 @@ class NormBwdConfig:
     rows_per_prog: int
     num_warps: int
     num_stages: int = 3  # Triton's default for a launch
+    acc_2d: bool = False  # column partials per tile row, reduced once per program (see _norm_bwd)
 
 
 def norm_bwd_config(m: int, n: int, num_sms: int) -> NormBwdConfig | None:
@@ -239,7 +240,9 @@ def norm_bwd_config(m: int, n: int, num_sms: int) -> NormBwdConfig | None:
     the partial-sum buffer small). H200 at 65536×1024: 334-348 µs against ~100 µs for its 384 MB
     (BENCHMARKS.md, "Forward+backward breakdown"); the sweep knobs ``ADS_NORM_FUSION_BWD_BLOCK_M``
     (rows per register tile, a power of two), ``ADS_NORM_FUSION_BWD_ROWS`` (rows per program, a
-    multiple of it), ``ADS_NORM_FUSION_BWD_WARPS`` and ``ADS_NORM_FUSION_BWD_STAGES`` override it."""
+    multiple of it), ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES`` and
+    ``ADS_NORM_FUSION_BWD_ACC2D=1`` (weight-gradient partials kept per tile row, reduced across rows
+    once per program instead of every tile) override it."""
     if n > (_INTERP_NORM_BWD_MAX_N if interpreter_active() else NORM_BWD_MAX_N):
         return None
     block_n = _pow2_at_least(n)
@@ -262,4 +265,5 @@ def norm_bwd_config(m: int, n: int, num_sms: int) -> NormBwdConfig | None:
         rows_per_prog=rows,
         num_warps=_env_int("ADS_NORM_FUSION_BWD_WARPS") or cfg.num_warps,
         num_stages=_env_int("ADS_NORM_FUSION_BWD_STAGES") or cfg.num_stages,
+        acc_2d=os.environ.get("ADS_NORM_FUSION_BWD_ACC2D", "0") == "1",
     )

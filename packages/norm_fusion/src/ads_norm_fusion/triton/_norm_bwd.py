@@ -17,7 +17,7 @@ import triton.language as tl
 def norm_bwd_kernel(
     DY, XHAT, RSTAT, GAMMA, DZ, PART, M, N, stride_dy, stride_x, stride_dz, part_plane,
     RMS: tl.constexpr, HAS_GAMMA: tl.constexpr, WEIGHT_GRADS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS_PER_PROG: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS_PER_PROG: tl.constexpr, ACC_2D: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -30,6 +30,11 @@ def norm_bwd_kernel(
     sum_gx = tl.zeros((BLOCK_N,), tl.float32)
     sum_g = tl.zeros((BLOCK_N,), tl.float32)
     sum_dz = tl.zeros((BLOCK_N,), tl.float32)
+    # ACC_2D: column partials kept per tile row and reduced across rows once after the loop, so the
+    # loop has no cross-warp reduction along the rows (a sweep option, more registers)
+    acc_gx = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_dz = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     row0 = pid.to(tl.int64) * ROWS_PER_PROG
     for r in range(0, ROWS_PER_PROG, BLOCK_M):
         rows = row0 + r + tl.arange(0, BLOCK_M)
@@ -46,11 +51,22 @@ def norm_bwd_kernel(
             mean_g = tl.sum(gh, axis=1) / nf
             dz = (gh - mean_g[:, None] - xh * mean_gx[:, None]) * rstat[:, None]
         tl.store(DZ + rows[:, None] * stride_dz + cols[None, :], dz.to(DZ.dtype.element_ty), mask=mask)
-        if WEIGHT_GRADS:
-            sum_gx += tl.sum(dy * xh, axis=0)
-            sum_g += tl.sum(dy, axis=0)
-        if BIAS_GRAD:
-            sum_dz += tl.sum(dz, axis=0)
+        if ACC_2D:
+            if WEIGHT_GRADS:
+                acc_gx += dy * xh
+                acc_g += dy
+            if BIAS_GRAD:
+                acc_dz += dz
+        else:
+            if WEIGHT_GRADS:
+                sum_gx += tl.sum(dy * xh, axis=0)
+                sum_g += tl.sum(dy, axis=0)
+            if BIAS_GRAD:
+                sum_dz += tl.sum(dz, axis=0)
+    if ACC_2D:
+        sum_gx = tl.sum(acc_gx, axis=0)
+        sum_g = tl.sum(acc_g, axis=0)
+        sum_dz = tl.sum(acc_dz, axis=0)
     part_row = PART + pid.to(tl.int64) * N + cols
     if WEIGHT_GRADS:
         tl.store(part_row, sum_gx, mask=col_ok)

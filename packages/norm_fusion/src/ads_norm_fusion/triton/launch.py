@@ -301,7 +301,7 @@ def launch_norm_bwd(
         m, n, dy.stride(0), xhat.stride(0), dz.stride(0), programs * n,
         RMS=rms, HAS_GAMMA=gamma is not None, WEIGHT_GRADS=weight_grads, BIAS_GRAD=bias_grad,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS_PER_PROG=cfg.rows_per_prog, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        ACC_2D=cfg.acc_2d, num_stages=cfg.num_stages,
     )  # fmt: skip
     return part
 
