@@ -50,9 +50,9 @@ def _run_ours(kind, d, eps):
     return y, stats, grads
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("kind", ["ln", "rms"])
-def test_linear_norm(case: Case, kind: str) -> None:
+def _checked_against_reference(case: Case, kind: str):
+    """Runs our op on fresh inputs and checks y and every gradient against the fp32 reference;
+    returns (case as run, inputs, eps, row statistics, gradients)."""
     if kind == "rms":
         case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
     eps = 1e-5 if kind == "ln" else 1e-6
@@ -65,6 +65,13 @@ def test_linear_norm(case: Case, kind: str) -> None:
     assert set(grads) == set(gref)
     for name, g in grads.items():
         check(g, gref[name], gbase[name], f"d{name}")
+    return case, d, eps, stats, grads
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_linear_norm(case: Case, kind: str) -> None:
+    case, d, eps, stats, grads = _checked_against_reference(case, kind)
     # statistics: fp32, per row, against the fp32 reference of z
     z = torch.nn.functional.linear(
         d["x"].float(), d["w"].float(), None if d["bias"] is None else d["bias"].float()
@@ -226,17 +233,6 @@ def test_norm_backward_sums_kernel(case: Case, kind: str, monkeypatch) -> None:
     monkeypatch.setenv("ADS_NORM_FUSION_BWD_SUMS", "kernel")
     if DEVICE == "cpu" and case.m > 100:
         pytest.skip("GPU shape")
-    if kind == "rms":
-        case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
-    eps = 1e-5 if kind == "ln" else 1e-6
-    d = inputs(case)
-    y, _, grads = _run_ours(kind, d, eps)
-    (ref, gref), (base, gbase) = ref_and_baseline(
-        lambda t, dt: linear_norm_torch(kind, t, dt, eps), d, GRAD_NAMES, case.dtype, grads=True
-    )
-    check(y, ref, base, "y")
-    assert set(grads) == set(gref)
-    for name, g in grads.items():
-        check(g, gref[name], gbase[name], f"d{name}")
+    _, d, eps, _, grads = _checked_against_reference(case, kind)
     again = _run_ours(kind, d, eps)[2]
     assert all(torch.equal(grads[k], again[k]) for k in grads)
