@@ -217,6 +217,26 @@ def test_norm_backward_tile_knobs_checked(monkeypatch) -> None:
     assert (cfg.block_m, cfg.rows_per_prog, cfg.block_n) == (4, 8, 64)
 
 
+def test_norm_backward_gpu_defaults(monkeypatch) -> None:
+    """The GPU tiles of the norm backward at the shapes they were timed at, and BLOCK_M alone giving
+    back the previous tiles (the other defaults follow it)."""
+    from ads_norm_fusion import config
+
+    monkeypatch.setattr(config, "interpreter_active", lambda: False)
+
+    def tiles(m, n):
+        c = config.norm_bwd_config(m, n, 132)
+        return c.block_m, c.block_n, c.rows_per_prog, c.num_warps, c.num_stages, c.acc_2d
+
+    assert tiles(65536, 1024) == (4, 1024, 64, 4, 3, False)
+    assert tiles(16384, 4096) == (4, 4096, 32, 8, 3, False)
+    assert tiles(1, 16384) == (1, 16384, 8, 8, 3, False)
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_BLOCK_M", "8")
+    assert tiles(65536, 1024) == (8, 1024, 64, 8, 3, False)
+    monkeypatch.setenv("ADS_NORM_FUSION_BWD_BLOCK_M", "2")
+    assert tiles(16384, 4096) == (2, 4096, 16, 8, 3, False)
+
+
 SUMS_CASES = [Case(37, 48, 48), Case(70, 32, 80, FP16), Case(33, 48, 32, bias=False)]  # 80: two-phase
 SUMS_GPU = [Case(4097, 384, 1024), Case(1000, 768, 768, FP16)]
 

@@ -235,26 +235,30 @@ class NormBwdConfig:
 
 
 def norm_bwd_config(m: int, n: int, num_sms: int) -> NormBwdConfig | None:
-    """Memory-bound row kernel: ~8K elements per register tile (a few whole rows), about eight
-    programs per SM, each summing its rows' weight-gradient partials (fewer, longer programs keep
-    the partial-sum buffer small). H200 at 65536×1024: 334-348 µs against ~100 µs for its 384 MB
-    (BENCHMARKS.md, "Forward+backward breakdown"); the sweep knobs ``ADS_NORM_FUSION_BWD_BLOCK_M``
-    (rows per register tile, a power of two), ``ADS_NORM_FUSION_BWD_ROWS`` (rows per program, a
-    multiple of it), ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES`` and
+    """Memory-bound row kernel: each program walks its rows four at a time (``BLOCK_M`` = 4 for
+    1024 <= N <= 4096; tiles of 4096 elements below, of 16384 above), 4 warps up to 4096 elements a
+    tile and 8 beyond, about eight programs per SM and at least eight tiles per program (fewer,
+    longer programs keep the weight-gradient partial-sum buffer small). H200, LayerNorm at
+    65536×1024 / 16384×4096: 112 / 128 µs against ~96 µs for the 403 MB it moves; the previous
+    8-row (2-row at N = 4096) tiles took 350 / 173 µs (BENCHMARKS.md, Experiments). The sweep knobs
+    ``ADS_NORM_FUSION_BWD_BLOCK_M`` (rows per register tile, a power of two; the other defaults follow
+    it, so ``8192 // BLOCK_N`` gives back the previous tiles), ``ADS_NORM_FUSION_BWD_ROWS`` (rows per
+    program, a multiple of it), ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES`` and
     ``ADS_NORM_FUSION_BWD_ACC2D=1`` (weight-gradient partials kept per tile row, reduced across rows
-    once per program instead of every tile) override it."""
+    once per program instead of every tile; slower with these tiles) override it."""
     if n > (_INTERP_NORM_BWD_MAX_N if interpreter_active() else NORM_BWD_MAX_N):
         return None
     block_n = _pow2_at_least(n)
-    block_m = max(1, 8192 // block_n)
     if interpreter_active():
-        cfg = NormBwdConfig(block_m=min(block_m, 8), block_n=block_n, rows_per_prog=32, num_warps=4)
+        block_m = _env_int("ADS_NORM_FUSION_BWD_BLOCK_M") or min(max(1, 8192 // block_n), 8)
+        rows, warps = 32, 4
     else:
+        block_m = max(1, min(max(4, 4096 // block_n), 16384 // block_n))
+        block_m = _env_int("ADS_NORM_FUSION_BWD_BLOCK_M") or block_m
         rows = _pow2_at_least(max(block_m, -(-m // (8 * num_sms))))
-        rows = min(max(rows, block_m), 1024)
-        cfg = NormBwdConfig(block_m, block_n, rows, 4 if block_m * block_n <= 4096 else 8)
-    block_m = _env_int("ADS_NORM_FUSION_BWD_BLOCK_M") or cfg.block_m
-    rows = _env_int("ADS_NORM_FUSION_BWD_ROWS") or cfg.rows_per_prog
+        rows = min(max(rows, 8 * block_m), max(1024, block_m))
+        warps = 4 if block_m * block_n <= 4096 else 8
+    rows = _env_int("ADS_NORM_FUSION_BWD_ROWS") or rows
     if block_m & (block_m - 1) or rows % block_m:
         raise ValueError(
             f"norm backward tiles: BLOCK_M {block_m} must be a power of two dividing ROWS {rows}"
@@ -263,7 +267,7 @@ def norm_bwd_config(m: int, n: int, num_sms: int) -> NormBwdConfig | None:
         block_m=block_m,
         block_n=block_n,
         rows_per_prog=rows,
-        num_warps=_env_int("ADS_NORM_FUSION_BWD_WARPS") or cfg.num_warps,
-        num_stages=_env_int("ADS_NORM_FUSION_BWD_STAGES") or cfg.num_stages,
+        num_warps=_env_int("ADS_NORM_FUSION_BWD_WARPS") or warps,
+        num_stages=_env_int("ADS_NORM_FUSION_BWD_STAGES") or 3,
         acc_2d=os.environ.get("ADS_NORM_FUSION_BWD_ACC2D", "0") == "1",
     )
