@@ -46,12 +46,14 @@ def test_gluon_sm90_reason(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setenv(cap.SM_OVERRIDE_ENV, "9.0")
     assert cap.gluon_sm90_reason(t) == "not an sm_90 GPU"
+    assert cap.gluon_sm90_reason(torch.device("cpu")) == "not an sm_90 GPU"  # a device alone
     if torch.cuda.is_available():
         g = torch.zeros(1, device="cuda")
         want = None if torch.cuda.get_device_capability() == (9, 0) else "not an sm_90 GPU"
         if want is None and not cap.gluon_importable():
             want = "triton.experimental.gluon missing"
         assert cap.gluon_sm90_reason(g) == want
+        assert cap.gluon_sm90_reason(g.device) == want
 
 
 def test_require_names_op_need_and_gpu(monkeypatch):

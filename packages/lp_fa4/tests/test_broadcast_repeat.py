@@ -67,6 +67,10 @@ def test_repeat_offsets_without_sync():
     rep, cu, host = broadcast.repeat(q, 4)
     assert rep.shape == (12, 1, 2) and torch.equal(rep[9:], q)
     assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 6, 9, 12] and host.tolist() == cu.tolist()
+    # the cached dense offsets, which the Gluon forward trusts without a clamp
+    from lp_fa4.gluon import dispatch
+
+    assert broadcast.repeat(q, 4)[1] is cu and dispatch.dense_length(cu, 12) == 3
 
 
 @pytest.mark.gpu

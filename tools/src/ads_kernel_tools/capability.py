@@ -105,15 +105,16 @@ def gluon_importable() -> bool:
     return importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
-def gluon_sm90_reason(t: torch.Tensor) -> str | None:
-    """None when tensor ``t``'s device can run a Gluon sm_90 (Hopper) kernel, else why not:
-    "interpreter" (``TRITON_INTERPRET=1``), "not an sm_90 GPU" (the real device's capability;
-    ``ADS_SM_OVERRIDE`` is not consulted, as a kernel would really be launched) or
+def gluon_sm90_reason(t: torch.Tensor | torch.device) -> str | None:
+    """None when tensor ``t``'s device (or the device ``t``) can run a Gluon sm_90 (Hopper) kernel,
+    else why not: "interpreter" (``TRITON_INTERPRET=1``), "not an sm_90 GPU" (the real device's
+    capability; ``ADS_SM_OVERRIDE`` is not consulted, as a kernel would really be launched) or
     "triton.experimental.gluon missing". The device checks every package's Gluon support predicate
     ends with."""
     if interpreter_active():
         return "interpreter"
-    if t.device.type != "cuda" or _cuda_capability(_device_index(t.device)) != (9, 0):
+    device = t if isinstance(t, torch.device) else t.device
+    if device.type != "cuda" or _cuda_capability(_device_index(device)) != (9, 0):
         return "not an sm_90 GPU"
     if not gluon_importable():
         return "triton.experimental.gluon missing"

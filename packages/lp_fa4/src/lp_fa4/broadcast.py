@@ -17,6 +17,7 @@ import torch
 from ads_kernel_tools.capability import gluon_sm90_reason
 
 from . import config as cfg
+from .gluon.dispatch import batch_offsets, tile_reason
 
 _INT32_MAX = 2**31 - 1
 
@@ -24,7 +25,8 @@ _INT32_MAX = 2**31 - 1
 def repeats(q: torch.Tensor, v: torch.Tensor, n_b: int, deterministic: bool) -> bool:
     """True when a broadcast_q call should repeat its queries (see the module docstring): ``repeat``
     always (while the offsets fit int32), ``kernel`` never, ``auto`` where the Gluon kernels take
-    the repeated call's dtype and head dims on this device and the call is not deterministic."""
+    the repeated call's dtype and head dims on this device (bf16/fp16: FP8 calls do not come here)
+    and the call is not deterministic."""
     mode = cfg.broadcast_q()
     if mode == "kernel" or n_b * q.shape[0] > _INT32_MAX:
         return False
@@ -32,7 +34,7 @@ def repeats(q: torch.Tensor, v: torch.Tensor, n_b: int, deterministic: bool) -> 
         return True
     if deterministic or q.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if q.shape[-1] not in (64, 128) or v.shape[-1] != q.shape[-1]:
+    if tile_reason(q.dtype, q.shape[-1], v) is not None:
         return False
     return _gluon_device(q.device)
 
@@ -41,13 +43,13 @@ def repeats(q: torch.Tensor, v: torch.Tensor, n_b: int, deterministic: bool) -> 
 def _gluon_device(device: torch.device) -> bool:
     """Whether the Gluon kernels run on this device with this configuration: a constant of the
     machine and the environment, so torch.compile evaluates it once instead of tracing it."""
-    return cfg.backend() == "auto" and gluon_sm90_reason(torch.empty(0, device=device)) is None
+    return cfg.backend() == "auto" and gluon_sm90_reason(device) is None
 
 
 def repeat(q: torch.Tensor, n_b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q repeated n_b times along rows, its int32 device offsets b·Lq, their int64 CPU copy).
-    Built from shapes only: no host sync."""
+    Built from shapes only: no host sync; the device offsets are the cached dense ones
+    (``gluon.dispatch.batch_offsets``) outside torch.compile."""
     lq = q.shape[0]
     host = torch.arange(n_b + 1, dtype=torch.int64) * lq
-    cu = torch.arange(n_b + 1, dtype=torch.int32, device=q.device) * lq
-    return q.repeat(n_b, 1, 1), cu, host
+    return q.repeat(n_b, 1, 1), batch_offsets(n_b, lq, q.device), host

@@ -27,18 +27,10 @@ from ._checks import (
     _scale,
     _score_options,
 )
-from .gluon.dispatch import dense_offsets
+from .gluon.dispatch import batch_offsets
 from .triton.launch import BIG
 
 Tensor = torch.Tensor
-
-
-def _dense_offsets(n_b: int, s: int, device) -> Tensor:
-    if n_b * s >= 2**31:
-        return torch.arange(0, n_b + 1, dtype=torch.int64, device=device) * s
-    if torch.compiler.is_compiling():
-        return torch.arange(0, n_b + 1, dtype=torch.int32, device=device) * s
-    return dense_offsets(n_b, s, device)  # cached, and trusted by the Gluon forward (no clamp)
 
 
 def _host_copy(name: str, host, entries: int) -> Tensor | None:
@@ -202,7 +194,7 @@ def flash_attn_func(
     wl, wr, scale, cap = _score_options(*scores, h, d, q.device)
     fp8 = (q_descale, k_descale, v_descale)
     descale = _check_fp8(q, k, v, *fp8, n_b, paged=False, sink=learnable_sink, softcap=cap, window=(wl, wr))
-    cu_q, cu_k = _dense_offsets(n_b, sq, q.device), _dense_offsets(n_b, sk, q.device)
+    cu_q, cu_k = batch_offsets(n_b, sq, q.device), batch_offsets(n_b, sk, q.device)
     q3 = q.reshape(n_b * sq, h, d)
     k3, v3 = k.reshape(n_b * sk, *k.shape[2:]), v.reshape(n_b * sk, *v.shape[2:])
     out, lse = _run(
@@ -319,7 +311,7 @@ def flash_attn_varlen_func(
         n_b, sq = q.shape[0], q.shape[1]
         if broadcast_q:
             raise ValueError("lp_fa4: broadcast_q needs 3-D q with cu_seqlens_q = [0, Lq]")
-        cu_q = _dense_offsets(n_b, sq, dev)
+        cu_q = batch_offsets(n_b, sq, dev)
         q3 = q.reshape(n_b * sq, h, d)
         max_q = sq
     else:
@@ -343,7 +335,7 @@ def flash_attn_varlen_func(
         if k.shape[0] != n_b and not broadcast_q:
             raise ValueError(f"lp_fa4: q has {n_b} sequences but dense k has batch {k.shape[0]}")
         n_b = k.shape[0] if broadcast_q else n_b
-        cu_k = _dense_offsets(k.shape[0], k.shape[1], dev)
+        cu_k = batch_offsets(k.shape[0], k.shape[1], dev)
         k3, v3 = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
         max_k = k.shape[1]
     else:

@@ -185,6 +185,24 @@ def stage_for_tma(smem, values):
 
 
 @gluon.jit
+def _share_ds_half(
+    pt, dst, q_s, ds_smem, db, dph, ds_full, ds_free, WG: gl.constexpr, P_LAYOUT: gl.constexpr
+):
+    """The dSᵀ exchange's first half, common to ``bwd_grad_step`` and ``bwd_grad_issue``: once both
+    warpgroups freed buffer ``db``, write this warpgroup's dSᵀ half into it and announce it; returns
+    (that half in shared memory, Pᵀ as the dV GEMM's register operand)."""
+    R: gl.constexpr = pt.shape[0]
+    mbarrier.wait(ds_free.index(db), dph ^ 1)
+    ds_half = ds_smem.index(db).slice(WG * R, R, dim=0)
+    ds_half.store(dst.to(q_s.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(ds_full.index(db), count=1)
+    p_op = gl.convert_layout(pt.to(q_s.dtype), P_LAYOUT)
+    return ds_half, p_op
+
+
+@gluon.jit
 def bwd_grad_step(
     pt,
     dst,
@@ -214,14 +232,7 @@ def bwd_grad_step(
     K, ``dq_zero`` its zero accumulator); then waits for the three GEMMs, releases the Q/dO stage
     (``qd_empty``) and the dSᵀ buffer. Returns (dv, dk, dq): dv, dk ready for the next step's
     asynchronous accumulation, dq the fp32 partial for the caller to reduce."""
-    R: gl.constexpr = pt.shape[0]
-    mbarrier.wait(ds_free.index(db), dph ^ 1)
-    ds_half = ds_smem.index(db).slice(WG * R, R, dim=0)
-    ds_half.store(dst.to(q_s.dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(ds_full.index(db), count=1)
-    p_op = gl.convert_layout(pt.to(q_s.dtype), P_LAYOUT)
+    ds_half, p_op = _share_ds_half(pt, dst, q_s, ds_smem, db, dph, ds_full, ds_free, WG, P_LAYOUT)
     dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
     dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
     mbarrier.wait(ds_full.index(db), dph)
@@ -262,14 +273,7 @@ def bwd_grad_issue(
     (``mbarrier.arrive`` on ``qd_empty`` and ``ds_free.index(db)``, one each), which this helper
     leaves to it. ``DK_LAST=False``: ``bwd_grad_step``'s order (dV, dK, then dQ after the exchange),
     waiting for dV and dK: dq comes back in flight instead (same duties for the caller)."""
-    R: gl.constexpr = pt.shape[0]
-    mbarrier.wait(ds_free.index(db), dph ^ 1)
-    ds_half = ds_smem.index(db).slice(WG * R, R, dim=0)
-    ds_half.store(dst.to(q_s.dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(ds_full.index(db), count=1)
-    p_op = gl.convert_layout(pt.to(q_s.dtype), P_LAYOUT)
+    ds_half, p_op = _share_ds_half(pt, dst, q_s, ds_smem, db, dph, ds_full, ds_free, WG, P_LAYOUT)
     dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
     if DK_LAST:
         mbarrier.wait(ds_full.index(db), dph)

@@ -19,7 +19,7 @@ import torch
 from .. import config as cfg
 from ..triton import launch
 from ..triton.launch_bwd import preprocess
-from .dispatch import _band, _packed, device_reason, score_reason
+from .dispatch import _band, _packed, device_reason, score_reason, tile_reason
 
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -33,11 +33,12 @@ def why_not(do, q, k, v, pb: launch.Problem, deterministic: bool) -> str | None:
         return "deterministic"
     if (reason := score_reason(pb, windows=cfg.bwd_windows())) is not None:
         return reason
-    if q.dtype not in _DTYPES or any(t.dtype != q.dtype for t in (k, v, do)):
+    if q.dtype not in _DTYPES or any(t.dtype != q.dtype for t in (k, do)):
         return f"dtype {q.dtype}"
-    d = q.shape[-1]
-    if d not in (64, 128) or k.shape[-1] != d or v.shape[-1] != d:
-        return f"head dims {d}/{v.shape[-1]}"
+    if k.shape[-1] != q.shape[-1]:
+        return f"head dims {q.shape[-1]}/{k.shape[-1]}"
+    if (reason := tile_reason(q.dtype, q.shape[-1], v)) is not None:
+        return reason
     if not all(_packed(t) for t in (q, k, v, do)) or do.shape != q.shape:
         return "strided or unaligned tensors"
     return device_reason(q)

@@ -45,6 +45,17 @@ def dense_offsets(n_b: int, s: int, device) -> torch.Tensor:
     return t
 
 
+def batch_offsets(n_b: int, s: int, device) -> torch.Tensor:
+    """(B+1,) offsets b·s of a batch of B equal-length sequences, for any caller: ``dense_offsets``'
+    cached int32 tensor where it can be (trusted by the Gluon forward), a fresh one while
+    torch.compile traces (a cached tensor would become a graph constant), int64 past int32."""
+    if n_b * s >= 2**31:
+        return torch.arange(0, n_b + 1, dtype=torch.int64, device=device) * s
+    if torch.compiler.is_compiling():
+        return torch.arange(0, n_b + 1, dtype=torch.int32, device=device) * s
+    return dense_offsets(n_b, s, device)
+
+
 def dense_length(cu: torch.Tensor | None, rows: int) -> int | None:
     """L when ``cu`` is one of ``dense_offsets``' tensors, unmodified, whose B·L equals ``rows`` (so
     every span lies inside a tensor of that many rows: no clamp needed), else None."""
@@ -87,14 +98,23 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return "FP8 with a window"
     if pb.rows_cap < pb.max_q:
         return "jagged max_seqlen_q row cap"
-    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"dtype {q.dtype}"
-    d = q.shape[-1]
-    if d not in (64, 128) or k.shape[-1] != d or v.shape[-1] != d:
-        return f"head dims {d}/{v.shape[-1]}"
+    if k.dtype != q.dtype or k.shape[-1] != q.shape[-1]:
+        return f"k {k.dtype}, head dim {k.shape[-1]} unlike q's"
+    if (reason := tile_reason(q.dtype, q.shape[-1], v)) is not None:
+        return reason
     if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)) or out.dtype != _DTYPES[q.dtype]:
         return "strided or unaligned tensors"
     return device_reason(q)
+
+
+def tile_reason(dtype: torch.dtype, d: int, v: torch.Tensor) -> str | None:
+    """None when the Gluon forward's tiles take queries of ``dtype`` and head dim ``d`` with values
+    ``v`` (same dtype, D == Dv in {64, 128}), else which does not fit; shared with ``broadcast``."""
+    if dtype not in _DTYPES or v.dtype != dtype:
+        return f"dtype {dtype}"
+    if d not in (64, 128) or v.shape[-1] != d:
+        return f"head dims {d}/{v.shape[-1]}"
+    return None
 
 
 def score_reason(pb: launch.Problem, windows: bool = False) -> str | None:
