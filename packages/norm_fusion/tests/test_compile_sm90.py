@@ -9,7 +9,7 @@ from ads_kernel_tools.compile_check import ptx_counts_batch
 
 _ROWNORM_PTRS = ("A", "B", "BIAS", "GAMMA", "BETA", "AUX", "OUT", "XHAT")
 ROWNORM_TYPES = {p: "*bf16" for p in _ROWNORM_PTRS} | {
-    "STAT1": "*fp32", "STAT2": "*fp32", "PART": "*fp32", "eps": "fp32", "part_plane": "i32",
+    "STAT1": "*fp32", "STAT2": "*fp32", "PART": "*fp32", "XOFF": "*fp32", "eps": "fp32", "part_plane": "i32",
 }  # fmt: skip
 _FLAGS = dict(HAS_GEMM=True, B_TRANS=True, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=True, SAVE_XHAT=False,
               AUX_RAW=False, WEIGHT_GRADS=False, BIAS_GRAD=False, NUM_STAGES=4, BLOCK_K=64,
@@ -90,17 +90,26 @@ def _jobs() -> dict[str, dict]:
     jobs["ln_fwd_persistent"] = dict(
         module="ads_norm_fusion.triton._rownorm", kernel="rownorm_persistent_kernel",
         types={p: "*bf16" for p in ("A", "B", "BIAS", "GAMMA", "BETA", "OUT", "XHAT")}
-        | {"STAT1": "*fp32", "STAT2": "*fp32", "eps": "fp32"},
+        | {"STAT1": "*fp32", "STAT2": "*fp32", "XOFF": "*fp32", "eps": "fp32"},
         constexprs=dict(MODE=0, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=True, SAVE_XHAT=False, BLOCK_M=128,
                         BLOCK_N=256, BLOCK_K=64, NUM_PROGS=132, FLATTEN=True, SYNC_ASM=True),
         num_warps=8, num_stages=4,
     )  # fmt: skip
+    # the training forward: tiles staged in XHAT and kept there (config.save_prenorm)
+    jobs["ln_fwd_persistent_stage_xhat"] = dict(
+        jobs["ln_fwd_persistent"], constexprs=jobs["ln_fwd_persistent"]["constexprs"] | dict(STAGE_XHAT=True)
+    )
     jobs["norm_bwd"] = dict(
         module="ads_norm_fusion.triton._norm_bwd", kernel="norm_bwd_kernel",
         types={p: "*bf16" for p in ("DY", "XHAT", "GAMMA", "DZ")} | {"RSTAT": "*fp32", "PART": "*fp32"},
         constexprs=dict(RMS=False, HAS_GAMMA=True, WEIGHT_GRADS=True, BIAS_GRAD=True, BLOCK_M=8, BLOCK_N=1024,
                         ROWS_PER_PROG=64),
         num_warps=8,
+    )  # fmt: skip
+    # the backward of a saved pre-norm value, at config.norm_bwd_config's H200 tiles for N = 1024
+    jobs["norm_bwd_raw"] = dict(
+        jobs["norm_bwd"], types=jobs["norm_bwd"]["types"] | {"XOFF": "*fp32"},
+        constexprs=jobs["norm_bwd"]["constexprs"] | dict(BLOCK_M=4, XHAT_RAW=True), num_warps=4,
     )  # fmt: skip
     jobs["gluon_ln_fwd_n1024"] = _gluon_job(1024, rms=False, xhat=False)
     jobs["gluon_rms_fwd_n384_xhat"] = _gluon_job(384, rms=True, xhat=True)
@@ -141,18 +150,21 @@ def ptx(request) -> dict[str, dict]:
     return dict(zip(jobs, ptx_counts_batch(list(jobs.values()))))
 
 
-# each compile costs 10-20 s of CPU: six representative kernels by default, the rest with --run-slow
-_DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "rms_input_grad_raw", "rms_gemm", "rms_gemm_dx", "norm_bwd",
-            "gluon_ln_fwd_n1024", "gluon_ln_fwd_n1024_split2")  # fmt: skip
+# each compile costs 10-20 s of CPU: the representative kernels by default, the rest with --run-slow
+_DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "ln_fwd_persistent_stage_xhat", "rms_input_grad_raw",
+            "rms_gemm", "rms_gemm_dx", "norm_bwd", "norm_bwd_raw", "gluon_ln_fwd_n1024",
+            "gluon_ln_fwd_n1024_split2")  # fmt: skip
 CASES = [
     c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
     for c in [
         *ROWNORM_CASES,
         "ln_fwd_persistent",
+        "ln_fwd_persistent_stage_xhat",
         "rms_gemm",
         "rms_gemm_dx",
         "rms_gemm_fused",
         "norm_bwd",
+        "norm_bwd_raw",
         "gluon_ln_fwd_n1024",
         "gluon_rms_fwd_n384_xhat",
         "gluon_ln_fwd_n1024_split2",
@@ -165,12 +177,14 @@ CASES = [
 def test_compiles_for_sm90(ptx, case) -> None:
     counts = ptx[case]
     assert "error" not in counts, f"{case} did not compile for sm_90: {counts.get('error')}"
-    if case not in ("ln_norm_bwd", "norm_bwd"):  # no GEMM in the plain norm backward
+    if case not in ("ln_norm_bwd", "norm_bwd", "norm_bwd_raw"):  # no GEMM in the plain norm backward
         assert counts["wgmma"] > 0, f"{case}: no wgmma"
         assert counts["tma"] > 0, f"{case}: no TMA loads"
     assert counts["local_memory"] == 0, f"{case} spills registers"
     if case.startswith("gluon"):  # the row block's z tiles and the TMA ring inside one block's 227 KB
         assert counts["shared_bytes"] <= 232448, counts["shared_bytes"]
         assert counts["tma"] >= 3, f"{case}: TMA loads and stores"
-    if case == "ln_fwd_persistent":  # 4 stages of 128x64 + 256x64 bf16 tiles (the K loop is pipelined)
+    if case.startswith(
+        "ln_fwd_persistent"
+    ):  # 4 stages of 128x64 + 256x64 bf16 tiles (the K loop is pipelined)
         assert 4 * (128 + 256) * 64 * 2 <= counts["shared_bytes"] <= 227 * 1024, counts["shared_bytes"]

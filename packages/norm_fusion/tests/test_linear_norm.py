@@ -256,3 +256,58 @@ def test_norm_backward_sums_kernel(case: Case, kind: str, monkeypatch) -> None:
     _, d, eps, _, grads = _checked_against_reference(case, kind)
     again = _run_ours(kind, d, eps)[2]
     assert all(torch.equal(grads[k], again[k]) for k in grads)
+
+
+# what the training forward saves (config.save_prenorm): its staged pre-norm tiles or a separate x̂,
+# through every forward kernel (persistent, per-row-block two-phase, single tile) and both backward
+# kernels (register rows up to N = 64 on the interpreter, the two-phase fallback above)
+SAVE_CPU = [Case(37, 48, 80), Case(70, 32, 96, FP16, norm_bias=False), Case(33, 48, 32), Case(9, 64, 48)]
+SAVE_GPU = [Case(4097, 1024, 1024), Case(300, 256, 384, FP16), Case(70, 64, 16400, FP16), Case(257, 128, 256)]
+
+
+@pytest.mark.parametrize("persistent", ["1", "0"])
+@pytest.mark.parametrize("save", ["z", "xhat"])
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, id=str(c)) for c in SAVE_CPU]
+    + [pytest.param(c, id=str(c), marks=pytest.mark.gpu) for c in SAVE_GPU],
+)
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_saved_for_backward(case: Case, kind: str, save: str, persistent: str, monkeypatch) -> None:
+    monkeypatch.setenv("ADS_NORM_FUSION_SAVE", save)
+    monkeypatch.setenv("ADS_NORM_FUSION_PERSISTENT", persistent)
+    _checked_against_reference(case, kind)
+
+
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_saved_prenorm_far_from_zero(kind: str, monkeypatch) -> None:
+    """Rows whose mean is far from zero against their spread: the saved pre-norm tiles are shifted
+    by the first column tile's mean, and the backward's x̂ must take the remaining offset."""
+    monkeypatch.setenv("ADS_NORM_FUSION_SAVE", "z")
+    case = Case(37, 48, 80) if DEVICE == "cpu" else Case(1000, 512, 1024)
+    case = Case(case.m, case.k, case.n, norm_bias=kind == "ln")
+    eps = 1e-5 if kind == "ln" else 1e-6
+    d = inputs(case)
+    d["bias"] = (d["bias"].float() + 6.0).to(case.dtype)
+    y, _, grads = _run_ours(kind, d, eps)
+    (ref, gref), (base, gbase) = ref_and_baseline(
+        lambda t, dt: linear_norm_torch(kind, t, dt, eps), d, GRAD_NAMES, case.dtype, grads=True
+    )
+    check(y, ref, base, "y")
+    for name, g in grads.items():
+        check(g, gref[name], gbase[name], f"d{name}")
+
+
+def test_save_knob() -> None:
+    from ads_norm_fusion import config
+
+    assert config.save_prenorm()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ADS_NORM_FUSION_SAVE", "xhat")
+        assert not config.save_prenorm()
+        mp.setenv("ADS_NORM_FUSION_SAVE", "y")
+        with pytest.raises(ValueError, match="ADS_NORM_FUSION_SAVE"):
+            config.save_prenorm()
+        mp.delenv("ADS_NORM_FUSION_SAVE")
+        mp.setenv("ADS_NORM_FUSION_GLUON", "auto")
+        assert not config.save_prenorm()

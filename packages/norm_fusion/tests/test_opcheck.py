@@ -17,9 +17,11 @@ def _args():
     w_next_t = w.t().contiguous()  # (K=32, N=48) as a next layer's weight
     dy_next = torch.randn(20, 32, device=DEVICE, dtype=x.dtype)
     return {
-        "linear_layernorm_fwd": (x, w, b, g, be, 1e-5, True),
-        "linear_rmsnorm_fwd": (x, w, None, g, 1e-6, True),
-        "norm_bwd": (d["dy"], d["dy"].clone(), rstat, g, False, True, True),
+        "linear_layernorm_fwd": (x, w, b, g, be, 1e-5, True, True),
+        "linear_layernorm_fwd_xhat": (x, w, b, g, be, 1e-5, True, False),
+        "linear_rmsnorm_fwd": (x, w, None, g, 1e-6, True, True),
+        "norm_bwd": (d["dy"], d["dy"].clone(), rstat, None, g, False, False, True, True),
+        "norm_bwd_raw": (d["dy"], d["dy"].clone(), rstat, rstat.clone(), g, False, True, True, True),
         "rmsnorm_linear_fwd": (x, gk, w, b, 1e-6),
         "gemm_norm_input_grad": (dy_next, w_next_t, d["dy"].clone(), rstat, g, False, False, True),
         "row_col_scale": (x, rstat, gk),
@@ -30,6 +32,7 @@ def _args():
 @pytest.mark.parametrize("op", list(_args()))
 def test_opcheck(op: str) -> None:
     args = _args()[op]
+    op = op.removesuffix("_xhat").removesuffix("_raw")  # the same op on its other saved-value layout
     grad_ops = ("linear_layernorm_fwd", "linear_rmsnorm_fwd", "rmsnorm_linear_fwd")
     if op in grad_ops:
         args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.dtype != torch.float32 else a

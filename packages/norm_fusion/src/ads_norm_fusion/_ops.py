@@ -8,12 +8,16 @@ Functions instead: the same impls, setup and backward without the op's dispatch 
 TRITON_INTERPRET, where ``triton_op`` would read data pointers of fake tensors.
 
 Ops (all 2-D; the public API flattens leading dims):
-- ``linear_layernorm_fwd(x, w, bias, weight, norm_bias, eps, save_xhat) -> (y, mean, rstd, xhat)``
-- ``linear_rmsnorm_fwd(x, w, bias, weight, eps, save_xhat) -> (y, rrms, xhat)``
-  xhat is the normalised pre-affine value kept for the backward, (0,) when not asked for (no affine
-  parameters: y is x̂ then, and is saved instead).
-- ``norm_bwd(dy, xhat, rstat, weight, rms, weight_grads, bias_grad) -> (dz, dweight, dnorm_bias, dbias)``
-  the row-wise norm backward; dweight/dnorm_bias/dbias are (0,) unless asked for.
+- ``linear_layernorm_fwd(x, w, bias, weight, norm_bias, eps, save_xhat, xhat_raw)
+  -> (y, mean, rstd, xhat, xoff)``
+- ``linear_rmsnorm_fwd(x, w, bias, weight, eps, save_xhat, xhat_raw) -> (y, rrms, xhat)``
+  xhat is what the backward needs of the normalised pre-affine value, (0,) when not asked for (no
+  affine parameters: y is x̂ then, and is saved instead): x̂ itself, or with ``xhat_raw``
+  (``config.save_prenorm``) the forward's staged pre-norm tile, x̂ = (xhat - xoff)·rstd (RMSNorm:
+  xhat·rrms); xoff (M,) fp32 only then, (0,) otherwise.
+- ``norm_bwd(dy, xhat, rstat, xoff, weight, rms, xhat_raw, weight_grads, bias_grad)
+  -> (dz, dweight, dnorm_bias, dbias)`` the row-wise norm backward (xhat as saved by the forward,
+  xoff None for RMSNorm or x̂ itself); dweight/dnorm_bias/dbias are (0,) unless asked for.
 - ``rmsnorm_linear_fwd(x, norm_weight, w, bias, eps) -> (y, rrms)``: a GEMM with W·γ and the per-row
   scale in its epilogue (rrms from Σx² in its K loop, or from one row pass first:
   ``config.rms_forward_rowpass``).
@@ -33,7 +37,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ads_kernel_tools.dispatch import eager_function, plain_eager
 
-from .config import norm_bwd_sums_kernel, rms_backward_from_output
+from .config import norm_bwd_sums_kernel, rms_backward_from_output, save_prenorm
 from .costs import gemm_flops
 from .triton.launch import (
     launch_norm_bwd,
@@ -71,17 +75,20 @@ def _ln_fwd(
     norm_bias: Tensor | None,
     eps: float,
     save_xhat: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    xhat_raw: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     x, w = _aligned(x), _aligned(w)
     m, n = x.shape[0], w.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     xhat = torch.empty((m, n) if save_xhat else _EMPTY, dtype=x.dtype, device=x.device)
+    raw = save_xhat and xhat_raw
+    xoff = torch.empty((m,) if raw else _EMPTY, dtype=torch.float32, device=x.device)
     mean, rstd = _stat(x), _stat(x)
     launch_rownorm(
         "ln_fwd", x, y, rstd, b=w, bias=bias, gamma=weight, beta=norm_bias, stat1=mean,
-        xhat=xhat if save_xhat else None, eps=eps,
+        xhat=xhat if save_xhat else None, eps=eps, aux_raw=raw, xoff=xoff if raw else None,
     )  # fmt: skip
-    return y, mean, rstd, xhat
+    return y, mean, rstd, xhat, xoff
 
 
 linear_layernorm_fwd = torch.library.custom_op(
@@ -90,14 +97,26 @@ linear_layernorm_fwd = torch.library.custom_op(
 
 
 @linear_layernorm_fwd.register_fake
-def _(x, w, bias, weight, norm_bias, eps, save_xhat):
+def _(x, w, bias, weight, norm_bias, eps, save_xhat, xhat_raw):
     m, n = x.shape[0], w.shape[0]
     stat = x.new_empty((m,), dtype=torch.float32)
-    return x.new_empty((m, n)), stat, stat.new_empty((m,)), x.new_empty((m, n) if save_xhat else _EMPTY)
+    return (
+        x.new_empty((m, n)),
+        stat,
+        stat.new_empty((m,)),
+        x.new_empty((m, n) if save_xhat else _EMPTY),
+        stat.new_empty((m,) if save_xhat and xhat_raw else _EMPTY),
+    )
 
 
 def _rms_fwd(
-    x: Tensor, w: Tensor, bias: Tensor | None, weight: Tensor | None, eps: float, save_xhat: bool
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None,
+    weight: Tensor | None,
+    eps: float,
+    save_xhat: bool,
+    xhat_raw: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     x, w = _aligned(x), _aligned(w)
     m, n = x.shape[0], w.shape[0]
@@ -105,8 +124,9 @@ def _rms_fwd(
     xhat = torch.empty((m, n) if save_xhat else _EMPTY, dtype=x.dtype, device=x.device)
     rrms = _stat(x)
     launch_rownorm(
-        "rms_fwd", x, y, rrms, b=w, bias=bias, gamma=weight, xhat=xhat if save_xhat else None, eps=eps
-    )
+        "rms_fwd", x, y, rrms, b=w, bias=bias, gamma=weight, xhat=xhat if save_xhat else None, eps=eps,
+        aux_raw=save_xhat and xhat_raw,
+    )  # fmt: skip
     return y, rrms, xhat
 
 
@@ -114,7 +134,7 @@ linear_rmsnorm_fwd = torch.library.custom_op("ads_norm_fusion::linear_rmsnorm_fw
 
 
 @linear_rmsnorm_fwd.register_fake
-def _(x, w, bias, weight, eps, save_xhat):
+def _(x, w, bias, weight, eps, save_xhat, xhat_raw):
     m, n = x.shape[0], w.shape[0]
     return (
         x.new_empty((m, n)),
@@ -132,16 +152,19 @@ def _norm_bwd(
     dy: Tensor,
     xhat: Tensor,
     rstat: Tensor,
+    xoff: Tensor | None,
     weight: Tensor | None,
     rms: bool,
+    xhat_raw: bool,
     weight_grads: bool,
     bias_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dy = dy.contiguous()
     dz = torch.empty_like(dy)
     part = launch_norm_bwd(
-        dy, xhat, rstat, dz, gamma=weight, rms=rms, weight_grads=weight_grads, bias_grad=bias_grad
-    )
+        dy, xhat, rstat, dz, gamma=weight, rms=rms, weight_grads=weight_grads, bias_grad=bias_grad,
+        xhat_raw=xhat_raw, xoff=xoff,
+    )  # fmt: skip
     pdtype = weight.dtype if weight is not None else dy.dtype
     if part is not None and norm_bwd_sums_kernel():
         n = dy.shape[1]
@@ -165,7 +188,7 @@ norm_bwd = torch.library.custom_op("ads_norm_fusion::norm_bwd", _norm_bwd, mutat
 
 
 @norm_bwd.register_fake
-def _(dy, xhat, rstat, weight, rms, weight_grads, bias_grad):
+def _(dy, xhat, rstat, xoff, weight, rms, xhat_raw, weight_grads, bias_grad):
     n = dy.shape[1]
     pdtype = weight.dtype if weight is not None else dy.dtype
     return (
@@ -179,41 +202,45 @@ def _(dy, xhat, rstat, weight, rms, weight_grads, bias_grad):
 def _linear_norm_backward(ctx, dy: Tensor, rms: bool, eager: bool = False):
     """Gradients of linear_layernorm_fwd / linear_rmsnorm_fwd; ``eager`` calls the kernels directly
     instead of through the ``norm_bwd`` op (the eager path below)."""
-    x, w, weight, xhat, rstat = ctx.saved_tensors
+    x, w, weight, xhat, rstat, xoff = ctx.saved_tensors
     needs = ctx.needs_input_grad
     want_bias = ctx.has_bias and needs[2]
     want_affine = (ctx.has_weight and needs[3]) or (ctx.has_norm_bias and not rms and needs[4])
     bwd = _norm_bwd if eager else norm_bwd
-    dz, dweight, dnorm_bias, dbias = bwd(dy, xhat, rstat, weight, rms, want_affine, want_bias)
+    raw = ctx.xhat_raw
+    dz, dweight, dnorm_bias, dbias = bwd(
+        dy, xhat, rstat, xoff if raw and not rms else None, weight, rms, raw, want_affine, want_bias
+    )
     dx = dz @ w if needs[0] else None
     dw = dz.t() @ x if needs[1] else None
     grads = [dx, dw, dbias if want_bias else None, dweight if ctx.has_weight and want_affine else None]
     if not rms:
         grads.append(dnorm_bias if ctx.has_norm_bias and want_affine else None)
-    return (*grads, None, None)
+    return (*grads, None, None, None)
 
 
-def _save_linear_norm(ctx, x, w, bias, weight, norm_bias, y, rstat, xhat) -> None:
+def _save_linear_norm(ctx, x, w, bias, weight, norm_bias, y, rstat, xhat, xoff, raw: bool) -> None:
     ctx.has_bias, ctx.has_weight = bias is not None, weight is not None
     ctx.has_norm_bias = norm_bias is not None
     affine = ctx.has_weight or ctx.has_norm_bias
     if affine and xhat.numel() == 0 and y.numel() != 0:
         ctx.missing_xhat = True
-    ctx.save_for_backward(x, w, weight, xhat if affine else y, rstat)
+    ctx.xhat_raw = affine and raw  # without affine parameters y is x̂ itself
+    ctx.save_for_backward(x, w, weight, xhat if affine else y, rstat, xoff)
 
 
 def _ln_setup(ctx, inputs, output) -> None:
-    x, w, bias, weight, norm_bias, _eps, _save = inputs
-    y, mean, rstd, xhat = output
-    ctx.mark_non_differentiable(mean, rstd, xhat)
-    _save_linear_norm(ctx, x, w, bias, weight, norm_bias, y, rstd, xhat)
+    x, w, bias, weight, norm_bias, _eps, save, raw = inputs
+    y, mean, rstd, xhat, xoff = output
+    ctx.mark_non_differentiable(mean, rstd, xhat, xoff)
+    _save_linear_norm(ctx, x, w, bias, weight, norm_bias, y, rstd, xhat, xoff, save and raw)
 
 
 def _rms_setup(ctx, inputs, output) -> None:
-    x, w, bias, weight, _eps, _save = inputs
+    x, w, bias, weight, _eps, save, raw = inputs
     y, rrms, xhat = output
     ctx.mark_non_differentiable(rrms, xhat)
-    _save_linear_norm(ctx, x, w, bias, weight, None, y, rrms, xhat)
+    _save_linear_norm(ctx, x, w, bias, weight, None, y, rrms, xhat, None, save and raw)
 
 
 def _check_saved(ctx) -> None:
@@ -223,7 +250,7 @@ def _check_saved(ctx) -> None:
         )
 
 
-def _ln_backward(ctx, dy, _dmean, _drstd, _dxhat):
+def _ln_backward(ctx, dy, _dmean, _drstd, _dxhat, _dxoff):
     _check_saved(ctx)
     return _linear_norm_backward(ctx, dy, rms=False)
 
@@ -450,15 +477,18 @@ def _route(fn, impl, op, tensors, grad: bool, *inputs):
 
 
 def linear_layernorm(x, w, bias, weight, norm_bias, eps: float, save_xhat: bool, grad: bool):
-    """``linear_layernorm_fwd`` with autograd; ``grad``: some input needs a gradient."""
+    """``linear_layernorm_fwd`` with autograd; ``grad``: some input needs a gradient. What is saved
+    for the backward: ``config.save_prenorm``."""
     tensors = (x, w, bias, weight, norm_bias)
-    return _route(_LN_EAGER, _ln_fwd, linear_layernorm_fwd, tensors, grad, *tensors, eps, save_xhat)
+    raw = save_xhat and save_prenorm()
+    return _route(_LN_EAGER, _ln_fwd, linear_layernorm_fwd, tensors, grad, *tensors, eps, save_xhat, raw)
 
 
 def linear_rmsnorm(x, w, bias, weight, eps: float, save_xhat: bool, grad: bool):
     """``linear_rmsnorm_fwd`` with autograd; ``grad`` as :func:`linear_layernorm`."""
     tensors = (x, w, bias, weight)
-    return _route(_RMS_EAGER, _rms_fwd, linear_rmsnorm_fwd, tensors, grad, *tensors, eps, save_xhat)
+    raw = save_xhat and save_prenorm()
+    return _route(_RMS_EAGER, _rms_fwd, linear_rmsnorm_fwd, tensors, grad, *tensors, eps, save_xhat, raw)
 
 
 def norm_input_grad(dy, w_next_t, aux, rstat, weight, rms: bool, aux_raw: bool, weight_grads: bool):

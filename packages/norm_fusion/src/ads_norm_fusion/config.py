@@ -17,7 +17,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
 ``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES``,
 ``ADS_NORM_FUSION_BWD_ACC2D`` (the row-wise norm backward, see ``norm_bwd_config``),
-``ADS_NORM_FUSION_BWD_SUMS`` (torch/kernel, see ``norm_bwd_sums_kernel``).
+``ADS_NORM_FUSION_BWD_SUMS`` (torch/kernel, see ``norm_bwd_sums_kernel``);
+``ADS_NORM_FUSION_SAVE`` (z/xhat, see ``save_prenorm``).
 """
 
 from __future__ import annotations
@@ -210,6 +211,18 @@ def gluon_split(n: int) -> int:
     cuBLAS GEMM of their runs (split 2 loads half the bytes per FLOP; BENCHMARKS.md)."""
     split = int(_choice("ADS_NORM_FUSION_GLUON_SPLIT", "2", ("1", "2")))
     return split if n % (64 * split) == 0 else 1
+
+
+def save_prenorm() -> bool:
+    """What a training forward of ``linear_*norm`` keeps for the backward (affine norms only).
+    ``ADS_NORM_FUSION_SAVE=z``: the staged pre-norm tile (z, shifted by the first column tile's mean
+    for LayerNorm, plus that per-row offset), which the Triton forwards already write to stage the
+    row, so saving it costs no extra M×N store; the backward recomputes x̂ from it in fp32.
+    ``xhat``: a separate x̂ written next to y (one more M×N store). Default ``z`` (H200, LayerNorm
+    training forward at 65536×1024×1024: 415 → 332 µs; BENCHMARKS.md); ``xhat`` while the Gluon
+    forward is on (``gluon_forward``), which writes x̂ itself."""
+    default = "xhat" if gluon_forward() else "z"
+    return _choice("ADS_NORM_FUSION_SAVE", default, ("z", "xhat")) == "z"
 
 
 def norm_bwd_sums_kernel() -> bool:

@@ -124,7 +124,7 @@ def linear_layernorm(
     _check_vectors(x2, n, _LN_VECTORS, (bias, norm_weight, norm_bias))
     affine = norm_weight is not None or norm_bias is not None
     grad = _needs_grad(x, w, bias, norm_weight, norm_bias)
-    y, mean, rstd, _ = _ops.linear_layernorm(
+    y, mean, rstd, _, _ = _ops.linear_layernorm(
         x2, w, bias, norm_weight, norm_bias, _check_eps(eps), affine and grad, grad
     )
     if len(lead) != 1:

@@ -4,7 +4,8 @@ Memory-bound, so it is built for occupancy rather than tiles: each program holds
 (``BLOCK_M`` × ``BLOCK_N``, BLOCK_N ≥ N) at a time, reads dy and x̂ exactly once and writes dz once,
 and walks ``ROWS_PER_PROG`` rows, summing the column partials of dγ = Σ dy·x̂, dβ = Σ dy and the GEMM
 bias gradient Σ dz in registers. Each program stores its partials once, into row ``pid`` of a
-(3, programs, N) buffer that the caller adds in a fixed order (deterministic).
+(3, programs, N) buffer that the caller adds in a fixed order (deterministic). ``XHAT_RAW``: XHAT
+holds the forward's staged pre-norm value, x̂ = (XHAT - XOFF)·rstat (RMSNorm: XHAT·rrms), in fp32.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ def norm_bwd_kernel(
     DY, XHAT, RSTAT, GAMMA, DZ, PART, M, N, stride_dy, stride_x, stride_dz, part_plane,
     RMS: tl.constexpr, HAS_GAMMA: tl.constexpr, WEIGHT_GRADS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS_PER_PROG: tl.constexpr, ACC_2D: tl.constexpr = False,
+    XOFF=None, XHAT_RAW: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -43,6 +45,11 @@ def norm_bwd_kernel(
         dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         xh = tl.load(XHAT + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstat = tl.load(RSTAT + rows, mask=row_ok, other=0.0)
+        if XHAT_RAW:
+            if RMS:
+                xh = xh * rstat[:, None]
+            else:
+                xh = (xh - tl.load(XOFF + rows, mask=row_ok, other=0.0)[:, None]) * rstat[:, None]
         gh = dy * gamma[None, :]
         mean_gx = tl.sum(gh * xh, axis=1) / nf
         if RMS:

@@ -16,6 +16,7 @@ Modes (``MODE``):
   2 LayerNorm backward: g = A·B (or A itself without a GEMM); ĝ = g·γ;
     dz = rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)).
   3 RMSNorm backward: dz = rrms·(ĝ - x̂·mean(ĝ·x̂)); x̂ = AUX·rrms when ``AUX_RAW`` (AUX is the raw input).
+  Modes 2 and 3 with ``AUX_RAW``: x̂ = (AUX - XOFF)·rstat, XOFF the per-row offset (LayerNorm only).
   4 plain GEMM (no norm; the benchmark's measure of this kernel's GEMM alone).
 Backward modes can write deterministic per-row-block partial sums: ``PART[0] = Σ_rows g·x̂`` (dγ),
 ``PART[1] = Σ_rows g`` (dβ), ``PART[2] = Σ_rows dz`` (the GEMM bias gradient), each (row blocks, N).
@@ -100,7 +101,7 @@ def _update(
         gamma = _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)
         xh = _load_f32(AUX, rows64, cols, stride_aux, mask)
         if AUX_RAW:
-            xh = xh * rstat[:, None]
+            xh = (xh - mean[:, None]) * rstat[:, None]
         staged = v * gamma[None, :]
         if MODE == 2:
             acc1 += tl.sum(staged, axis=1)
@@ -138,7 +139,7 @@ def _emit(
     else:
         xh = _load_f32(AUX, rows64, cols, stride_aux, mask)
         if AUX_RAW:
-            xh = xh * rstat[:, None]
+            xh = (xh - mean[:, None]) * rstat[:, None]
         if MODE == 2:
             dz = (w - mean_g[:, None] - xh * mean_gx[:, None]) * rstat[:, None]
         else:
@@ -150,13 +151,21 @@ def _emit(
 
 @triton.jit
 def rownorm_kernel(
-    A, B, BIAS, GAMMA, BETA, AUX, OUT, XHAT, STAT1, STAT2, PART, M, N, K, eps, part_plane, stride_a,
+    A, B, BIAS, GAMMA, BETA, AUX, OUT, XHAT, STAT1, STAT2, PART, XOFF, M, N, K, eps, part_plane, stride_a,
     stride_b, stride_aux, stride_out, MODE: tl.constexpr, HAS_GEMM: tl.constexpr, B_TRANS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr, SAVE_XHAT: tl.constexpr,
     AUX_RAW: tl.constexpr, WEIGHT_GRADS: tl.constexpr, BIAS_GRAD: tl.constexpr, SINGLE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-    FLATTEN: tl.constexpr,
+    FLATTEN: tl.constexpr, STAGE_XHAT: tl.constexpr = False,
 ):  # fmt: skip
+    """One program per row block (modes above). Forward ``STAGE_XHAT``: the staged tiles go to XHAT
+    and stay there (x̂ = (XHAT - XOFF)·rstat, XOFF = mean - shift per row; RMSNorm: XHAT·rrms), as in
+    ``rownorm_persistent_kernel``. Backward ``AUX_RAW``: AUX is such a staged z (or, RMSNorm, the raw
+    input), x̂ = (AUX - XOFF)·rstat; XOFF is read for LayerNorm only."""
+    if STAGE_XHAT:
+        stage = XHAT
+    else:
+        stage = OUT
     pid = tl.program_id(0)
     off_m = pid * BLOCK_M
     rows = off_m + tl.arange(0, BLOCK_M)
@@ -175,7 +184,9 @@ def rownorm_kernel(
     if MODE >= 2:
         rstat = tl.load(STAT2 + rows, mask=row_ok, other=0.0)
     count = tl.sum(tl.zeros((1,), tl.float32), axis=0)
-    mean = tl.zeros((BLOCK_M,), tl.float32)  # mode 0: running mean
+    mean = tl.zeros((BLOCK_M,), tl.float32)  # mode 0: running mean; mode 2 with AUX_RAW: AUX's offset
+    if MODE == 2 and AUX_RAW:
+        mean = tl.load(XOFF + rows, mask=row_ok, other=0.0)
     acc1 = tl.zeros((BLOCK_M,), tl.float32)  # mode 0: M2; mode 1: Σz²; mode 2: Σĝ
     acc2 = tl.zeros((BLOCK_M,), tl.float32)  # modes 2/3: Σĝ·x̂
     shift = tl.zeros((BLOCK_M,), tl.float32)
@@ -193,6 +204,8 @@ def rownorm_kernel(
             part_row, part_plane, stride_aux, MODE, HAS_GAMMA, AUX_RAW, WEIGHT_GRADS, BLOCK_N,
         )  # fmt: skip
         rstat = _finish_stats(acc1, mean, rstat, rows, row_ok, nf, eps, STAT1, STAT2, MODE)
+        if STAGE_XHAT:
+            _store_staged(XHAT, XOFF, w, mean, shift, rows, rows64, cols, row_ok, mask, stride_out, MODE)
         _emit(
             w, mask, cols, col_ok, rows64, mean, shift, rstat, acc1 / nf, acc2 / nf, GAMMA, BETA, AUX, OUT,
             XHAT, part_row, part_plane, stride_aux, stride_out, MODE, HAS_GAMMA, HAS_BETA, SAVE_XHAT,
@@ -216,11 +229,13 @@ def rownorm_kernel(
             )  # fmt: skip
             if MODE < 2 or HAS_GEMM:
                 tl.store(
-                    OUT + rows64[:, None] * stride_out + cols[None, :],
+                    stage + rows64[:, None] * stride_out + cols[None, :],
                     staged.to(OUT.dtype.element_ty),
                     mask=mask,
                 )
         rstat = _finish_stats(acc1, mean, rstat, rows, row_ok, nf, eps, STAT1, STAT2, MODE)
+        if STAGE_XHAT and MODE == 0:
+            tl.store(XOFF + rows, mean - shift, mask=row_ok)
         # phase 2 reads tiles that other threads of this program staged: make their stores visible
         if MODE != 4:  # the plain-GEMM reference mode stores in phase 1
             tl.debug_barrier()
@@ -230,7 +245,7 @@ def rownorm_kernel(
                 col_ok = cols < N
                 mask = row_ok[:, None] & col_ok[None, :]
                 if MODE < 2 or HAS_GEMM:
-                    w = _load_f32(OUT, rows64, cols, stride_out, mask)
+                    w = _load_f32(stage, rows64, cols, stride_out, mask)
                 else:
                     w = (
                         _load_f32(A, rows64, cols, stride_a, mask)
@@ -241,6 +256,15 @@ def rownorm_kernel(
                     AUX, OUT, XHAT, part_row, part_plane, stride_aux, stride_out, MODE, HAS_GAMMA,
                     HAS_BETA, SAVE_XHAT, AUX_RAW, BIAS_GRAD,
                 )  # fmt: skip
+
+
+@triton.jit
+def _store_staged(XHAT, XOFF, w, mean, shift, rows, rows64, cols, row_ok, mask, stride, MODE: tl.constexpr):
+    """A single-tile training forward keeps its staged tile (and, LayerNorm, the row offset) as the
+    saved pre-norm value, as the multi-tile forwards do by staging in XHAT."""
+    tl.store(XHAT + rows64[:, None] * stride + cols[None, :], w.to(XHAT.dtype.element_ty), mask=mask)
+    if MODE == 0:
+        tl.store(XOFF + rows, mean - shift, mask=row_ok)
 
 
 @triton.jit
@@ -273,10 +297,10 @@ def _cta_barrier(SYNC_ASM: tl.constexpr):
 
 @triton.jit
 def rownorm_persistent_kernel(
-    A, B, BIAS, GAMMA, BETA, OUT, XHAT, STAT1, STAT2, M, N, K, eps, stride_a, stride_b, stride_out,
+    A, B, BIAS, GAMMA, BETA, OUT, XHAT, STAT1, STAT2, XOFF, M, N, K, eps, stride_a, stride_b, stride_out,
     MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr,
     SAVE_XHAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, SYNC_ASM: tl.constexpr,
+    NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr, SYNC_ASM: tl.constexpr, STAGE_XHAT: tl.constexpr = False,
 ):  # fmt: skip
     """Persistent forward (modes 0, 1 and the plain GEMM 4) for rows wider than one column tile.
 
@@ -287,7 +311,14 @@ def rownorm_persistent_kernel(
     whose statistics are final, is read back (L2: it was staged ``cdiv(N, BLOCK_N)`` steps ago) and
     normalised. The last row block is normalised after the loop. Each program reads back only what
     its own threads staged, so any grid is deadlock-free. Needs ``NUM_PROGS <= cdiv(M, BLOCK_M)``.
+    ``STAGE_XHAT`` (a training forward): the tiles are staged in XHAT instead of OUT and stay there
+    for the backward, with the per-row offset ``mean - shift`` in XOFF (LayerNorm), so that
+    x̂ = (XHAT - XOFF)·rstd (RMSNorm: XHAT·rrms) costs no store beyond the no-grad forward's.
     """
+    if STAGE_XHAT:
+        stage = XHAT
+    else:
+        stage = OUT
     pid = tl.program_id(0)
     num_rb = tl.cdiv(M, BLOCK_M)
     nt = tl.cdiv(N, BLOCK_N)
@@ -349,18 +380,22 @@ def rownorm_persistent_kernel(
                 acc1 = tl.where(first, 0.0, acc1) + tl.sum(v * v, axis=1)
                 staged = v
             tl.store(
-                OUT + rows64[:, None] * stride_out + cols[None, :], staged.to(OUT.dtype.element_ty), mask=mask
+                stage + rows64[:, None] * stride_out + cols[None, :],
+                staged.to(OUT.dtype.element_ty),
+                mask=mask,
             )
             rstat = tl.rsqrt(acc1 / nf + eps)
             stat_ok = row_ok & last
             if MODE == 0:
                 tl.store(STAT1 + rows, mean, mask=stat_ok)
+                if STAGE_XHAT:
+                    tl.store(XOFF + rows, mean - shift, mask=stat_ok)
             tl.store(STAT2 + rows, rstat, mask=stat_ok)
             # tile j of the previous row block (full rows: only the last row block can be partial)
             # its staged values were stored by other threads of this program: a CTA barrier first
             prev64 = rows64 - NUM_PROGS * BLOCK_M + _cta_barrier(SYNC_ASM)
             prev_mask = (i > 0) & col_ok[None, :] & (prev64 >= 0)[:, None]
-            w = _load_f32(OUT, prev64, cols, stride_out, prev_mask)
+            w = _load_f32(stage, prev64, cols, stride_out, prev_mask)
             _emit(
                 w, prev_mask, cols, col_ok, prev64, p_mean, p_shift, p_rstat, p_rstat, p_rstat, GAMMA,
                 BETA, OUT, OUT, XHAT, STAT2, 0, 0, stride_out, MODE, HAS_GAMMA, HAS_BETA, SAVE_XHAT,
@@ -378,7 +413,7 @@ def rownorm_persistent_kernel(
             cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
             col_ok = cols < N
             mask = row_ok[:, None] & col_ok[None, :]
-            w = _load_f32(OUT, rows64, cols, stride_out, mask)
+            w = _load_f32(stage, rows64, cols, stride_out, mask)
             _emit(
                 w, mask, cols, col_ok, rows64, p_mean, p_shift, p_rstat, p_rstat, p_rstat, GAMMA, BETA,
                 OUT, OUT, XHAT, STAT2, 0, 0, stride_out, MODE, HAS_GAMMA, HAS_BETA, SAVE_XHAT, False,

@@ -68,19 +68,27 @@ def launch_rownorm(
     aux_raw: bool = False,
     weight_grads: bool = False,
     bias_grad: bool = False,
+    xoff: torch.Tensor | None = None,
 ) -> None:
     """One row-norm kernel launch (modes in ``config.ROWNORM_MODES``; math in ``_rownorm``).
 
     a (M, K) with b (N, K) if ``b_trans`` else (K, N), or a (M, N) itself when b is None (backward
     without a GEMM). out (M, N). stat1/stat2 (M,) fp32: written by forward modes, stat2 read by backward
     modes. part (3, row blocks, N) fp32 for the partial sums (see ``num_row_blocks``).
+    Forward with xhat and ``aux_raw``: xhat gets the staged pre-norm value instead of x̂ (and xoff
+    (M,) fp32 the LayerNorm row offset: x̂ = (xhat - xoff)·rstd); backward with ``aux_raw``: aux is
+    such a value (LayerNorm: with its xoff) or, RMSNorm, the raw input.
     """
     m, n = out.shape
     if m == 0:
         return
+    forward = mode in ("ln_fwd", "rms_fwd")
+    if aux_raw and mode in ("ln_fwd", "ln_bwd") and (xhat if forward else aux) is not None and xoff is None:
+        raise ValueError("a LayerNorm pre-norm value needs its row offsets (xoff)")
+    stage_xhat = forward and aux_raw and xhat is not None
     k = a.shape[1] if b is not None else n
     sms = num_sms(a.device) if a.device.type == "cuda" else 1
-    if mode in ("ln_fwd", "rms_fwd") and b is not None and b_trans:
+    if forward and b is not None and b_trans and not stage_xhat:
         if gluon_dispatch.forward(
             mode, a, b, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, xhat=xhat, eps=eps
         ):
@@ -88,7 +96,9 @@ def launch_rownorm(
     if mode in ("ln_fwd", "rms_fwd", "gemm") and b is not None and b_trans:
         pcfg = persistent_config(m, n, k, sms)
         if rownorm_persistent(n, pcfg.tiles.block_n):
-            _launch_persistent(mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, eps, pcfg)
+            _launch_persistent(
+                mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, eps, pcfg, stage_xhat, xoff
+            )
             return
     cfg = rownorm_config(m, n, k, sms)
     blocks = triton.cdiv(m, cfg.block_m)
@@ -108,6 +118,7 @@ def launch_rownorm(
         stat1 if stat1 is not None else stat2,
         stat2,
         part if part is not None else stat2,
+        xoff if xoff is not None else stat2,
         m,
         n,
         k,
@@ -123,8 +134,8 @@ def launch_rownorm(
         HAS_BIAS=bias is not None,
         HAS_GAMMA=gamma is not None,
         HAS_BETA=beta is not None,
-        SAVE_XHAT=xhat is not None,
-        AUX_RAW=aux_raw,
+        SAVE_XHAT=xhat is not None and not stage_xhat,
+        AUX_RAW=aux_raw and not forward,
         WEIGHT_GRADS=weight_grads,
         BIAS_GRAD=bias_grad,
         SINGLE=cfg.single_tile(n),
@@ -133,11 +144,12 @@ def launch_rownorm(
         BLOCK_K=cfg.block_k,
         NUM_STAGES=cfg.num_stages,
         FLATTEN=flatten_loops(),
+        STAGE_XHAT=stage_xhat,
         num_warps=cfg.num_warps,
     )
 
 
-def _launch_persistent(mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, eps, pcfg) -> None:
+def _launch_persistent(mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, eps, pcfg, stage_xhat, xoff):
     m, n = out.shape
     cfg = pcfg.tiles
     _ensure_allocator(a)
@@ -145,11 +157,12 @@ def _launch_persistent(mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, e
     rownorm_persistent_kernel[(pcfg.programs,)](
         a, b, bias if bias is not None else dummy, gamma if gamma is not None else dummy,
         beta if beta is not None else dummy, out, xhat if xhat is not None else dummy,
-        stat1 if stat1 is not None else stat2, stat2, m, n, a.shape[1], float(eps), a.stride(0), b.stride(0),
-        out.stride(0), MODE=ROWNORM_MODES[mode], HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None,
-        HAS_BETA=beta is not None, SAVE_XHAT=xhat is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, NUM_PROGS=pcfg.programs, FLATTEN=flatten_loops(default=True),
-        SYNC_ASM=not interpreter_active(),
+        stat1 if stat1 is not None else stat2, stat2, xoff if xoff is not None else stat2, m, n, a.shape[1],
+        float(eps), a.stride(0), b.stride(0), out.stride(0), MODE=ROWNORM_MODES[mode],
+        HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
+        SAVE_XHAT=xhat is not None and not stage_xhat,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_PROGS=pcfg.programs,
+        FLATTEN=flatten_loops(default=True), SYNC_ASM=not interpreter_active(), STAGE_XHAT=stage_xhat,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
@@ -275,9 +288,15 @@ def launch_norm_bwd(
     rms: bool,
     weight_grads: bool,
     bias_grad: bool,
+    xhat_raw: bool = False,
+    xoff: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Row-wise norm backward (``_norm_bwd``) for N <= ``config.NORM_BWD_MAX_N``; wider rows take the
-    row-norm kernel without a GEMM. Returns the (3, programs, N) fp32 partial sums, or None."""
+    row-norm kernel without a GEMM. ``xhat_raw``: xhat is the forward's staged pre-norm value (with
+    its LayerNorm row offsets xoff, see ``launch_rownorm``). Returns the (3, programs, N) fp32 partial
+    sums, or None."""
+    if xhat_raw and not rms and xoff is None:
+        raise ValueError("a LayerNorm pre-norm value needs its row offsets (xoff)")
     m, n = dy.shape
     cfg = norm_bwd_config(m, n, num_sms(dy.device) if dy.device.type == "cuda" else 1)
     if cfg is None:
@@ -287,7 +306,7 @@ def launch_norm_bwd(
             part = torch.zeros((3, blocks, n), dtype=torch.float32, device=dy.device)
         launch_rownorm(
             "rms_bwd" if rms else "ln_bwd", dy, dz, rstat, gamma=gamma, aux=xhat, part=part,
-            weight_grads=weight_grads, bias_grad=bias_grad,
+            weight_grads=weight_grads, bias_grad=bias_grad, aux_raw=xhat_raw, xoff=xoff,
         )  # fmt: skip
         return part
     programs = max(triton.cdiv(m, cfg.rows_per_prog), 1)
@@ -301,7 +320,8 @@ def launch_norm_bwd(
         m, n, dy.stride(0), xhat.stride(0), dz.stride(0), programs * n,
         RMS=rms, HAS_GAMMA=gamma is not None, WEIGHT_GRADS=weight_grads, BIAS_GRAD=bias_grad,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS_PER_PROG=cfg.rows_per_prog, num_warps=cfg.num_warps,
-        ACC_2D=cfg.acc_2d, num_stages=cfg.num_stages,
+        ACC_2D=cfg.acc_2d, num_stages=cfg.num_stages, XOFF=xoff if xoff is not None else rstat,
+        XHAT_RAW=xhat_raw,
     )  # fmt: skip
     return part
 
