@@ -130,12 +130,17 @@ def _launch_args(monkeypatch, device, *, b, s, h, hkv, causal, trusted, fp8=Fals
     return rec["a"], rec["kw"], calls, (q, k, v, cu)
 
 
+@pytest.mark.parametrize("balance", ["1", "0"])
 @pytest.mark.parametrize("trusted", [True, False])
 @pytest.mark.parametrize("causal", [False, True])
-def test_dense_host_work(trusted, causal, device, monkeypatch):
+def test_dense_host_work(trusted, causal, balance, device, monkeypatch):
     """Trusted dense offsets: no clamp and no tile list; non-causal walks one (b, h) pair per group
-    (the list's order), causal L2-sized groups. Untrusted copies of the same offsets: clamped, and
-    non-causal builds the list."""
+    (the list's order), causal groups of at most the L2 budget's pairs, sized for even work per
+    program (``lpt_group``) unless LP_FA4_FWD_LPT_BALANCE=0. Untrusted copies of the same offsets:
+    clamped, and non-causal builds the list."""
+    from lp_fa4.gluon import fwd_sm90
+
+    monkeypatch.setenv("LP_FA4_FWD_LPT_BALANCE", balance)
     b, s, h, hkv = 3, 300, 4, 2
     a, kw, calls, (_, _, _, cu) = _launch_args(
         monkeypatch, device, b=b, s=s, h=h, hkv=hkv, causal=causal, trusted=trusted
@@ -144,9 +149,41 @@ def test_dense_host_work(trusted, causal, device, monkeypatch):
     assert (a[10] is cu) == trusted  # cu_q reaches the kernel unclamped only when trusted
     lpt = causal or trusted
     assert kw["LPT"] == lpt and calls["schedule"] == (0 if lpt else 1)
-    if lpt:
-        assert a[20] == (1 if not causal else b * h)  # HG: these pairs' K/V fit in L2 together
+    if lpt and not causal:
+        assert a[20] == 1
+    if causal:  # b·h pairs' K/V fit in L2 together: the cap
+        programs = min(b * h * 3, fwd_sm90.num_sms(device))
+        want = fwd_sm90.lpt_group(b * h, 3, programs, b * h, s, s) if balance == "1" else b * h
+        assert a[20] == want
     assert a[22] == b * h * 3  # N_ITEMS: ceil(300 / 128) tiles per (b, h)
+
+
+def _program_loads(pairs, m_tiles, programs, hg):
+    """Work per persistent program of the LPT walk (kv tiles + 1 per causal tile, Lq = Lk)."""
+    loads = [0] * programs
+    t = 0
+    for g0 in range(0, pairs, hg):
+        gh = min(hg, pairs - g0)
+        for idx in range(m_tiles):
+            for _ in range(gh):
+                loads[t % programs] += (m_tiles - idx) + 1
+                t += 1
+    return loads
+
+
+@pytest.mark.parametrize("b,s,cap", [(8, 2048, 24), (4, 4096, 12), (2, 8192, 6), (32, 512, 96)])
+def test_lpt_group_evens_the_programs_work(b, s, cap):
+    """H=16 batches of 16k tokens on 132 programs: the chosen group never leaves the busiest program
+    more work than the L2-sized group does, and at most 6 % over the mean (the L2-sized group alone
+    leaves up to ~18 %)."""
+    from lp_fa4.gluon import fwd_sm90
+
+    pairs, m_tiles = b * 16, s // 128
+    hg = fwd_sm90.lpt_group(pairs, m_tiles, 132, cap, s, s)
+    assert 1 <= hg <= cap
+    chosen, l2 = _program_loads(pairs, m_tiles, 132, hg), _program_loads(pairs, m_tiles, 132, cap)
+    mean = sum(chosen) / 132
+    assert max(chosen) <= max(l2) and max(chosen) <= 1.06 * mean, (hg, max(chosen) / mean, max(l2) / mean)
 
 
 @pytest.mark.parametrize("s", [256, 300])

@@ -24,6 +24,12 @@ Env:
         computes its Pᵀ/dSᵀ before the loop turns (spills with ``LP_FA4_BWD_STATS=regs``); ``3`` keeps
         ``0``'s order and issues the next Sᵀ behind dQ, staging dQ under it. 1 and 2: 1-7 % slower
         than ``0`` on the H200 (BENCHMARKS.md "Backward (Gluon)"); all opt-in.
+    LP_FA4_FWD_LPT_MAX_S=8192  the longest dense causal sequence whose Gluon forward walks its tiles in
+        L2-sized head groups, heaviest first (``fwd_sm90.fwd``'s ``lpt``); longer ones take the
+        workload-sorted tile list (at 8192 the walk with balanced groups measured 579-583 TFLOP/s
+        against the list's 546-579 on the H200; longer sequences were not measured).
+    LP_FA4_FWD_LPT_BALANCE=1|0  size those groups for even work per persistent program
+        (``fwd_sm90.lpt_group``, default 1) rather than by the L2 budget alone (0).
     LP_FA4_BWD_WINDOWS=1|0  whether the Gluon Hopper backward also takes windows: FA4's local windows
         and ``jagged_attention``'s top-left band (query tiles outside a kv tile's band skipped, edge
         tiles masked). Default 1: 1.66-1.73x the Triton backward at W = 256 on the H200
@@ -91,6 +97,17 @@ def bwd_pipe() -> int:
     if mode not in ("0", "1", "2", "3"):
         raise ValueError(f"LP_FA4_BWD_PIPE must be 0, 1, 2 or 3, got {mode!r}")
     return int(mode)
+
+
+def fwd_lpt_max_s() -> int:
+    mode = os.environ.get("LP_FA4_FWD_LPT_MAX_S", "8192").strip()
+    if not mode.isdigit():
+        raise ValueError(f"LP_FA4_FWD_LPT_MAX_S must be a sequence length, got {mode!r}")
+    return int(mode)
+
+
+def fwd_lpt_balance() -> bool:
+    return _flag("LP_FA4_FWD_LPT_BALANCE", "1")
 
 
 def bwd_windows() -> bool:

@@ -13,11 +13,14 @@ Partitions of each persistent program (one per SM at most):
 Work items come from ``ads_kernel_tools.kernels.tile_list.schedule`` (only real tiles, heaviest
 sequence first); under ``CAUSAL`` a sequence's query tiles are walked from the last (the one with
 the most keys) to the first, so each program's list also runs longest first. Dense causal batches up
-to ``LPT_MAX_S`` take no list: their tiles are walked in groups of (batch, head) pairs whose K/V fit
-in L2, heaviest rank first across the group (``fwd``'s ``lpt``). Dense non-causal batches (all tiles
-equal) take no list either: the same walk with one pair per group is the list's order. The offsets
-of dense batches (``dispatch.dense_offsets``) are in range by construction and skip the clamp
-launch; a dense call then launches only the attention kernel (FP8: and V's copy).
+to ``config.fwd_lpt_max_s()`` (8192: the walk measured faster than the tile list at 2048 and 4096,
+and with balanced groups at 8192 too, on the H200, BENCHMARKS.md) take no list: their tiles are
+walked in groups of (batch, head) pairs whose K/V fit in L2 and whose work spreads evenly over the
+programs (``lpt_group``), heaviest rank first across the group (``fwd``'s ``lpt``). Dense
+non-causal batches (all tiles equal) take no list either: the same walk with one pair per group is
+the list's order. The offsets of dense batches (``dispatch.dense_offsets``) are in range by
+construction and skip the clamp launch; a dense call then launches only the attention kernel (FP8:
+and V's copy).
 
 Semantics (the Triton forward's, ``lp_fa4.triton._fwd``, for the subset admitted by
 ``dispatch.supported``): query rows [0, rows) of sequence b are computed, with rows = min(Lq_b,
@@ -40,6 +43,9 @@ the P·V before the softmax in the 16-bit build too: its SASS has no exp2 betwee
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -64,6 +70,7 @@ from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.tile_list import schedule
 from ads_kernel_tools.kernels.transpose import v_kmajor_relabel
 
+from .. import config
 from .dispatch import dense_length, dense_offsets
 
 BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
@@ -552,9 +559,30 @@ FP8_V_COPY = "aligned"
 # consumers on the H200 for bf16 and FP8 at S = 8192 (BENCHMARKS.md, Experiments).
 PINGPONG = False
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
-# The LPT walk measured faster than the tile list for dense causal S = 2048 and 4096 and slower at
-# 8192 (one A/B run on the H200, BENCHMARKS.md): the default takes it up to this length.
-LPT_MAX_S = 4096
+
+
+@functools.lru_cache(maxsize=256)
+def lpt_group(pairs: int, m_tiles: int, programs: int, cap: int, sq: int, sk: int) -> int:
+    """How many (b, h) pairs one LPT group holds (at most ``cap``, the L2 budget), chosen so that the
+    persistent programs, which take items t, t + programs, ... of the walk, get the most even work:
+    causal q tile m of a dense batch (Lq = sq, Lk = sk, bottom-right) costs its kv tiles plus one
+    (its Q load and epilogue). The L2-sized group alone can leave one program ~18 % more work than
+    the mean (e.g. 24 pairs of 16 tiles on 132 programs); a smaller group evens it out. Host-only,
+    cached per shape."""
+    m = np.arange(m_tiles, dtype=np.int64)
+    last = np.minimum(m * BLOCK_M + BLOCK_M, sq) - 1 + (sk - sq)
+    kv_tiles = np.minimum((np.maximum(last + 1, 0) + BLOCK_N - 1) // BLOCK_N, -(-sk // BLOCK_N))
+    weight = (kv_tiles + 1)[::-1].astype(np.float64)  # rank idx = tile m_tiles - 1 - idx
+    t = np.arange(pairs * m_tiles, dtype=np.int64)
+    slot = t % programs
+    best, best_hg = None, cap
+    for hg in sorted({*range(1, min(cap, 64) + 1), cap}, reverse=True):
+        g, r = np.divmod(t, hg * m_tiles)
+        gh = np.minimum(pairs - g * hg, hg)
+        worst = float(np.bincount(slot, weights=weight[r // gh], minlength=programs).max())
+        if best is None or worst < best * 0.995:  # ties keep the larger group (fewer group turns)
+            best, best_hg = worst, hg
+    return best_hg
 
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
@@ -564,12 +592,12 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
-    ``lpt`` (default: dense q, causal and S <= ``LPT_MAX_S``): walk the dense batch's tiles in head
-    groups whose K/V fit in L2, heaviest tiles first in each group, instead of the sequence-major
-    tile list. A dense batch (``lse_dense``) has equal slots, so the order needs no list. Left to
-    the default, a dense q and K (``dense_offsets``) without causal mask, window or seqused, whose
-    tiles all weigh the same, walk in the tile list's own order (groups of one (b, h) pair) without
-    building it: the list's sort and fill launch goes.
+    ``lpt`` (default: dense q, causal and S <= ``config.fwd_lpt_max_s()``): walk the dense batch's
+    tiles in head groups whose K/V fit in L2 (sized by ``lpt_group``), heaviest tiles first in each
+    group, instead of the sequence-major tile list. A dense batch (``lse_dense``) has equal slots,
+    so the order needs no list. Left to the default, a dense q and K (``dense_offsets``) without
+    causal mask, window or seqused, whose tiles all weigh the same, walk in the tile list's own
+    order (groups of one (b, h) pair) without building it: the list's sort and fill launch goes.
 
     ``descale``: (q, k, v) contiguous fp32 (B, Hkv) for float8_e4m3fn q, k, v (out bf16); V is then
     read through a K-major copy made here, laid out as ``v_copy`` says (default ``FP8_V_COPY``):
@@ -635,13 +663,16 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     if lpt is None:
         even = lse_dense and not causal and window is None and lk_dense is not None and used_q is None
         even = even and used_k is None
-        lpt = (lse_dense and causal and tq // n_b <= LPT_MAX_S) or even
+        lpt = (lse_dense and causal and tq // n_b <= config.fwd_lpt_max_s()) or even
     lpt = lpt and lse_dense
     if lpt:
         m_tiles = min(m_tiles, _cdiv(tq // n_b, BM))  # every slot has these tiles
         tiles = count = cu_q  # not read
         kv_bytes = 2 * (tk // n_b) * d * q.element_size() * hkv // h  # per (b, h) pair
         hg = 1 if even else max(1, min(n_b * h, L2_GROUP_BYTES // max(kv_bytes, 1)))
+        if not even and causal and config.fwd_lpt_balance():
+            programs = min(n_b * h * m_tiles, num_sms(q.device))
+            hg = lpt_group(n_b * h, m_tiles, programs, hg, tq // n_b, tk // n_b)
     else:
         tiles, count = schedule(cu_q, cu_k, max_q, tile_q=True, block=BM, slots=m_tiles, heads=h)
         hg = 1
