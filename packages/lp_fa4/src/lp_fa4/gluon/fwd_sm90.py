@@ -567,8 +567,8 @@ def lpt_group(pairs: int, m_tiles: int, programs: int, cap: int, sq: int, sk: in
     persistent programs, which take items t, t + programs, ... of the walk, get the most even work:
     causal q tile m of a dense batch (Lq = sq, Lk = sk, bottom-right) costs its kv tiles plus one
     (its Q load and epilogue). The L2-sized group alone can leave one program ~18 % more work than
-    the mean (e.g. 24 pairs of 16 tiles on 132 programs); a smaller group evens it out. Host-only,
-    cached per shape."""
+    the mean (e.g. 24 pairs of 16 tiles on 132 programs); a smaller group evens it out. Host-only
+    (numpy), cached per shape; a few milliseconds for the first call of a typical shape."""
     m = np.arange(m_tiles, dtype=np.int64)
     last = np.minimum(m * BLOCK_M + BLOCK_M, sq) - 1 + (sk - sq)
     kv_tiles = np.minimum((np.maximum(last + 1, 0) + BLOCK_N - 1) // BLOCK_N, -(-sk // BLOCK_N))
@@ -576,7 +576,11 @@ def lpt_group(pairs: int, m_tiles: int, programs: int, cap: int, sq: int, sk: in
     t = np.arange(pairs * m_tiles, dtype=np.int64)
     slot = t % programs
     best, best_hg = None, cap
-    for hg in sorted({*range(1, min(cap, 64) + 1), cap}, reverse=True):
+    if t.size <= 1 << 17:
+        candidates = {*range(1, min(cap, 64) + 1), cap}
+    else:  # a large batch: a few group sizes keep the first call of a shape short
+        candidates = {max(1, cap >> i) for i in range(7)}
+    for hg in sorted(candidates, reverse=True):
         g, r = np.divmod(t, hg * m_tiles)
         gh = np.minimum(pairs - g * hg, hg)
         worst = float(np.bincount(slot, weights=weight[r // gh], minlength=programs).max())
