@@ -64,6 +64,7 @@ from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.tile_list import schedule
 
 from .. import config
+from .dispatch import dense_length
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # keys per work item: 64 per consumer warpgroup
@@ -629,12 +630,22 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     tq, h, d = q.shape
     tk, hkv, _ = k.shape
     n_b = cu_q.shape[0] - 1
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     rows_cap = min(int(rows_cap), int(max_q))
     if n_b <= 0 or h == 0 or rows_cap <= 0 or max_k <= 0 or tq == 0 or tk == 0:
-        return torch.zeros_like(q), dk, dv
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # the dense batches' own offsets (dispatch.dense_offsets) are in range: only others are clamped
+    lq_dense, lk_dense = dense_length(cu_q, tq), dense_length(cu_k, tk)
+    if lq_dense is None and lk_dense is None:
+        cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
+    elif lq_dense is None:
+        cu_q = clamp_offsets(cu_q, tq)[0]
+    elif lk_dense is None:
+        cu_k = clamp_offsets(cu_k, tk)[0]
+    # every key row is stored once (zeros where no query sees it) when all keys of a dense K count
+    every_key = lk_dense is not None and used_k is None and max_k >= lk_dense
+    new_kv = torch.empty_like if every_key else torch.zeros_like
+    dk, dv = new_kv(k), new_kv(v)
     dq_acc = torch.zeros((tq, h, d), dtype=torch.float32, device=q.device)
-    cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
     gdt = _GL[q.dtype]
     BM, BN = BLOCK_M, BLOCK_N
     q_desc, do_desc = rows_desc(q, BM, gdt), rows_desc(do, BM, gdt)
