@@ -1,10 +1,14 @@
 """Odd shapes through every kernel path, for ``compute-sanitizer --tool memcheck python3 memcheck_case.py``.
 
 Partial row tiles (M = 77, 1), column tails (N = 80, 1040 with 128-wide tiles) and K = 48 that is no
-multiple of the 64-wide K step; forward, backward and the input-grad ops. Prints one line at the end.
+multiple of the 64-wide K step; forward, backward and the input-grad ops. With
+``ADS_NORM_FUSION_GLUON=auto`` it runs the Gluon forward's cases instead (``gluon_main``). Prints one
+line at the end.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -17,7 +21,34 @@ from ads_norm_fusion import (
 )
 
 
+def gluon_main() -> None:
+    """The Gluon forward in the layout and kernel the environment picks: partial row blocks (M = 77,
+    1), K tails (48, 1040), split 1 (N = 192) and split 2, 133 row blocks of 128 over 66 program
+    pairs; inference (statistics) and training (x̂, every gradient) forwards."""
+    dev, dt = "cuda", torch.bfloat16
+    for m, k, n in ((77, 48, 128), (1, 64, 256), (300, 1040, 1024), (129, 80, 192), (17000, 48, 256)):
+        leaves = [
+            torch.randn(m, k, device=dev, dtype=dt),
+            torch.randn(n, k, device=dev, dtype=dt) * k**-0.5,
+            torch.randn(n, device=dev, dtype=dt),
+            torch.randn(n, device=dev, dtype=dt),
+            torch.randn(n, device=dev, dtype=dt),
+        ]
+        x, w, b, g, be = (t.requires_grad_() for t in leaves)
+        dy = torch.randn(m, n, device=dev, dtype=dt)
+        with torch.no_grad():
+            linear_layernorm(x, w, b, g, be, return_stats=True)
+            linear_rmsnorm(x, w, b, g, return_stats=True)
+        torch.autograd.grad(linear_layernorm(x, w, b, g, be), (x, w, b, g, be), dy)
+        torch.autograd.grad(linear_rmsnorm(x, w, b, g), (x, w, b, g), dy)
+    torch.cuda.synchronize()
+    print("memcheck cases: all paths ran")
+
+
 def main() -> None:
+    if os.environ.get("ADS_NORM_FUSION_GLUON") == "auto":
+        gluon_main()
+        return
     dev, dt = "cuda", torch.bfloat16
     # 17000 rows: 133 row blocks of 128 over 132 persistent programs, the second of program 0 partial
     for m, k, n in ((77, 48, 80), (1, 48, 1040), (300, 1040, 1040), (129, 80, 272), (17000, 48, 272)):

@@ -115,11 +115,30 @@ def _jobs() -> dict[str, dict]:
     jobs["gluon_rms_fwd_n384_xhat"] = _gluon_job(384, rms=True, xhat=True)
     jobs["gluon_ln_fwd_n1024_split2"] = _gluon_job(1024, rms=False, xhat=False, split=2)
     jobs["gluon_rms_fwd_n768_xhat_split2"] = _gluon_job(768, rms=True, xhat=True, split=2)
+    # the warp-specialised kernel (config.gluon_ws), with its SASS HGMMA counts
+    for name, (n, rms, xhat, split) in GLUON_WS.items():
+        jobs[name] = _gluon_job(n, rms=rms, xhat=xhat, split=split, ws=True) | {"sass_between": _SASS_WGMMA}
     return jobs
 
 
-def _gluon_job(n: int, *, rms: bool, xhat: bool, split: int = 1) -> dict:
-    """The Gluon forward (``gluon.fwd_sm90``) at the tiles and ring depth its launcher picks."""
+# (N, RMS, x̂, split) of the warp-specialised Gluon builds
+GLUON_WS = {
+    "gluon_ws_ln_fwd_n1024": (1024, False, False, 1),
+    "gluon_ws_rms_fwd_n384_xhat": (384, True, True, 1),
+    "gluon_ws_ln_fwd_n1024_split2": (1024, False, False, 2),
+    "gluon_ws_rms_fwd_n768_xhat_split2": (768, True, True, 2),
+}
+# SASS of the whole kernel: HGMMA instructions, and those that close a commit group (gsb0); when
+# ptxas cannot keep the accumulator untouched while its wgmma is in flight, every HGMMA closes one
+_SASS_WGMMA = {
+    "hgmma": [r"^\.text\.linear_norm_fwd_ws_kernel:", r"(?!)", r"\bHGMMA\."],
+    "hgmma_gsb0": [r"^\.text\.linear_norm_fwd_ws_kernel:", r"(?!)", r"\bHGMMA\..*\bgsb0\b"],
+}
+
+
+def _gluon_job(n: int, *, rms: bool, xhat: bool, split: int = 1, ws: bool = False) -> dict:
+    """The Gluon forward (``gluon.fwd_sm90``) at the tiles and ring depth its launcher picks; ``ws``
+    its warp-specialised kernel."""
     import torch
     from triton.runtime.jit import mangle_type
 
@@ -132,14 +151,16 @@ def _gluon_job(n: int, *, rms: bool, xhat: bool, split: int = 1) -> dict:
     def desc(rows, cols):
         return mangle_type(g._desc(host, rows, cols))
 
-    types = {"a_desc": desc(bm, bk), "b_desc": desc(bn, bk), "out_desc": desc(bm, bn),
-             "xhat_desc": desc(bm, bn), **{p: "*bf16" for p in ("bias_ptr", "gamma_ptr", "beta_ptr")},
+    out_rows = g.BLOCK_M if ws else bm
+    types = {"a_desc": desc(bm, bk), "b_desc": desc(bn, bk), "out_desc": desc(out_rows, bn),
+             "xhat_desc": desc(out_rows, bn), **{p: "*bf16" for p in ("bias_ptr", "gamma_ptr", "beta_ptr")},
              "stat1_ptr": "*fp32", "stat2_ptr": "*fp32", "part_ptr": "*fp32",
              "flag_ptr": "*i32" if split == 2 else "*fp32", "eps": "fp32"}  # fmt: skip
     consts = dict(RMS=rms, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=not rms, SAVE_XHAT=xhat,
                   NT=n // split // bn, STAGES=g.stages_for(n, bn, xhat, split, bk), SPLIT=split)  # fmt: skip
-    return dict(module=g.__name__, kernel="linear_norm_fwd_kernel", types=types, constexprs=consts,
-                gluon=True, num_warps=4 * split)  # fmt: skip
+    kernel = "linear_norm_fwd_ws_kernel" if ws else "linear_norm_fwd_kernel"
+    return dict(module=g.__name__, kernel=kernel, types=types, constexprs=consts, gluon=True,
+                num_warps=4 if ws else 4 * split)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +174,7 @@ def ptx(request) -> dict[str, dict]:
 # each compile costs 10-20 s of CPU: the representative kernels by default, the rest with --run-slow
 _DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "ln_fwd_persistent_stage_xhat", "rms_input_grad_raw",
             "rms_gemm", "rms_gemm_dx", "norm_bwd", "norm_bwd_raw", "gluon_ln_fwd_n1024",
-            "gluon_ln_fwd_n1024_split2")  # fmt: skip
+            "gluon_ln_fwd_n1024_split2", "gluon_ws_ln_fwd_n1024_split2")  # fmt: skip
 CASES = [
     c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
     for c in [
@@ -169,6 +190,7 @@ CASES = [
         "gluon_rms_fwd_n384_xhat",
         "gluon_ln_fwd_n1024_split2",
         "gluon_rms_fwd_n768_xhat_split2",
+        *GLUON_WS,
     ]  # fmt: skip
 ]
 
@@ -188,3 +210,7 @@ def test_compiles_for_sm90(ptx, case) -> None:
         "ln_fwd_persistent"
     ):  # 4 stages of 128x64 + 256x64 bf16 tiles (the K loop is pipelined)
         assert 4 * (128 + 256) * 64 * 2 <= counts["shared_bytes"] <= 227 * 1024, counts["shared_bytes"]
+    if case in GLUON_WS:  # one commit group per K step (2-4 HGMMA), not one per instruction
+        (hgmma,), (groups,) = counts["hgmma"], counts["hgmma_gsb0"]
+        warpgroups = GLUON_WS[case][3]
+        assert hgmma >= 2 * warpgroups and groups == warpgroups, counts

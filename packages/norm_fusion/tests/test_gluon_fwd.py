@@ -20,12 +20,15 @@ def gluon_on(monkeypatch):
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "auto")
 
 
-@pytest.fixture(params=["split1", "split2"])
+@pytest.fixture(params=["split1", "split2", "split1-ws", "split2-ws"])
 def gluon_split(request, monkeypatch):
     """Both layouts of the Gluon forward: 64-row blocks in one program, or 128-row blocks shared by
-    two programs (N a multiple of 128; other N fall back to one program)."""
+    two programs (N a multiple of 128; other N fall back to one program); each with the
+    single-partition kernel and with the warp-specialised one (``-ws``)."""
+    split, _, ws = request.param.partition("-")
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "auto")
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", request.param[-1])
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", split[-1])
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "1" if ws else "0")
 
 
 def _mats(m, k, n, dtype=BF16, device="cpu"):
@@ -44,6 +47,53 @@ def test_split_knob(monkeypatch) -> None:
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", "3")
     with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON_SPLIT"):
         config.gluon_split(1024)
+
+
+def test_ws_knob(monkeypatch) -> None:
+    from ads_norm_fusion import config
+
+    monkeypatch.delenv("ADS_NORM_FUSION_GLUON_WS", raising=False)
+    assert config.gluon_ws() is False
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "1")
+    assert config.gluon_ws() is True
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "yes")
+    with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON_WS"):
+        config.gluon_ws()
+
+
+def test_ws_launch_arguments(monkeypatch) -> None:
+    """The launcher's choices per kernel (no GPU: the kernels are replaced by recorders): the
+    warp-specialised kernel runs 4 warps with 64-row output boxes and two flags per row block."""
+    pytest.importorskip("triton.experimental.gluon")
+    from ads_norm_fusion.gluon import fwd_sm90 as g
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen[self.name] = (grid, args, kw)
+
+            return launch
+
+    monkeypatch.setattr(g, "linear_norm_fwd_kernel", Recorder("single"))
+    monkeypatch.setattr(g, "linear_norm_fwd_ws_kernel", Recorder("ws"))
+    m, k, n = 1000, 64, 1024
+    x, w, out = _mats(m, k, n)
+    stat = torch.empty(m)
+    for ws in (False, True):
+        g.forward(x, w, out, stat, stat1=stat, eps=1e-5, rms=False, num_sms=132, split=2, ws=ws)
+    (grid1, args1, kw1), (grid2, args2, kw2) = seen["single"], seen["ws"]
+    assert grid1 == grid2 == (16,)  # 8 row blocks of 128, two programs each
+    assert (kw1["num_warps"], kw2["num_warps"]) == (8, 4)
+    kw1.pop("num_warps"), kw2.pop("num_warps")
+    assert kw1 == kw2
+    assert args1[2].block_shape == [128, 256] and args2[2].block_shape == [64, 256]
+    assert args1[0].block_shape == args2[0].block_shape == [128, 32]
+    assert args1[10].numel() == 8 and args2[10].numel() == 16  # flags
 
 
 def test_switch_off_by_default(monkeypatch) -> None:

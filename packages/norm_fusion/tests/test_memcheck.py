@@ -1,5 +1,6 @@
 """Odd shapes and partial tiles through every kernel path under compute-sanitizer
-memcheck (``memcheck_case.py``): 0 errors, on the GPU only."""
+memcheck (``memcheck_case.py``): 0 errors, on the GPU only; the Gluon forward's cases with each of
+its two kernels."""
 
 from __future__ import annotations
 
@@ -15,3 +16,10 @@ pytestmark = pytest.mark.gpu
 def test_memcheck_clean():
     script = Path(__file__).with_name("memcheck_case.py")
     assert_memcheck_clean(script, done_marker="memcheck cases: all paths ran")
+
+
+@pytest.mark.parametrize("ws", ["0", "1"])
+def test_memcheck_clean_gluon_forward(ws):
+    script = Path(__file__).with_name("memcheck_case.py")
+    env = {"ADS_NORM_FUSION_GLUON": "auto", "ADS_NORM_FUSION_GLUON_WS": ws}
+    assert_memcheck_clean(script, done_marker="memcheck cases: all paths ran", env=env)

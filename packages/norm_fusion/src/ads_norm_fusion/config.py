@@ -14,7 +14,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/0, see ``gluon_forward``),
-``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
+``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``), ``ADS_NORM_FUSION_GLUON_WS`` (0/1, see
+``gluon_ws``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
 ``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES``,
 ``ADS_NORM_FUSION_BWD_ACC2D`` (the row-wise norm backward, see ``norm_bwd_config``),
 ``ADS_NORM_FUSION_BWD_SUMS`` (torch/kernel, see ``norm_bwd_sums_kernel``);
@@ -211,6 +212,15 @@ def gluon_split(n: int) -> int:
     cuBLAS GEMM of their runs (split 2 loads half the bytes per FLOP; BENCHMARKS.md)."""
     split = int(_choice("ADS_NORM_FUSION_GLUON_SPLIT", "2", ("1", "2")))
     return split if n % (64 * split) == 0 else 1
+
+
+def gluon_ws() -> bool:
+    """``ADS_NORM_FUSION_GLUON_WS``: ``1`` runs the Gluon forward's warp-specialised kernel
+    (``fwd_sm90.linear_norm_fwd_ws_kernel``: a one-warp TMA producer feeding one 64-row MMA
+    warpgroup per ``gluon_split``, ring slots released through empty mbarriers, step counters
+    carried); ``0`` (default) the single-partition kernel, whose warps issue both the TMA loads and
+    the wgmma. Same tiles, ring depth and results; not yet timed on the GPU."""
+    return _choice("ADS_NORM_FUSION_GLUON_WS", "0", ("0", "1")) == "1"
 
 
 def save_prenorm() -> bool:

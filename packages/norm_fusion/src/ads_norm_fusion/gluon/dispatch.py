@@ -7,7 +7,7 @@ z tiles in shared memory); K a positive multiple of 8 (TMA's 16-byte row strides
 tensors with 16-byte aligned bases and row strides, contiguous bias / γ / β; an sm_90 GPU with
 Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON=auto`` (not the default, see
 ``config.gluon_forward``). Where N is a multiple of 128 two programs share each row block
-(``config.gluon_split``).
+(``config.gluon_split``); ``config.gluon_ws`` picks the warp-specialised kernel.
 """
 
 from __future__ import annotations
@@ -66,5 +66,6 @@ def forward(mode: str, x, w, out, stat2, *, stat1, bias, gamma, beta, xhat, eps:
     fwd_sm90.forward(
         x, w, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, xhat=xhat, eps=eps,
         rms=mode == "rms_fwd", num_sms=num_sms(x.device), split=config.gluon_split(w.shape[0]),
+        ws=config.gluon_ws(),
     )  # fmt: skip
     return True

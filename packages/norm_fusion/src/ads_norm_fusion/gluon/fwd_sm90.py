@@ -19,6 +19,13 @@ back. ``SPLIT`` (``config.gluon_split``):
   (two warpgroups, 85 FLOP/B as cuBLAS) and exchanging per-row partial statistics with its partner
   through global memory; x̂ leaves from the z tile before y overwrites it (1.56× cuBLAS).
 
+Two kernels with the same tiles, ring depth and results: ``linear_norm_fwd_kernel`` (one
+partition: the warps that run the wgmma also issue the TMA loads, the flat step a load is for
+decoded by division) and ``linear_norm_fwd_ws_kernel`` (``config.gluon_ws``: warp specialised, a
+one-warp TMA producer feeding ``SPLIT`` MMA warpgroups of 64 rows each through a ready / empty
+mbarrier ring, ring slot and phase carried from step to step; each warpgroup runs the statistics,
+the partner exchange and the normalisation of its own rows, so no barrier spans two warpgroups).
+
 Off by default (``config.gluon_forward``): not measured faster than the Triton kernels
 (BENCHMARKS.md).
 
@@ -41,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ads_kernel_tools.kernels.gluon_hopper import smem_layout
+from ads_kernel_tools.kernels.gluon_hopper import init_ring, smem_layout
 
 BLOCK_M = 64  # rows per row block: one warpgroup's wgmma
 BLOCK_K = 64
@@ -109,6 +116,133 @@ def _issue(p, total, per_rb, k_tiles, pid, nprog, col0, a_desc, b_desc, a_smem, 
 
 
 @gluon.jit
+def _program(M, BM: gl.constexpr, SPLIT: gl.constexpr):
+    """This program's place in the persistent grid: (first row block, row-block stride, which half
+    of the columns it holds (``SPLIT`` 2, else 0), how many row blocks it walks)."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    half = 0
+    if SPLIT == 2:
+        half = pid % 2
+        pid = pid // 2
+        nprog = nprog // 2
+    return pid, nprog, half, gl.cdiv(gl.cdiv(M, BM) - pid, nprog)
+
+
+@gluon.jit
+def _merge_tile(acc, cols, bias_ptr, j, mean, m2, shift, HAS_BIAS: gl.constexpr, RMS: gl.constexpr):
+    """Column tile j of z (the fp32 accumulator; the bias at ``cols`` added here) merged into the
+    running row statistics: LayerNorm (mean, M2) by Chan's formula, the first tile's mean kept as
+    ``shift``; RMSNorm Σz² in ``m2``. Returns (mean, m2, shift, the tile as staged: LayerNorm
+    shifted)."""
+    BN: gl.constexpr = acc.shape[1]
+    v = acc
+    if HAS_BIAS:
+        v = v + gl.expand_dims(gl.load(bias_ptr + cols).to(gl.float32), 0)
+    if RMS:
+        m2 = m2 + gl.sum(v * v, axis=1)
+        staged = v
+    else:
+        mean_j = gl.sum(v, axis=1) * (1.0 / BN)
+        d = v - gl.expand_dims(mean_j, 1)
+        m2_j = gl.sum(d * d, axis=1)
+        count = (j * BN).to(gl.float32)
+        tot = count + BN
+        delta = mean_j - mean
+        mean = mean + delta * (BN / tot)
+        m2 = m2 + m2_j + delta * delta * (count * BN / tot)
+        if j == 0:
+            shift = mean_j
+        staged = v - gl.expand_dims(shift, 1)
+    return mean, m2, shift, staged
+
+
+@gluon.jit
+def _merge_partner(base, flag, half, mean, m2, BLOCK: gl.constexpr, HALF_COLS: gl.constexpr,
+                   RMS: gl.constexpr):  # fmt: skip
+    """``SPLIT`` 2: publish this program's partial statistics of its rows over its ``HALF_COLS``
+    columns (``base``: the row block's [half][mean, M2 or Σz²][BLOCK rows] fp32 record, offset to
+    these rows), count itself in ``flag`` and wait for the partner, then merge both halves in the
+    same order, so both programs get the same bits."""
+    row_l: gl.constexpr = mean.type.layout
+    r_idx = gl.arange(0, mean.shape[0], row_l)
+    gl.store(base + half * (2 * BLOCK) + r_idx, mean)
+    gl.store(base + half * (2 * BLOCK) + BLOCK + r_idx, m2)
+    gl.thread_barrier()
+    seen = gl.atomic_add(flag, 1, sem="acq_rel", scope="gpu") + 1
+    while seen < 2:
+        seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+    gl.thread_barrier()
+    mean_a = gl.load(base + r_idx, cache_modifier=".cg")
+    m2_a = gl.load(base + BLOCK + r_idx, cache_modifier=".cg")
+    mean_b = gl.load(base + 2 * BLOCK + r_idx, cache_modifier=".cg")
+    m2_b = gl.load(base + 3 * BLOCK + r_idx, cache_modifier=".cg")
+    if RMS:
+        m2 = m2_a + m2_b
+    else:
+        delta = mean_b - mean_a
+        mean = mean_a + delta * 0.5
+        m2 = m2_a + m2_b + delta * delta * (HALF_COLS * 0.5)
+    return mean, m2
+
+
+@gluon.jit
+def _finish_rows(z_smem, z0, xh_smem, out_desc, xhat_desc, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, mean,
+                 m2, shift, off_m, col0, half, M, nf, eps, acc_l: gl.constexpr, NT: gl.constexpr,
+                 RMS: gl.constexpr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.constexpr,
+                 SAVE_XHAT: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+    """The complete rows [off_m, off_m + rows of a z tile): statistics out, then z tiles z0 + j
+    (j < NT, columns col0 + j·BN) read back, normalised, γ and β applied in place and sent to y by
+    TMA; x̂ through ``xh_smem`` (``SPLIT`` 1) or from the z tile before y overwrites it (2)."""
+    dtype: gl.constexpr = z_smem.dtype
+    BM: gl.constexpr = z_smem.shape[1]
+    BN: gl.constexpr = z_smem.shape[2]
+    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
+    col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
+    rstat = gl.rsqrt(m2 / nf + eps)
+    rows = off_m + gl.arange(0, BM, row_l)
+    row_ok = rows < M
+    if SPLIT == 2:
+        row_ok = row_ok & (half == 0)  # one program of the pair writes the statistics
+    if not RMS:
+        gl.store(stat1_ptr + rows, mean, mask=row_ok)
+    gl.store(stat2_ptr + rows, rstat, mask=row_ok)
+    back = gl.expand_dims(shift - mean, 1)
+    scale = gl.expand_dims(rstat, 1)
+    for j in range(NT):
+        cols = col0 + j * BN + gl.arange(0, BN, col_l)
+        z_tile = z_smem.index(z0 + j)
+        w = z_tile.load(acc_l).to(gl.float32)  # the values this thread stored
+        if RMS:
+            xh = w * scale
+        else:
+            xh = (w + back) * scale
+        if SAVE_XHAT and SPLIT == 1:
+            tma.store_wait(1)  # the previous x̂ store has read the staging tile
+            gl.thread_barrier()
+            xh_smem.store(xh.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(xhat_desc, [off_m, j * BN], xh_smem)
+        if SAVE_XHAT and SPLIT == 2:  # no room for a staging tile: x̂ leaves from the z tile first
+            z_tile.store(xh.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(xhat_desc, [off_m, col0 + j * BN], z_tile)
+            tma.store_wait(0)
+            gl.thread_barrier()
+        y = xh
+        if HAS_GAMMA:
+            y = y * gl.expand_dims(gl.load(gamma_ptr + cols).to(gl.float32), 0)
+        if HAS_BETA:
+            y = y + gl.expand_dims(gl.load(beta_ptr + cols).to(gl.float32), 0)
+        z_tile.store(y.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(out_desc, [off_m, col0 + j * BN], z_tile)
+
+
+@gluon.jit
 def linear_norm_fwd_kernel(
     a_desc, b_desc, out_desc, xhat_desc, bias_ptr, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, part_ptr,
     flag_ptr, M, N, K, eps, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GAMMA: gl.constexpr,
@@ -117,7 +251,7 @@ def linear_norm_fwd_kernel(
 ):  # fmt: skip
     """y = norm(a·bᵀ + bias)·γ + β for a (M, K), b (N, K); stat1 = mean (LayerNorm), stat2 = rstd or
     rrms, fp32 per row. ``NT`` column tiles per program. The grid must not exceed the row blocks
-    (times ``SPLIT``).
+    (times ``SPLIT``). One partition: the warps that run the wgmma also issue the TMA loads.
 
     ``SPLIT`` 2: programs 2q and 2q + 1 share each of their row blocks (128 rows), program 2q + h
     computing and holding columns [h·N/2, (h + 1)·N/2); each writes its rows' partial (mean, M2) or
@@ -138,20 +272,15 @@ def linear_norm_fwd_kernel(
     z_smem = gl.allocate_shared_memory(dtype, [NT, BM, BN], out_desc.layout)
     if SAVE_XHAT and SPLIT == 1:
         xh_smem = gl.allocate_shared_memory(dtype, [BM, BN], xhat_desc.layout)
+    else:
+        xh_smem = z_smem  # not used
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for si in gl.static_range(STAGES):
         mbarrier.init(ready.index(si), count=1)
     fence_async_shared()
 
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    half = 0
-    if SPLIT == 2:
-        half = pid % 2
-        pid = pid // 2
-        nprog = nprog // 2
+    pid, nprog, half, my_blocks = _program(M, BM, SPLIT)
     col0 = half * (NT * BN)
-    my_blocks = gl.cdiv(gl.cdiv(M, BM) - pid, nprog)
     k_tiles = gl.cdiv(K, BK)
     per_rb = NT * k_tiles
     total = my_blocks * per_rb
@@ -159,7 +288,6 @@ def linear_norm_fwd_kernel(
         _issue(p, total, per_rb, k_tiles, pid, nprog, col0, a_desc, b_desc, a_smem, b_smem, ready, STAGES)
 
     nf = N.to(gl.float32)
-    inv_bn = 1.0 / BN
     c = 0  # flat step consumed next
     for i in range(my_blocks):
         off_m = (pid + i * nprog) * BM
@@ -181,93 +309,183 @@ def linear_norm_fwd_kernel(
                 c += 1
             acc = warpgroup_mma_wait(0, deps=(acc,))
             cols = col0 + j * BN + gl.arange(0, BN, col_l)
-            v = acc
-            if HAS_BIAS:
-                v = v + gl.expand_dims(gl.load(bias_ptr + cols).to(gl.float32), 0)
-            if RMS:
-                m2 = m2 + gl.sum(v * v, axis=1)
-                staged = v
-            else:
-                mean_j = gl.sum(v, axis=1) * inv_bn
-                d = v - gl.expand_dims(mean_j, 1)
-                m2_j = gl.sum(d * d, axis=1)
-                count = (j * BN).to(gl.float32)
-                tot = count + BN
-                delta = mean_j - mean
-                mean = mean + delta * (BN / tot)
-                m2 = m2 + m2_j + delta * delta * (count * BN / tot)
-                if j == 0:
-                    shift = mean_j
-                staged = v - gl.expand_dims(shift, 1)
+            mean, m2, shift, staged = _merge_tile(acc, cols, bias_ptr, j, mean, m2, shift, HAS_BIAS, RMS)
             if j == 0:  # the previous row block's stores have read the z tiles
                 tma.store_wait(0)
                 gl.thread_barrier()
             z_smem.index(j).store(staged.to(dtype))
 
         if SPLIT == 2:  # merge with the partner's half, both halves in the same order
-            r_idx = gl.arange(0, BM, row_l)
-            base = part_ptr + (pid + i * nprog).to(gl.int64) * (4 * BM)
-            gl.store(base + half * (2 * BM) + r_idx, mean)
-            gl.store(base + half * (2 * BM) + BM + r_idx, m2)
-            gl.thread_barrier()
-            flag = flag_ptr + (pid + i * nprog)
-            seen = gl.atomic_add(flag, 1, sem="acq_rel", scope="gpu") + 1
-            while seen < 2:
-                seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-            gl.thread_barrier()
-            mean_a = gl.load(base + r_idx, cache_modifier=".cg")
-            m2_a = gl.load(base + BM + r_idx, cache_modifier=".cg")
-            mean_b = gl.load(base + 2 * BM + r_idx, cache_modifier=".cg")
-            m2_b = gl.load(base + 3 * BM + r_idx, cache_modifier=".cg")
-            if RMS:
-                m2 = m2_a + m2_b
-            else:
-                delta = mean_b - mean_a
-                mean = mean_a + delta * 0.5
-                m2 = m2_a + m2_b + delta * delta * (NT * BN * 0.5)
-        rstat = gl.rsqrt(m2 / nf + eps)
-        rows = off_m + gl.arange(0, BM, row_l)
-        row_ok = rows < M
-        if SPLIT == 2:
-            row_ok = row_ok & (half == 0)  # one program of the pair writes the statistics
-        if not RMS:
-            gl.store(stat1_ptr + rows, mean, mask=row_ok)
-        gl.store(stat2_ptr + rows, rstat, mask=row_ok)
-        back = gl.expand_dims(shift - mean, 1)
-        scale = gl.expand_dims(rstat, 1)
-        for j in range(NT):
-            cols = col0 + j * BN + gl.arange(0, BN, col_l)
-            w = z_smem.index(j).load(acc_l).to(gl.float32)  # the values this thread stored
-            if RMS:
-                xh = w * scale
-            else:
-                xh = (w + back) * scale
-            if SAVE_XHAT and SPLIT == 1:
-                tma.store_wait(1)  # the previous x̂ store has read the staging tile
-                gl.thread_barrier()
-                xh_smem.store(xh.to(dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-                tma.async_copy_shared_to_global(xhat_desc, [off_m, j * BN], xh_smem)
-            if SAVE_XHAT and SPLIT == 2:  # no room for a staging tile: x̂ leaves from the z tile first
-                z_smem.index(j).store(xh.to(dtype))
-                fence_async_shared()
-                gl.thread_barrier()
-                tma.async_copy_shared_to_global(xhat_desc, [off_m, col0 + j * BN], z_smem.index(j))
-                tma.store_wait(0)
-                gl.thread_barrier()
-            y = xh
-            if HAS_GAMMA:
-                y = y * gl.expand_dims(gl.load(gamma_ptr + cols).to(gl.float32), 0)
-            if HAS_BETA:
-                y = y + gl.expand_dims(gl.load(beta_ptr + cols).to(gl.float32), 0)
-            z_smem.index(j).store(y.to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(out_desc, [off_m, col0 + j * BN], z_smem.index(j))
+            rb = pid + i * nprog
+            base = part_ptr + rb.to(gl.int64) * (4 * BM)
+            mean, m2 = _merge_partner(base, flag_ptr + rb, half, mean, m2, BM, NT * BN, RMS)
+        _finish_rows(z_smem, 0, xh_smem, out_desc, xhat_desc, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, mean,
+                     m2, shift, off_m, col0, half, M, nf, eps, acc_l, NT, RMS, HAS_GAMMA, HAS_BETA,
+                     SAVE_XHAT, SPLIT)  # fmt: skip
     tma.store_wait(0)
     for si in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(si))
+
+
+# ----------------------------------------------------------------------------------------------
+# Warp-specialised variant: a one-warp TMA producer feeding SPLIT MMA warpgroups of 64 rows each
+# ----------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _advance(s, ph, STAGES: gl.constexpr):
+    """The next ring slot and its phase, carried from step to step (no division by STAGES)."""
+    s += 1
+    if s == STAGES:
+        s = 0
+        ph ^= 1
+    return s, ph
+
+
+@gluon.jit
+def _ws_loads(a_desc, b_desc, a_smem, b_smem, ready, empty, M, K, NT: gl.constexpr, STAGES: gl.constexpr,
+              SPLIT: gl.constexpr):  # fmt: skip
+    """Producer partition (one warp): the A (all rows of the row block) and B tiles of every
+    (row block, column tile, K step) of this program, in the order the warpgroups consume them,
+    each into the next ring slot once every warpgroup has released it."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    pid, nprog, half, my_blocks = _program(M, BM, SPLIT)
+    col0 = half * (NT * BN)
+    k_tiles = gl.cdiv(K, BK)
+    s = 0
+    ph = 0
+    for i in range(my_blocks):
+        off_m = (pid + i * nprog) * BM
+        for j in range(NT):
+            for kk in range(k_tiles):
+                mbarrier.wait(empty.index(s), ph ^ 1)  # the first round passes on the fresh barrier
+                bar = ready.index(s)
+                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, kk * BK], bar, a_smem.index(s))
+                tma.async_copy_global_to_shared(b_desc, [col0 + j * BN, kk * BK], bar, b_smem.index(s))
+                s, ph = _advance(s, ph, STAGES)
+
+
+@gluon.jit
+def _ws_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GAMMA: gl.constexpr,
+             HAS_BETA: gl.constexpr, SAVE_XHAT: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr,
+             SPLIT: gl.constexpr):  # fmt: skip
+    """MMA warpgroup WG: rows [WG·64, WG·64 + 64) of each of this program's row blocks: their column
+    tiles of z by wgmma from the ring (one group in flight behind the newest; a slot is released
+    once its wgmma has retired), the statistics, the z tiles WG·NT + j, then the partner merge
+    (``SPLIT`` 2, per warpgroup) and the normalised rows out. Works on its own rows only, so its
+    barriers span its own four warps."""
+    (a_smem, b_smem, z_smem, xh_smem, ready, empty, out_desc, xhat_desc, bias_ptr, gamma_ptr, beta_ptr,
+     stat1_ptr, stat2_ptr, part_ptr, flag_ptr, M, N, K, eps) = args  # fmt: skip
+    dtype: gl.constexpr = z_smem.dtype
+    BM: gl.constexpr = a_smem.shape[1]  # the row block
+    BK: gl.constexpr = a_smem.shape[2]
+    R: gl.constexpr = z_smem.shape[1]  # this warpgroup's rows of it
+    BN: gl.constexpr = z_smem.shape[2]
+    acc_l: gl.constexpr = _acc_layout(BN, 4)
+    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
+    col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
+    pid, nprog, half, my_blocks = _program(M, BM, SPLIT)
+    col0 = half * (NT * BN)
+    k_tiles = gl.cdiv(K, BK)
+    nf = N.to(gl.float32)
+    s = 0
+    ph = 0
+    for i in range(my_blocks):
+        rb = pid + i * nprog
+        off_m = rb * BM + WG * R
+        mean = gl.zeros([R], gl.float32, row_l)
+        m2 = gl.zeros([R], gl.float32, row_l)
+        shift = gl.zeros([R], gl.float32, row_l)
+        for j in range(NT):
+            acc = gl.zeros([R, BN], gl.float32, acc_l)
+            prev = s
+            for kk in range(k_tiles):
+                mbarrier.wait(ready.index(s), ph)
+                a_tile = a_smem.index(s)
+                if SPLIT == 2:
+                    a_tile = a_tile.slice(WG * R, R, dim=0)
+                b_tile = b_smem.index(s).permute((1, 0))
+                acc = warpgroup_mma(a_tile, b_tile, acc, use_acc=kk > 0, is_async=True)
+                acc = warpgroup_mma_wait(1, deps=(acc,))
+                mbarrier.arrive(empty.index(prev), pred=kk > 0)  # the previous step's wgmma has retired
+                prev = s
+                s, ph = _advance(s, ph, STAGES)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(empty.index(prev))
+            cols = col0 + j * BN + gl.arange(0, BN, col_l)
+            mean, m2, shift, staged = _merge_tile(acc, cols, bias_ptr, j, mean, m2, shift, HAS_BIAS, RMS)
+            if j == 0:  # the previous row block's stores have read the z tiles
+                tma.store_wait(0)
+                gl.thread_barrier()
+            z_smem.index(WG * NT + j).store(staged.to(dtype))
+        if SPLIT == 2:
+            base = part_ptr + rb.to(gl.int64) * (4 * BM) + WG * R
+            mean, m2 = _merge_partner(base, flag_ptr + rb * 2 + WG, half, mean, m2, BM, NT * BN, RMS)
+        _finish_rows(z_smem, WG * NT, xh_smem, out_desc, xhat_desc, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr,
+                     mean, m2, shift, off_m, col0, half, M, nf, eps, acc_l, NT, RMS, HAS_GAMMA, HAS_BETA,
+                     SAVE_XHAT, SPLIT)  # fmt: skip
+    tma.store_wait(0)  # shared memory must outlive the last store's read
+
+
+@gluon.jit
+def linear_norm_fwd_ws_kernel(
+    a_desc, b_desc, out_desc, xhat_desc, bias_ptr, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, part_ptr,
+    flag_ptr, M, N, K, eps, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GAMMA: gl.constexpr,
+    HAS_BETA: gl.constexpr, SAVE_XHAT: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr,
+    SPLIT: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, LOAD_REGS: gl.constexpr = 24,
+):  # fmt: skip
+    """``linear_norm_fwd_kernel``'s computation, warp specialised (launched with 4 warps): a 1-warp
+    TMA producer partition (``_ws_loads``) fills a ring of ``STAGES`` A/B slots, each with a ready
+    and an empty mbarrier (released by each of the ``SPLIT`` MMA warpgroups), and ``SPLIT``
+    warpgroups (``_ws_rows``: the default partition and, ``SPLIT`` 2, a 4-warp worker) each own 64
+    rows of every row block: wgmma, statistics, z tiles, normalisation and stores. ``out_desc`` and
+    ``xhat_desc`` have 64-row boxes. ``SPLIT`` 2: the partner exchange runs per warpgroup, with one
+    flag per (row block, warpgroup) in ``flag_ptr`` (2 int32 per row block, zeroed by the caller)
+    and the record layout of ``linear_norm_fwd_kernel``."""
+    dtype: gl.constexpr = a_desc.dtype
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    R: gl.constexpr = out_desc.block_type.shape[0]
+    a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
+    z_smem = gl.allocate_shared_memory(dtype, [SPLIT * NT, R, BN], out_desc.layout)
+    if SAVE_XHAT and SPLIT == 1:
+        xh_smem = gl.allocate_shared_memory(dtype, [R, BN], xhat_desc.layout)
+    else:
+        xh_smem = z_smem  # not used
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    init_ring(ready, empty, STAGES, SPLIT)
+    fence_async_shared()
+
+    args = (a_smem, b_smem, z_smem, xh_smem, ready, empty, out_desc, xhat_desc, bias_ptr, gamma_ptr, beta_ptr,
+            stat1_ptr, stat2_ptr, part_ptr, flag_ptr, M, N, K, eps)  # fmt: skip
+    largs = (a_desc, b_desc, a_smem, b_smem, ready, empty, M, K, NT, STAGES, SPLIT)
+    WG0: gl.constexpr = 0
+    WG1: gl.constexpr = 1
+    if SPLIT == 2:
+        gl.warp_specialize(
+            [
+                (_ws_rows, (args, WG0, RMS, HAS_BIAS, HAS_GAMMA, HAS_BETA, SAVE_XHAT, NT, STAGES, SPLIT)),
+                (_ws_rows, (args, WG1, RMS, HAS_BIAS, HAS_GAMMA, HAS_BETA, SAVE_XHAT, NT, STAGES, SPLIT)),
+                (_ws_loads, largs),
+            ],
+            [4, 1],
+            [MMA_REGS, LOAD_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_ws_rows, (args, WG0, RMS, HAS_BIAS, HAS_GAMMA, HAS_BETA, SAVE_XHAT, NT, STAGES, SPLIT)),
+                (_ws_loads, largs),
+            ],
+            [1],
+            [LOAD_REGS],
+        )
 
 
 def _desc(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
@@ -276,10 +494,11 @@ def _desc(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
 
 
 def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, xhat=None, eps: float,
-            rms: bool, num_sms: int, split: int = 1) -> None:  # fmt: skip
+            rms: bool, num_sms: int, split: int = 1, ws: bool = False) -> None:  # fmt: skip
     """out (M, N) = norm(x @ wᵀ + bias)·γ + β, stat1 (mean, LayerNorm) and stat2 (rstd / rrms) (M,)
-    fp32, xhat (M, N) when given; x (M, K), w (N, K). The caller checked ``dispatch.why_not`` (and,
-    for ``split`` 2, N % 128 == 0)."""
+    fp32, xhat (M, N) when given; x (M, K), w (N, K). ``ws``: the warp-specialised kernel
+    (``linear_norm_fwd_ws_kernel``), same tiles, ring depth and results. The caller checked
+    ``dispatch.why_not`` (and, for ``split`` 2, N % 128 == 0)."""
     m, k = x.shape
     n = w.shape[0]
     if m == 0:
@@ -288,22 +507,24 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, x
     bm, bn = block_m(split), block_n(n, split)
     bk = block_k(n, bn, save, split)
     stages = stages_for(n, bn, save, split, bk)
+    out_rows = BLOCK_M if ws else bm  # the warp-specialised kernel stores per 64-row warpgroup
     a_desc = _desc(x, bm, bk)
     b_desc = _desc(w, bn, bk)
-    out_desc = _desc(out, bm, bn)
-    xhat_desc = _desc(xhat, bm, bn) if save else out_desc
+    out_desc = _desc(out, out_rows, bn)
+    xhat_desc = _desc(xhat, out_rows, bn) if save else out_desc
     blocks = -(-m // bm)
     programs = max(1, min(blocks, num_sms // split)) * split
     dummy = stat2
     if split == 2:
         part = torch.empty(blocks * 4 * bm, dtype=torch.float32, device=x.device)
-        flags = torch.zeros(blocks, dtype=torch.int32, device=x.device)
+        flags = torch.zeros(blocks * (2 if ws else 1), dtype=torch.int32, device=x.device)
     else:
         part, flags = dummy, dummy
-    linear_norm_fwd_kernel[(programs,)](
+    kernel = linear_norm_fwd_ws_kernel if ws else linear_norm_fwd_kernel
+    kernel[(programs,)](
         a_desc, b_desc, out_desc, xhat_desc, bias if bias is not None else dummy,
         gamma if gamma is not None else dummy, beta if beta is not None else dummy,
         stat1 if stat1 is not None else stat2, stat2, part, flags, m, n, k, float(eps),
         RMS=bool(rms), HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
-        SAVE_XHAT=save, NT=n // split // bn, STAGES=stages, SPLIT=split, num_warps=4 * split,
+        SAVE_XHAT=save, NT=n // split // bn, STAGES=stages, SPLIT=split, num_warps=4 if ws else 4 * split,
     )  # fmt: skip
