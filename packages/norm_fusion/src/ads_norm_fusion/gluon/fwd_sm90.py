@@ -343,6 +343,15 @@ def _advance(s, ph, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _prev_slot(s, STAGES: gl.constexpr):
+    """The ring slot before ``s``."""
+    p = s + (STAGES - 1)
+    if p >= STAGES:
+        p -= STAGES
+    return p
+
+
+@gluon.jit
 def _ws_loads(a_desc, b_desc, a_smem, b_smem, ready, empty, M, K, NT: gl.constexpr, STAGES: gl.constexpr,
               SPLIT: gl.constexpr):  # fmt: skip
     """Producer partition (one warp): the A (all rows of the row block) and B tiles of every
@@ -401,7 +410,6 @@ def _ws_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, 
         shift = gl.zeros([R], gl.float32, row_l)
         for j in range(NT):
             acc = gl.zeros([R, BN], gl.float32, acc_l)
-            prev = s
             for kk in range(k_tiles):
                 mbarrier.wait(ready.index(s), ph)
                 a_tile = a_smem.index(s)
@@ -410,11 +418,12 @@ def _ws_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, 
                 b_tile = b_smem.index(s).permute((1, 0))
                 acc = warpgroup_mma(a_tile, b_tile, acc, use_acc=kk > 0, is_async=True)
                 acc = warpgroup_mma_wait(1, deps=(acc,))
-                mbarrier.arrive(empty.index(prev), pred=kk > 0)  # the previous step's wgmma has retired
-                prev = s
+                # the previous step's wgmma has retired: release its slot (computed from s, not carried:
+                # a name assigned a loop-carried value is not carried itself by Triton's frontend)
+                mbarrier.arrive(empty.index(_prev_slot(s, STAGES)), pred=kk > 0)
                 s, ph = _advance(s, ph, STAGES)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(empty.index(prev))
+            mbarrier.arrive(empty.index(_prev_slot(s, STAGES)))  # the tile's last step
             cols = col0 + j * BN + gl.arange(0, BN, col_l)
             mean, m2, shift, staged = _merge_tile(acc, cols, bias_ptr, j, mean, m2, shift, HAS_BIAS, RMS)
             if j == 0:  # the previous row block's stores have read the z tiles
