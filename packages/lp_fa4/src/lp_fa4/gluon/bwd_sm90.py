@@ -27,8 +27,9 @@ Semantics (the Triton backward's, ``lp_fa4.triton._bwd``, for the subset ``bwd_d
 admits): query rows [0, rows) of sequence b count, rows = min(Lq_b, seqused_q[b], row cap); keys
 [0, k_len), k_len = min(Lk_b, seqused_k[b], max_seqlen_k). Causal is bottom-right: query i sees
 key j iff j <= i + k_len - q_len (q_len the used length); a kv tile skips the query tiles wholly
-above the diagonal and masks only the tiles it crosses. Keys past k_len keep dK = dV = 0 (the
-buffers start zeroed), query rows outside [0, rows) get dQ = 0 (their P is 0: LSE read as +inf).
+above the diagonal and masks only the tiles it crosses. Keys past k_len keep dK = dV = 0
+(``zero_outside_spans`` zeroes them before the kernel), query rows outside [0, rows) get dQ = 0
+(their P is 0: LSE read as +inf).
 Work items are (sequence, kv head, kv tile) from ``ads_kernel_tools.kernels.tile_list.schedule``,
 heaviest sequence first; under causal an item is a pair of kv tiles, j and T-1-j, of equal total
 work (``_kv_tiles``).
@@ -61,6 +62,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     tma_reduce_add,
 )
 from ads_kernel_tools.kernels.offsets import clamp_offsets
+from ads_kernel_tools.kernels.span_fill import zero_outside_spans
 from ads_kernel_tools.kernels.tile_list import schedule
 
 from .. import config
@@ -72,6 +74,7 @@ STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ + 32 
 LOG2E = 1.4426950408889634
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
+SPAN_FILL_MIN_BYTES = 16 << 20  # dK at least this large: zeros only outside the key spans
 
 
 @gluon.jit
@@ -641,10 +644,17 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
         cu_q = clamp_offsets(cu_q, tq)[0]
     elif lk_dense is None:
         cu_k = clamp_offsets(cu_k, tk)[0]
-    # every key row is stored once (zeros where no query sees it) when all keys of a dense K count
+    # the kernel stores the rows of every sequence's used keys (zeros where no query sees them):
+    # only the other rows need zeros, none when all keys of a dense K count; small buffers take a
+    # plain fill, cheaper than one more launch
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     every_key = lk_dense is not None and used_k is None and max_k >= lk_dense
-    new_kv = torch.empty_like if every_key else torch.zeros_like
-    dk, dv = new_kv(k), new_kv(v)
+    if not every_key:
+        if k.numel() * k.element_size() >= SPAN_FILL_MIN_BYTES:
+            zero_outside_spans((dk, dv), cu_k, max_k, used_k)
+        else:
+            dk.zero_()
+            dv.zero_()
     dq_acc = torch.zeros((tq, h, d), dtype=torch.float32, device=q.device)
     gdt = _GL[q.dtype]
     BM, BN = BLOCK_M, BLOCK_N
