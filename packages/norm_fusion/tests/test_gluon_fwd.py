@@ -53,9 +53,9 @@ def test_ws_knob(monkeypatch) -> None:
     from ads_norm_fusion import config
 
     monkeypatch.delenv("ADS_NORM_FUSION_GLUON_WS", raising=False)
-    assert config.gluon_ws() is False
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "1")
     assert config.gluon_ws() is True
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "0")
+    assert config.gluon_ws() is False
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "yes")
     with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON_WS"):
         config.gluon_ws()
@@ -96,8 +96,10 @@ def test_ws_launch_arguments(monkeypatch) -> None:
     assert args1[10].numel() == 8 and args2[10].numel() == 16  # flags
 
 
-def test_switch_off_by_default(monkeypatch) -> None:
+def test_switch_on_by_default(monkeypatch) -> None:
     monkeypatch.delenv("ADS_NORM_FUSION_GLUON", raising=False)
+    assert dispatch.why_not(*_mats(64, 64, 128)) != "ADS_NORM_FUSION_GLUON=0"
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "0")
     assert dispatch.why_not(*_mats(64, 64, 128)) == "ADS_NORM_FUSION_GLUON=0"
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "maybe")
     with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON"):

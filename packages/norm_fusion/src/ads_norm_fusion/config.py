@@ -196,12 +196,13 @@ def persistent_config(m: int, n: int, k: int, num_sms: int) -> PersistentConfig:
 
 
 def gluon_forward() -> bool:
-    """``ADS_NORM_FUSION_GLUON``: ``auto`` lets the Gluon sm_90 forward of ``linear_*norm`` (the row
-    block's GEMM output kept in shared memory, ``gluon.fwd_sm90``) take the calls its predicate
-    ``gluon.dispatch.why_not`` admits; ``0`` (the default) keeps the Triton kernels: the Gluon kernel
-    passes its GPU tests but was not measured faster on the H200 (65536×1024×1024: 1.56× the same
-    run's cuBLAS with ``gluon_split`` 2, the Triton kernel 1.53× in another run; BENCHMARKS.md)."""
-    return _choice("ADS_NORM_FUSION_GLUON", "0", ("auto", "0")) == "auto"
+    """``ADS_NORM_FUSION_GLUON``: ``auto`` (the default) lets the Gluon sm_90 forward of
+    ``linear_*norm`` (the row block's GEMM output kept in shared memory, ``gluon.fwd_sm90``) take the
+    calls its predicate ``gluon.dispatch.why_not`` admits (N <= 1024; a training forward that saves
+    its staged pre-norm tiles stays on the Triton kernels); ``0`` keeps the Triton kernels. With its
+    warp-specialised kernel (``gluon_ws``) it measured faster than the Triton forward on the H200
+    (65536×1024×1024: LayerNorm 374 -> 275 us, RMSNorm 316 -> 263 us; BENCHMARKS.md)."""
+    return _choice("ADS_NORM_FUSION_GLUON", "auto", ("auto", "0")) == "auto"
 
 
 def gluon_split(n: int) -> int:
@@ -215,12 +216,12 @@ def gluon_split(n: int) -> int:
 
 
 def gluon_ws() -> bool:
-    """``ADS_NORM_FUSION_GLUON_WS``: ``1`` runs the Gluon forward's warp-specialised kernel
+    """``ADS_NORM_FUSION_GLUON_WS``: ``1`` (default) runs the Gluon forward's warp-specialised kernel
     (``fwd_sm90.linear_norm_fwd_ws_kernel``: a one-warp TMA producer feeding one 64-row MMA
     warpgroup per ``gluon_split``, ring slots released through empty mbarriers, step counters
-    carried); ``0`` (default) the single-partition kernel, whose warps issue both the TMA loads and
-    the wgmma. Same tiles, ring depth and results; not yet timed on the GPU."""
-    return _choice("ADS_NORM_FUSION_GLUON_WS", "0", ("0", "1")) == "1"
+    carried); ``0`` the single-partition kernel, whose warps issue both the TMA loads and the wgmma
+    (same tiles, ring depth and results; 1.16-1.24x slower on the H200, BENCHMARKS.md)."""
+    return _choice("ADS_NORM_FUSION_GLUON_WS", "1", ("0", "1")) == "1"
 
 
 def save_prenorm() -> bool:
@@ -229,10 +230,10 @@ def save_prenorm() -> bool:
     for LayerNorm, plus that per-row offset), which the Triton forwards already write to stage the
     row, so saving it costs no extra M×N store; the backward recomputes x̂ from it in fp32.
     ``xhat``: a separate x̂ written next to y (one more M×N store). Default ``z`` (H200, LayerNorm
-    training forward at 65536×1024×1024: 415 → 332 µs; BENCHMARKS.md); ``xhat`` while the Gluon
-    forward is on (``gluon_forward``), which writes x̂ itself."""
-    default = "xhat" if gluon_forward() else "z"
-    return _choice("ADS_NORM_FUSION_SAVE", default, ("z", "xhat")) == "z"
+    training forward at 65536×1024×1024: 415 → 332 µs; BENCHMARKS.md). A training forward that
+    saves z runs the Triton kernels; with ``xhat`` the Gluon forward (``gluon_forward``) may take
+    it and writes x̂ itself (not measured faster for training, hence not the default)."""
+    return _choice("ADS_NORM_FUSION_SAVE", "z", ("z", "xhat")) == "z"
 
 
 def norm_bwd_sums_kernel() -> bool:

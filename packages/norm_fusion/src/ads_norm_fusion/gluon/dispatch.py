@@ -5,7 +5,7 @@ decides.
 The Gluon forward covers: bf16/fp16 x, w and outputs; N a multiple of 64 up to 1024 (the row block's
 z tiles in shared memory); K a positive multiple of 8 (TMA's 16-byte row strides); row-major 2-D
 tensors with 16-byte aligned bases and row strides, contiguous bias / γ / β; an sm_90 GPU with
-Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON=auto`` (not the default, see
+Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON=auto`` (the default, see
 ``config.gluon_forward``). Where N is a multiple of 128 two programs share each row block
 (``config.gluon_split``); ``config.gluon_ws`` picks the warp-specialised kernel.
 """

@@ -26,8 +26,8 @@ one-warp TMA producer feeding ``SPLIT`` MMA warpgroups of 64 rows each through a
 mbarrier ring, ring slot and phase carried from step to step; each warpgroup runs the statistics,
 the partner exchange and the normalisation of its own rows, so no barrier spans two warpgroups).
 
-Off by default (``config.gluon_forward``): not measured faster than the Triton kernels
-(BENCHMARKS.md).
+On by default with the warp-specialised kernel (``config.gluon_forward``, ``config.gluon_ws``):
+faster than the Triton forward on the H200 (BENCHMARKS.md).
 
 Needs (``dispatch.why_not`` checks on the host): N a multiple of 64 up to 1024 (of 128 for
 ``SPLIT`` 2), K a multiple of 8 (TMA's 16-byte strides; the K tail of the last step is zero-filled
