@@ -2,7 +2,7 @@
 
 Partial row tiles (M = 77, 1), column tails (N = 80, 1040 with 128-wide tiles) and K = 48 that is no
 multiple of the 64-wide K step; forward, backward and the input-grad ops. With
-``ADS_NORM_FUSION_GLUON=auto`` it runs the Gluon forward's cases instead (``gluon_main``). Prints one
+``ADS_NORM_FUSION_GLUON=on`` it runs the Gluon forward's cases instead (``gluon_main``). Prints one
 line at the end.
 """
 
@@ -46,7 +46,7 @@ def gluon_main() -> None:
 
 
 def main() -> None:
-    if os.environ.get("ADS_NORM_FUSION_GLUON") == "auto":
+    if os.environ.get("ADS_NORM_FUSION_GLUON") == "on":
         gluon_main()
         return
     dev, dt = "cuda", torch.bfloat16

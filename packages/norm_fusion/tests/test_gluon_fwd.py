@@ -1,6 +1,6 @@
 """The Gluon sm_90 forward of linear_layernorm / linear_rmsnorm (``gluon.fwd_sm90``): which calls its
 predicate admits (CPU), outputs, statistics and gradients through the ops against the fp32 references
-(GPU, ``ADS_NORM_FUSION_GLUON=auto``), and that it writes every output element and nothing outside."""
+(GPU, ``ADS_NORM_FUSION_GLUON=on``), and that it writes every output element and nothing outside."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ BF16, FP16 = torch.bfloat16, torch.float16
 
 @pytest.fixture
 def gluon_on(monkeypatch):
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "auto")
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "on")
 
 
 @pytest.fixture(params=["split1", "split2", "split1-ws", "split2-ws"])
@@ -26,7 +26,7 @@ def gluon_split(request, monkeypatch):
     two programs (N a multiple of 128; other N fall back to one program); each with the
     single-partition kernel and with the warp-specialised one (``-ws``)."""
     split, _, ws = request.param.partition("-")
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "auto")
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "on")
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", split[-1])
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "1" if ws else "0")
 
@@ -96,11 +96,19 @@ def test_ws_launch_arguments(monkeypatch) -> None:
     assert args1[10].numel() == 8 and args2[10].numel() == 16  # flags
 
 
-def test_switch_on_by_default(monkeypatch) -> None:
+def test_switch_auto_by_size(monkeypatch) -> None:
+    """Default ``auto``: calls of 2^25 outputs or more (the size alone, checked with ``gluon_forward``
+    so that no large tensor is needed), ``on`` every call, ``0`` none."""
+    from ads_norm_fusion import config
+
     monkeypatch.delenv("ADS_NORM_FUSION_GLUON", raising=False)
-    assert dispatch.why_not(*_mats(64, 64, 128)) != "ADS_NORM_FUSION_GLUON=0"
+    assert dispatch.why_not(*_mats(64, 64, 128)) == "ADS_NORM_FUSION_GLUON=auto (M·N=8192)"
+    assert config.gluon_forward(65536, 512) and not config.gluon_forward(8192, 512)
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "on")
+    assert not dispatch.why_not(*_mats(64, 64, 128)).startswith("ADS_NORM_FUSION_GLUON")
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "0")
-    assert dispatch.why_not(*_mats(64, 64, 128)) == "ADS_NORM_FUSION_GLUON=0"
+    assert dispatch.why_not(*_mats(64, 64, 128)).startswith("ADS_NORM_FUSION_GLUON=0")
+    assert not config.gluon_forward(65536, 1024)
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "maybe")
     with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON"):
         dispatch.why_not(*_mats(64, 64, 128))

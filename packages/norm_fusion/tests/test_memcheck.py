@@ -23,5 +23,5 @@ def test_memcheck_clean():
 @pytest.mark.parametrize("ws", ["0", "1"])
 def test_memcheck_clean_gluon_forward(ws):
     script = Path(__file__).with_name("memcheck_case.py")
-    env = {"ADS_NORM_FUSION_GLUON": "auto", "ADS_NORM_FUSION_GLUON_WS": ws}
+    env = {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_WS": ws}
     assert_memcheck_clean(script, done_marker="memcheck cases: all paths ran", env=env)

@@ -170,8 +170,8 @@ def _run_providers(report, bench, op, shape, providers, leaves, dy) -> None:
 # forward settings the sweep times (config.py knobs; {} = the defaults); the Gluon ones fall back to the
 # Triton kernels where gluon.dispatch.why_not refuses (N > 1024)
 SWEEP_VARIANTS = {
-    "gluon split 2": {"ADS_NORM_FUSION_GLUON": "auto", "ADS_NORM_FUSION_GLUON_SPLIT": "2"},
-    "gluon split 1": {"ADS_NORM_FUSION_GLUON": "auto", "ADS_NORM_FUSION_GLUON_SPLIT": "1"},
+    "gluon split 2": {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_SPLIT": "2"},
+    "gluon split 1": {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_SPLIT": "1"},
     "per-row-block kernel": {"ADS_NORM_FUSION_PERSISTENT": "0"},
     "persistent default": {},
     "persistent 3 stages": {"ADS_NORM_FUSION_STAGES": "3"},
@@ -227,7 +227,7 @@ def _sweep_shape(bench, show, shape) -> None:
                 os.environ.pop(knob)
         show(tag, "RMS persistent default", lambda: linear_rmsnorm(x, w, b, g), cublas)
         prev = os.environ.get("ADS_NORM_FUSION_GLUON")
-        os.environ["ADS_NORM_FUSION_GLUON"] = "auto"
+        os.environ["ADS_NORM_FUSION_GLUON"] = "on"
         show(tag, "RMS gluon (default split)", lambda: linear_rmsnorm(x, w, b, g), cublas)
         if prev is None:
             os.environ.pop("ADS_NORM_FUSION_GLUON")

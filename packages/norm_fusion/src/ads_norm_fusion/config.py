@@ -13,7 +13,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_BWD`` (input/output, see ``rms_backward_from_output``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
-(see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/0, see ``gluon_forward``),
+(see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/on/0, see ``gluon_forward``),
 ``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``), ``ADS_NORM_FUSION_GLUON_WS`` (0/1, see
 ``gluon_ws``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
 ``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES``,
@@ -195,14 +195,25 @@ def persistent_config(m: int, n: int, k: int, num_sms: int) -> PersistentConfig:
     return PersistentConfig(tiles, max(1, min(blocks, per_sm * sms)))
 
 
-def gluon_forward() -> bool:
-    """``ADS_NORM_FUSION_GLUON``: ``auto`` (the default) lets the Gluon sm_90 forward of
-    ``linear_*norm`` (the row block's GEMM output kept in shared memory, ``gluon.fwd_sm90``) take the
-    calls its predicate ``gluon.dispatch.why_not`` admits (N <= 1024; a training forward that saves
-    its staged pre-norm tiles stays on the Triton kernels); ``0`` keeps the Triton kernels. With its
-    warp-specialised kernel (``gluon_ws``) it measured faster than the Triton forward on the H200
-    (65536×1024×1024: LayerNorm 374 -> 275 us, RMSNorm 316 -> 263 us; BENCHMARKS.md)."""
-    return _choice("ADS_NORM_FUSION_GLUON", "auto", ("auto", "0")) == "auto"
+GLUON_MIN_ELEMENTS = 1 << 25  # M·N below which ``auto`` keeps the Triton forward
+
+
+def gluon_forward(m: int, n: int) -> bool:
+    """``ADS_NORM_FUSION_GLUON``: whether the Gluon sm_90 forward of ``linear_*norm`` (the row
+    block's GEMM output kept in shared memory, ``gluon.fwd_sm90``) may take an (M, K) x (N, K)
+    call, which its predicate ``gluon.dispatch.why_not`` then checks (N <= 1024; a training forward
+    that saves its staged pre-norm tiles stays on the Triton kernels). ``auto`` (default): calls of
+    M·N >= 2^25 outputs, where with its warp-specialised kernel (``gluon_ws``) it measured faster
+    than the Triton forward on the H200 (65536×1024×1024: LayerNorm 339 -> 285 us, RMSNorm 310 ->
+    261 us); below, its host launch dominates (8192×512×512 RMSNorm: 141 us against 96 us).
+    ``on``: every call (tests); ``0``: never (BENCHMARKS.md)."""
+    mode = gluon_mode()
+    return mode == "on" or (mode == "auto" and m * n >= GLUON_MIN_ELEMENTS)
+
+
+def gluon_mode() -> str:
+    """``ADS_NORM_FUSION_GLUON`` as given: auto (default), on or 0 (see ``gluon_forward``)."""
+    return _choice("ADS_NORM_FUSION_GLUON", "auto", ("auto", "on", "0"))
 
 
 def gluon_split(n: int) -> int:

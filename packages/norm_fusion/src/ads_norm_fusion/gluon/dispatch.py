@@ -5,8 +5,8 @@ decides.
 The Gluon forward covers: bf16/fp16 x, w and outputs; N a multiple of 64 up to 1024 (the row block's
 z tiles in shared memory); K a positive multiple of 8 (TMA's 16-byte row strides); row-major 2-D
 tensors with 16-byte aligned bases and row strides, contiguous bias / γ / β; an sm_90 GPU with
-Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON=auto`` (the default, see
-``config.gluon_forward``). Where N is a multiple of 128 two programs share each row block
+Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON`` (``config.gluon_forward``: by
+default calls of 2^25 outputs or more). Where N is a multiple of 128 two programs share each row block
 (``config.gluon_split``); ``config.gluon_ws`` picks the warp-specialised kernel.
 """
 
@@ -38,10 +38,10 @@ def why_not(x, w, out, *, xhat=None, vectors=()) -> str | None:
     """None when the Gluon forward takes the call (x (M, K), w (N, K), out and xhat (M, N), vectors
     the bias / γ / β given), else the first reason it does not: the switch, then sizes and dtypes,
     then tensor layouts, then the device, so every reason but the device is testable on a CPU."""
-    if not config.gluon_forward():
-        return "ADS_NORM_FUSION_GLUON=0"
     m, k = x.shape
     n = w.shape[0]
+    if not config.gluon_forward(m, n):
+        return f"ADS_NORM_FUSION_GLUON={config.gluon_mode()} (M·N={m * n})"
     if n % MULTIPLE_N != 0 or not 0 < n <= MAX_N:
         return f"N={n} (needs a multiple of {MULTIPLE_N} up to {MAX_N})"
     if k <= 0 or k % 8 != 0:
