@@ -114,7 +114,7 @@ def _launch_args(monkeypatch, device, *, b, s, h, hkv, causal, trusted, fp8=Fals
         return run
 
     monkeypatch.setattr(fwd_sm90, "attn_fwd_ws", Launch())
-    monkeypatch.setattr(fwd_sm90, "clamp_offsets", spy("clamp", fwd_sm90.clamp_offsets))
+    monkeypatch.setattr(dispatch, "clamp_offsets", spy("clamp", dispatch.clamp_offsets))
     monkeypatch.setattr(fwd_sm90, "schedule", spy("schedule", fwd_sm90.schedule))
     d = 128
     dt = E4M3 if fp8 else torch.bfloat16

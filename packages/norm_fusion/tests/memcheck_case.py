@@ -21,21 +21,21 @@ from ads_norm_fusion import (
 )
 
 
+def _inputs(m: int, k: int, n: int):
+    """x (M, K), w (N, K), bias, γ, β (N,) requiring grad, and dy (M, N): bf16 on the GPU."""
+    dev, dt = "cuda", torch.bfloat16
+    leaves = [torch.randn(m, k, device=dev, dtype=dt), torch.randn(n, k, device=dev, dtype=dt) * k**-0.5]
+    leaves += [torch.randn(n, device=dev, dtype=dt) for _ in range(3)]
+    x, w, b, g, be = (t.requires_grad_() for t in leaves)
+    return x, w, b, g, be, torch.randn(m, n, device=dev, dtype=dt)
+
+
 def gluon_main() -> None:
     """The Gluon forward in the layout and kernel the environment picks: partial row blocks (M = 77,
     1), K tails (48, 1040), split 1 (N = 192) and split 2, 133 row blocks of 128 over 66 program
     pairs; inference (statistics) and training (x̂, every gradient) forwards."""
-    dev, dt = "cuda", torch.bfloat16
     for m, k, n in ((77, 48, 128), (1, 64, 256), (300, 1040, 1024), (129, 80, 192), (17000, 48, 256)):
-        leaves = [
-            torch.randn(m, k, device=dev, dtype=dt),
-            torch.randn(n, k, device=dev, dtype=dt) * k**-0.5,
-            torch.randn(n, device=dev, dtype=dt),
-            torch.randn(n, device=dev, dtype=dt),
-            torch.randn(n, device=dev, dtype=dt),
-        ]
-        x, w, b, g, be = (t.requires_grad_() for t in leaves)
-        dy = torch.randn(m, n, device=dev, dtype=dt)
+        x, w, b, g, be, dy = _inputs(m, k, n)
         with torch.no_grad():
             linear_layernorm(x, w, b, g, be, return_stats=True)
             linear_rmsnorm(x, w, b, g, return_stats=True)
@@ -52,15 +52,7 @@ def main() -> None:
     dev, dt = "cuda", torch.bfloat16
     # 17000 rows: 133 row blocks of 128 over 132 persistent programs, the second of program 0 partial
     for m, k, n in ((77, 48, 80), (1, 48, 1040), (300, 1040, 1040), (129, 80, 272), (17000, 48, 272)):
-        leaves = [
-            torch.randn(m, k, device=dev, dtype=dt),
-            torch.randn(n, k, device=dev, dtype=dt) * k**-0.5,
-            torch.randn(n, device=dev, dtype=dt),
-            torch.randn(n, device=dev, dtype=dt),
-            torch.randn(n, device=dev, dtype=dt),
-        ]
-        x, w, b, g, be = (t.requires_grad_() for t in leaves)
-        dy = torch.randn(m, n, device=dev, dtype=dt)
+        x, w, b, g, be, dy = _inputs(m, k, n)
         y, mean, rstd = linear_layernorm(x, w, b, g, be, return_stats=True)
         torch.autograd.grad(y, (x, w, b, g, be), dy)
         y2, rrms = linear_rmsnorm(x, w, b, g, return_stats=True)

@@ -61,12 +61,11 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     store_rows,
     tma_reduce_add,
 )
-from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.span_fill import zero_outside_spans
 from ads_kernel_tools.kernels.tile_list import schedule
 
 from .. import config
-from .dispatch import dense_length
+from .dispatch import kernel_offsets
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # keys per work item: 64 per consumer warpgroup
@@ -636,14 +635,7 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     rows_cap = min(int(rows_cap), int(max_q))
     if n_b <= 0 or h == 0 or rows_cap <= 0 or max_k <= 0 or tq == 0 or tk == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    # the dense batches' own offsets (dispatch.dense_offsets) are in range: only others are clamped
-    lq_dense, lk_dense = dense_length(cu_q, tq), dense_length(cu_k, tk)
-    if lq_dense is None and lk_dense is None:
-        cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
-    elif lq_dense is None:
-        cu_q = clamp_offsets(cu_q, tq)[0]
-    elif lk_dense is None:
-        cu_k = clamp_offsets(cu_k, tk)[0]
+    cu_q, cu_k, _, lk_dense = kernel_offsets(cu_q, tq, cu_k, tk)
     # the kernel stores the rows of every sequence's used keys (zeros where no query sees them):
     # only the other rows need zeros, none when all keys of a dense K count; small buffers take a
     # plain fill, cheaper than one more launch

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ads_kernel_tools.capability import gluon_sm90_reason as device_reason
+from ads_kernel_tools.kernels.offsets import clamp_offsets
 
 from .. import config as cfg
 from ..triton import launch
@@ -65,6 +66,20 @@ def dense_length(cu: torch.Tensor | None, rows: int) -> int | None:
     if not cu.is_inference() and cu._version != 0:  # inference tensors keep no version counter
         return None
     return entry[1]
+
+
+def kernel_offsets(cu_q: torch.Tensor, tq: int, cu_k: torch.Tensor, tk: int):
+    """(cu_q, cu_k, Lq, Lk) for a Gluon kernel: the dense batches' own offsets (``dense_offsets``,
+    in range by construction) as they are, with their length; any other offsets clamped into their
+    tensors (``clamp_offsets``, one launch for both), with length None."""
+    lq, lk = dense_length(cu_q, tq), dense_length(cu_k, tk)
+    if lq is None and lk is None:
+        cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
+    elif lq is None:
+        cu_q = clamp_offsets(cu_q, tq)[0]
+    elif lk is None:
+        cu_k = clamp_offsets(cu_k, tk)[0]
+    return cu_q, cu_k, lq, lk
 
 
 # input dtype -> output dtype of the Gluon forward

@@ -66,12 +66,11 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     stage_for_tma,
     store_rows,
 )
-from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.tile_list import schedule
 from ads_kernel_tools.kernels.transpose import v_kmajor_relabel
 
 from .. import config
-from .dispatch import dense_length, dense_offsets
+from .dispatch import dense_offsets, kernel_offsets
 
 BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
 BLOCK_N = 128  # keys per step
@@ -620,14 +619,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     n_b = cu_q.shape[0] - 1
     if n_b <= 0 or h == 0 or max_q <= 0 or tq == 0:
         return
-    # the dense batches' own offsets (dispatch.dense_offsets) are in range: only others are clamped
-    lq_dense, lk_dense = dense_length(cu_q, tq), dense_length(cu_k, tk)
-    if lq_dense is None and lk_dense is None:
-        cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
-    elif lq_dense is None:
-        cu_q = clamp_offsets(cu_q, tq)[0]
-    elif lk_dense is None:
-        cu_k = clamp_offsets(cu_k, tk)[0]
+    cu_q, cu_k, _, lk_dense = kernel_offsets(cu_q, tq, cu_k, tk)
     gdt = _GL[q.dtype]
     fp8 = descale is not None
     BM, BN = BLOCK_M, BLOCK_N
