@@ -246,7 +246,7 @@ def test_dense_call_launches_less_and_matches_the_general_path(dtype, s, causal,
     else:
         q, k, v = src
     with monkeypatch.context() as mp:
-        _forbid(mp, fwd_sm90, "clamp_offsets")
+        _forbid(mp, dispatch, "clamp_offsets")
         _forbid(mp, fwd_sm90, "schedule")
         import ads_kernel_tools.kernels.transpose as tr
 
