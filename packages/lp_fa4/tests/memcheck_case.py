@@ -11,9 +11,9 @@ from lp_fa4 import flash_attn_func, flash_attn_varlen_func, jagged_attention
 
 
 def main() -> None:
-    from lp_fa4.gluon import bwd_sm90
+    from ads_kernel_tools.kernels import span_fill
 
-    bwd_sm90.SPAN_FILL_MIN_BYTES = 0  # large calls zero dK/dV outside the key spans only: check that
+    span_fill.SPAN_FILL_MIN_BYTES = 0  # large calls zero dK/dV outside the key spans only: check that
     dev, bf = "cuda", torch.bfloat16
     q = torch.randn(300, 4, 128, device=dev, dtype=bf, requires_grad=True)
     k = torch.randn(200, 2, 128, device=dev, dtype=bf, requires_grad=True)
@@ -45,6 +45,14 @@ def main() -> None:
     ck = torch.tensor([0, 77, 5000, -1], dtype=torch.int32, device=dev)
     out, _ = jagged_attention(q, k, v, cq, ck, 300, 512, broadcast_q=True)
     torch.autograd.grad(out.float().sum(), (q, k, v))
+    # MHA broadcast_q with a short query block: the query-resident backward (auto's plan there)
+    q4 = torch.randn(100, 4, 128, device=dev, dtype=bf, requires_grad=True)
+    k4 = torch.randn(200, 4, 128, device=dev, dtype=bf, requires_grad=True)
+    v4 = torch.randn(200, 4, 128, device=dev, dtype=bf, requires_grad=True)
+    for cq4 in ([0, 100], [40, 1 << 30], [-5, 60]):
+        cq4 = torch.tensor(cq4, dtype=torch.int32, device=dev)
+        out, _ = jagged_attention(q4, k4, v4, cq4, ck, 100, 512, broadcast_q=True)
+        torch.autograd.grad(out.float().sum(), (q4, k4, v4))
     # paged KV: page indices out of range both ways, seqused_k past the table
     with torch.no_grad():
         kc = torch.randn(6, 64, 2, 128, device=dev, dtype=bf)

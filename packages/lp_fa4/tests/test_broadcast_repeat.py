@@ -11,6 +11,7 @@ from test_bwd_broadcast import LK, _check
 
 from lp_fa4 import broadcast
 from lp_fa4 import config as cfg
+from lp_fa4.triton.launch import BIG
 
 
 @pytest.fixture
@@ -48,15 +49,16 @@ def test_repeat_equals_in_place_broadcast(monkeypatch, device):
 def test_auto_choice(monkeypatch):
     q = torch.zeros(8, 2, 128, dtype=torch.bfloat16)
     v = torch.zeros(8, 2, 128, dtype=torch.bfloat16)
+    nw = (BIG, BIG)
     monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
     # a CPU tensor (or the interpreter) never has the Gluon kernels
-    assert not broadcast.repeats(q, v, 4, False)
-    assert not broadcast.repeats(q, v, 4, True)
+    assert broadcast.plan(q, v, v, 4, nw, False) == "kernel"
+    assert broadcast.plan(q, v, v, 4, nw, True) == "kernel"
     monkeypatch.setenv("LP_FA4_BROADCAST_Q", "repeat")
-    assert broadcast.repeats(q, v, 4, True)
-    assert not broadcast.repeats(q, v, 2**31, False)  # offsets past int32: keep the in-place path
+    assert broadcast.plan(q, v, v, 4, nw, True) == "repeat"
+    assert broadcast.plan(q, v, v, 2**31, nw, False) == "kernel"  # offsets past int32: the in-place path
     monkeypatch.setenv("LP_FA4_BROADCAST_Q", "kernel")
-    assert not broadcast.repeats(q, v, 4, False)
+    assert broadcast.plan(q, v, v, 4, nw, False) == "kernel"
     monkeypatch.setenv("LP_FA4_BROADCAST_Q", "sometimes")
     with pytest.raises(ValueError, match="LP_FA4_BROADCAST_Q"):
         cfg.broadcast_q()
@@ -77,8 +79,8 @@ def test_repeat_offsets_without_sync():
 @pytest.mark.sm90
 @pytest.mark.parametrize("lq", [32, 128])
 def test_pma_reaches_both_gluon_kernels(lq, monkeypatch, device):
-    """PMA shapes on the H200: the default (auto) repeats, so the Gluon forward and backward run,
-    and the answers hold against the reference."""
+    """PMA shapes with GQA on the H200 (the resident backward is MHA only): the default (auto)
+    repeats, so the Gluon forward and backward run, and the answers hold against the reference."""
     from ads_kernel_tools.testing import jagged_lengths
     from lp_fa4.gluon import bwd_sm90, fwd_sm90
 

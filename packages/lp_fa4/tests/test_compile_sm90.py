@@ -43,6 +43,22 @@ JOBS = {
         "dkdv_kernel", BWD_T | {"DQ": "*fp32"}, 128, GPU_TILES["dkdv"], DQ_ATOMIC=False, USE_TMA=True
     ),
 }
+_RES_T = _BWD | {"DK": "*bf16", "DV": "*bf16", "DQ": "*fp32", "qk_scale2": "fp32"}
+RESIDENT_T = _RES_T | {n: "*i32" for n in ("CU_Q", "CU_K", "USED_K", "ORDER")}
+
+
+def _resident_job(block_m: int) -> dict:
+    """The query-resident broadcast_q backward at the tile config.resident_tile picks."""
+    from lp_fa4 import config
+
+    bn, warps, stages = config.resident_gpu_tile(block_m)
+    c = dict(D=128, BLOCK_D=128, BLOCK_M=block_m, BLOCK_N=bn, HAS_USED_K=False, NUM_STAGES=stages)
+    return dict(module="lp_fa4.triton._bwd_resident", kernel="bq_resident_bwd_kernel", types=RESIDENT_T,
+                constexprs=c, num_warps=warps, num_stages=1)  # fmt: skip
+
+
+JOBS["resident-lq32-d128"] = _resident_job(32)
+JOBS["resident-lq64-d128"] = _resident_job(64)
 MAY_SPILL: set[str] = set()  # none at the tiles config.py picks for D <= 128
 
 

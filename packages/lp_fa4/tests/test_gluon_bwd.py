@@ -182,10 +182,10 @@ def test_gluon_bwd_seqused_and_poisoned_buffers(fill, causal, stats, device, glu
     seqused_q get dQ = 0, keys past seqused_k (and rows outside every sequence) dK = dV = 0, the
     rest the reference on the used rows. ``fill``: dK/dV zeroed outside the key spans only
     (``zero_outside_spans``, what large buffers get) or as a whole (small ones)."""
-    from lp_fa4.gluon import bwd_sm90
+    from ads_kernel_tools.kernels import span_fill
 
     monkeypatch.setenv("LP_FA4_BWD_STATS", stats)
-    monkeypatch.setattr(bwd_sm90, "SPAN_FILL_MIN_BYTES", 0 if fill == "spans" else 1 << 62)
+    monkeypatch.setattr(span_fill, "SPAN_FILL_MIN_BYTES", 0 if fill == "spans" else 1 << 62)
     lq, lk, uq, uk = (200, 5, 130, 0, 70), (300, 140, 0, 7, 2100), [131, 5, 129, 0, 70], [300, 3, 0, 7, 2049]
     h, hkv, d = 4, 2, 128
     pad = 9  # rows after the last sequence, in no sequence

@@ -2,12 +2,17 @@
 kernels.
 
 The Gluon Hopper kernels take no broadcast_q: their query rows come from one TMA view per sequence.
-Where they would run, the call repeats the queries once per kv sequence instead (B·Lq rows, the
-output's own layout) and runs as ordinary jagged attention; autograd's backward of the repeat sums dQ
-over the batch. The repeat costs one copy of B·Lq query rows (and the dQ sum), small against the
-attention itself at PMA sizes. The Triton kernels read the one query block in place, so they keep
-broadcast_q, as does ``deterministic=True`` (its Triton backward is the bitwise-repeatable one).
-``LP_FA4_BROADCAST_Q`` (``config.broadcast_q``) overrides the choice.
+A call runs one of three ways (``plan``; ``LP_FA4_BROADCAST_Q``, ``config.broadcast_q``, overrides it):
+
+- ``resident``: the op keeps broadcast_q. Its forward repeats the queries once per kv sequence inside
+  the op (B·Lq rows, the output's own layout) onto the Gluon forward; its backward is the
+  query-resident kernel (``triton._bwd_resident``: one program per (kv sequence, head) holds the
+  query block and streams the keys), whose dQ is already summed over the batch.
+- ``repeat``: the queries are repeated before the op, so forward and backward run as ordinary jagged
+  attention on the Gluon kernels and autograd's backward of the repeat sums dQ over the batch.
+- ``kernel``: the Triton kernels read the one query block in place, both ways; also what
+  ``deterministic=True`` takes where ``resident`` would run (its Triton backward is the
+  bitwise-repeatable one).
 """
 
 from __future__ import annotations
@@ -18,25 +23,51 @@ from ads_kernel_tools.capability import gluon_sm90_reason
 
 from . import config as cfg
 from .gluon.dispatch import batch_offsets, tile_reason
+from .triton.launch import BIG
 
 _INT32_MAX = 2**31 - 1
 
 
-def repeats(q: torch.Tensor, v: torch.Tensor, n_b: int, deterministic: bool) -> bool:
-    """True when a broadcast_q call should repeat its queries (see the module docstring): ``repeat``
-    always (while the offsets fit int32), ``kernel`` never, ``auto`` where the Gluon kernels take
-    the repeated call's dtype and head dims on this device (bf16/fp16: FP8 calls do not come here)
-    and the call is not deterministic."""
+def resident_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: tuple[int, int],
+                    deterministic: bool) -> str | None:  # fmt: skip
+    """None when the query-resident backward takes a broadcast_q call of queries ``q`` (Lq, H, D)
+    and keys ``k``/``v`` (·, Hkv, ·), else why not: it needs MHA (H == Hkv), Lq <= 128, D == Dv <=
+    128, bf16/fp16, no window and a non-deterministic backward (dQ by atomics)."""
+    if deterministic:
+        return "deterministic"
+    if window != (BIG, BIG):
+        return "window"
+    if q.shape[1] != k.shape[1]:
+        return "GQA/MQA"
+    if q.shape[0] > cfg.RESIDENT_LQ:
+        return f"Lq {q.shape[0]} > {cfg.RESIDENT_LQ}"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype}"
+    if q.shape[-1] > 128 or v.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1]:
+        return f"head dims {q.shape[-1]}/{v.shape[-1]}"
+    return None
+
+
+def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_b: int, window: tuple[int, int],
+         deterministic: bool) -> str:  # fmt: skip
+    """ "resident", "repeat" or "kernel" for a broadcast_q call with none of the options that keep
+    it off the Gluon kernels (see the module docstring). ``auto``: ``resident`` where its backward
+    takes the call, Lq <= ``LP_FA4_RESIDENT_MAX_LQ`` and the Gluon kernels run; else ``repeat``
+    where the Gluon kernels take the repeated call (bf16/fp16, D == Dv in {64, 128}, not
+    deterministic); else ``kernel``."""
     mode = cfg.broadcast_q()
     if mode == "kernel" or n_b * q.shape[0] > _INT32_MAX:
-        return False
+        return "kernel"
     if mode == "repeat":
-        return True
-    if deterministic or q.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    if tile_reason(q.dtype, q.shape[-1], v) is not None:
-        return False
-    return _gluon_device(q.device)
+        return "repeat"
+    resident = resident_reason(q, k, v, window, deterministic) is None
+    if mode == "resident":
+        return "resident" if resident else "kernel"
+    if deterministic or tile_reason(q.dtype, q.shape[-1], v) is not None or not _gluon_device(q.device):
+        return "kernel"
+    if resident and q.shape[0] <= cfg.resident_max_lq():
+        return "resident"
+    return "repeat"
 
 
 @torch.compiler.assume_constant_result

@@ -34,11 +34,20 @@ Env:
         and ``jagged_attention``'s top-left band (query tiles outside a kv tile's band skipped, edge
         tiles masked). Default 1: 1.66-1.73x the Triton backward at W = 256 on the H200
         (BENCHMARKS.md); ``0`` sends windowed backwards to the Triton kernels.
-    LP_FA4_BROADCAST_Q=auto|repeat|kernel  how a ``broadcast_q`` call (PMA) runs: ``auto`` (default)
-        repeats the queries per kv sequence where the Gluon Hopper kernels would take the repeated
-        call (bf16/fp16, D == Dv in {64, 128}, sm_90, not deterministic; ``lp_fa4.broadcast``) and
-        otherwise keeps the Triton kernels' in-place broadcast; ``repeat`` always repeats, ``kernel``
-        never.
+    LP_FA4_BROADCAST_Q=auto|repeat|resident|kernel  how a ``broadcast_q`` call (PMA) runs
+        (``lp_fa4.broadcast``): ``repeat`` repeats the queries per kv sequence before the op, so
+        forward and backward run as ordinary jagged attention (the Gluon Hopper kernels where they
+        take it); ``resident`` keeps broadcast_q in the op: the forward repeats internally onto the
+        Gluon kernel where it takes the call, the backward runs the query-resident kernel
+        (``triton._bwd_resident``: MHA, Lq <= 128, no window, not deterministic), else the Triton
+        in-place kernels; ``kernel`` the Triton in-place kernels both ways; ``auto`` (default)
+        ``resident`` where its backward takes the call on a Gluon device and Lq <=
+        ``LP_FA4_RESIDENT_MAX_LQ``, else ``repeat`` where the Gluon kernels take the repeated call
+        (bf16/fp16, D == Dv in {64, 128}, sm_90, not deterministic), else ``kernel``.
+    LP_FA4_RESIDENT_MAX_LQ=64  the longest query block ``auto`` sends to the resident backward
+        (at most 128, what it takes).
+    LP_FA4_RESIDENT_TILE=N,W,S  the resident backward's key tile, warps and pipeline stages (default
+        by the query block: ``config.resident_tile``).
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
         monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
         default: the hot path never syncs.
@@ -116,9 +125,49 @@ def bwd_windows() -> bool:
 
 def broadcast_q() -> str:
     mode = os.environ.get("LP_FA4_BROADCAST_Q", "auto").strip().lower()
-    if mode not in ("auto", "repeat", "kernel"):
-        raise ValueError(f"LP_FA4_BROADCAST_Q must be auto, repeat or kernel, got {mode!r}")
+    if mode not in ("auto", "repeat", "resident", "kernel"):
+        raise ValueError(f"LP_FA4_BROADCAST_Q must be auto, repeat, resident or kernel, got {mode!r}")
     return mode
+
+
+RESIDENT_LQ = 128  # the query block the resident backward holds on chip (rows, padded to a power of 2)
+# auto sends query blocks up to this long to it: at Lq = 128 the Gluon backward on repeated queries
+# is faster (BENCHMARKS.md)
+RESIDENT_AUTO_LQ = 64
+
+
+def resident_max_lq() -> int:
+    raw = os.environ.get("LP_FA4_RESIDENT_MAX_LQ", str(RESIDENT_AUTO_LQ)).strip()
+    if not raw.isdigit() or not 0 <= int(raw) <= RESIDENT_LQ:
+        raise ValueError(f"LP_FA4_RESIDENT_MAX_LQ must be an integer in [0, {RESIDENT_LQ}], got {raw!r}")
+    return int(raw)
+
+
+def resident_tile(block_m: int) -> tuple[int, int, int]:
+    """(key tile, warps, stages) of the resident broadcast_q backward for a query block of
+    ``block_m`` rows, picked by the H200 A/B of BENCHMARKS.md ("broadcast_q backward"): up to 32 rows
+    64 keys over 4 warps (128 keys there spill: the step's fp32 tiles and the dQ accumulator share
+    the registers), larger blocks 128 keys over 8 warps; 2 stages. ``LP_FA4_RESIDENT_TILE=N,W,S``
+    overrides it."""
+    if interpreter_active():
+        return 16, 4, 1
+    raw = os.environ.get("LP_FA4_RESIDENT_TILE", "").strip()
+    if raw:
+        parts = raw.split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"LP_FA4_RESIDENT_TILE must be N,W,S (three integers), got {raw!r}")
+        n, w, s = (int(p) for p in parts)
+        if n not in (16, 32, 64, 128) or w not in (1, 2, 4, 8) or not 1 <= s <= 4:
+            raise ValueError(f"LP_FA4_RESIDENT_TILE: N a power of 2 in 16..128, W 1..8, S 1..4; got {raw!r}")
+        return n, w, s
+    return resident_gpu_tile(block_m)
+
+
+def resident_gpu_tile(block_m: int) -> tuple[int, int, int]:
+    """``resident_tile``'s default on a GPU (also what the offline sm_90 compile test builds)."""
+    if block_m <= 32:
+        return 64, 4, 2
+    return 128, 8, 2
 
 
 def dq_mode(deterministic: bool) -> str:

@@ -80,7 +80,7 @@ def _run(
     _check_runnable(q3)
     if broadcast_q and _plain(used_q, page_table, sink, softcap, descale):
         n_b = cu_k.shape[0] - 1
-        if broadcast.repeats(q3, v, n_b, deterministic):
+        if broadcast.plan(q3, k, v, n_b, (wl, wr), deterministic) == "repeat":
             q3, cu_q, host_q = broadcast.repeat(q3, n_b)
             broadcast_q = False
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)

@@ -23,9 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["zero_outside_spans"]
+__all__ = ["SPAN_FILL_MIN_BYTES", "zero_outside_spans", "zero_unwritten"]
 
 _BLOCK = 4096  # elements per store step
+# below this many bytes a buffer takes torch's fill: one launch either way, and torch's costs less
+# host time than a Triton launch, which is what a small call is bound by
+SPAN_FILL_MIN_BYTES = 16 << 20
 _PROGRAMS = 528  # about four per SM of an H100/H200: enough to spread a lone sequence's tail
 
 
@@ -94,3 +97,17 @@ def zero_outside_spans(
         a, b, cu, used if used is not None else cu, n_seq, rows, width, int(max(0, min(max_len, 2**31 - 1))),
         TWO=len(bufs) == 2, HAS_USED=used is not None, BLOCK=_BLOCK,
     )  # fmt: skip
+
+
+def zero_unwritten(
+    bufs: Sequence[torch.Tensor], cu: torch.Tensor, max_len: int, used: torch.Tensor | None = None
+) -> None:
+    """Zero what a kernel that stores exactly the span rows (see ``zero_outside_spans``) leaves
+    unwritten: ``zero_outside_spans`` for buffers of ``SPAN_FILL_MIN_BYTES`` or more, a plain fill of
+    each buffer below that. Same arguments and preconditions as ``zero_outside_spans``."""
+    a = bufs[0]
+    if a.numel() * a.element_size() >= SPAN_FILL_MIN_BYTES:
+        zero_outside_spans(bufs, cu, max_len, used)
+        return
+    for buf in bufs:
+        buf.zero_()

@@ -9,7 +9,9 @@ broadcast_q (its max_seqlen_q row cap included), and local and top-left windows 
 ``LP_FA4_BACKEND=auto`` (the default). Everything else runs the portable Triton backward
 (``lp_fa4.triton.launch.bwd``): ``deterministic=True`` (the Gluon kernel adds dQ by fp32 atomics,
 so its bits depend on the order), softcap, broadcast_q, other head
-dims, fp32, strided tensors, the interpreter. Both compute delta with the same Triton preprocess.
+dims, fp32, strided tensors, the interpreter; broadcast_q calls that ``lp_fa4.broadcast.plan``s
+``resident`` run the query-resident Triton kernel (``triton._bwd_resident``). All compute delta
+with the same Triton preprocess.
 """
 
 from __future__ import annotations
@@ -47,7 +49,14 @@ def why_not(do, q, k, v, pb: launch.Problem, deterministic: bool) -> str | None:
 def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: launch.Problem,
         deterministic: bool):  # fmt: skip
     """``lp_fa4.triton.launch.bwd``'s contract: (dq, dk, dv, delta); the Gluon kernel where
-    ``why_not`` allows."""
+    ``why_not`` allows; a broadcast_q call the query-resident kernel where ``lp_fa4.broadcast``
+    plans it."""
+    if pb.broadcast_q and _resident(q, k, v, cu_k, used_q, pb, deterministic):
+        from ..triton.launch_bwd import bwd_resident
+
+        delta = preprocess(out, do, dlse)
+        dq, dk, dv = bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb)
+        return dq, dk, dv, delta
     if why_not(do, q, k, v, pb, deterministic) is not None:
         return launch.bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb, deterministic)
     from . import bwd_sm90
@@ -60,3 +69,15 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: launch.Prob
                               pb.caps()[0], pb.scale, causal, window=window,
                               top_left=pb.top_left and window is not None)  # fmt: skip
     return dq, dk, dv, delta
+
+
+def _resident(q, k, v, cu_k, used_q, pb: launch.Problem, deterministic: bool) -> bool:
+    """Whether a broadcast_q backward runs the query-resident kernel: the plan is ``resident``
+    (``lp_fa4.broadcast.plan``) and nothing the interface's plan does not see (softcap, seqused_q,
+    strided tensors) keeps it off."""
+    from .. import broadcast
+
+    if pb.softcap > 0 or used_q is not None:
+        return False
+    n_b = cu_k.shape[0] - 1
+    return broadcast.plan(q, k, v, n_b, (pb.win_left, pb.win_right), deterministic) == "resident"

@@ -61,7 +61,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     store_rows,
     tma_reduce_add,
 )
-from ads_kernel_tools.kernels.span_fill import zero_outside_spans
+from ads_kernel_tools.kernels.span_fill import zero_unwritten
 from ads_kernel_tools.kernels.tile_list import schedule
 
 from .. import config
@@ -73,7 +73,6 @@ STAGES = 2  # Q/dO ring depth (D=128: 64 KB ring + 64 KB K/V + 32 KB dSᵀ + 32 
 LOG2E = 1.4426950408889634
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
-SPAN_FILL_MIN_BYTES = 16 << 20  # dK at least this large: zeros only outside the key spans
 
 
 @gluon.jit
@@ -642,11 +641,7 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     every_key = lk_dense is not None and used_k is None and max_k >= lk_dense
     if not every_key:
-        if k.numel() * k.element_size() >= SPAN_FILL_MIN_BYTES:
-            zero_outside_spans((dk, dv), cu_k, max_k, used_k)
-        else:
-            dk.zero_()
-            dv.zero_()
+        zero_unwritten((dk, dv), cu_k, max_k, used_k)
     dq_acc = torch.zeros((tq, h, d), dtype=torch.float32, device=q.device)
     gdt = _GL[q.dtype]
     BM, BN = BLOCK_M, BLOCK_N

@@ -7,12 +7,14 @@ bottom-right causal mask, local windows (FA4's bottom-right ``window_size``) and
 windows of ``jagged_attention`` (bf16/fp16), dense and varlen (dense arrives as varlen with
 cu_seqlens), seqused_q/k, the LSE in either layout, and ``jagged_attention`` (its rows past
 max_seqlen_q are pre-filled with zeros by the op); on an sm_90 GPU with ``LP_FA4_BACKEND=auto`` (the
-default). Everything else keeps the Triton path: paged KV, softcap, learnable sink, broadcast_q
-(jagged attention), a row cap below max_seqlen_q, other head dims, fp32, strided tensors, the
-interpreter.
+default), and broadcast_q calls on their queries repeated per kv sequence (``fwd``). Everything
+else keeps the Triton path: paged KV, softcap, learnable sink, a row cap below max_seqlen_q, other
+head dims, fp32, strided tensors, the interpreter.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -150,7 +152,14 @@ def score_reason(pb: launch.Problem, windows: bool = False) -> str | None:
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Problem, out, lse,
         lse_dense: bool, descale=None) -> None:  # fmt: skip
     """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows.
-    ``descale``: (q, k, v) fp32 (B, Hkv) descales of float8_e4m3fn inputs, else None."""
+    ``descale``: (q, k, v) fp32 (B, Hkv) descales of float8_e4m3fn inputs, else None. A broadcast_q
+    call (``lp_fa4.broadcast``'s ``resident`` plan) runs on its queries repeated once per kv sequence
+    where the kernel takes the repeated call."""
+    if pb.broadcast_q and used_q is None and cu_k is not None and cfg.broadcast_q() != "kernel":
+        n_b = cu_k.shape[0] - 1
+        rep = dataclasses.replace(pb, broadcast_q=False)
+        if n_b * q.shape[0] < 2**31 and why_not(q, k, v, page_table, sink, rep, out) is None:
+            q, cu_q, pb = q.repeat(n_b, 1, 1), batch_offsets(n_b, q.shape[0], q.device), rep
     if why_not(q, k, v, page_table, sink, pb, out) is not None:
         launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense,
                    descale=descale)  # fmt: skip

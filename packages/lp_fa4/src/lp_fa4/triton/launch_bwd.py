@@ -7,9 +7,13 @@ import functools
 import torch
 import triton
 
+from ads_kernel_tools.kernels.offsets import clamp_offsets
+from ads_kernel_tools.kernels.span_fill import zero_unwritten
+
 from .. import config as cfg
 from ._bwd import dkdv_kernel, dq_kernel, preprocess_kernel, reduce_chunks_kernel
-from .launch import Problem, _allocator, _pad, _tma_ok
+from ._bwd_resident import bq_resident_bwd_kernel
+from .launch import LOG2E, Problem, _allocator, _pad, _tma_ok
 
 
 def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, deterministic: bool):
@@ -77,6 +81,39 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
         red = 256 if cfg.interpreter_active() else 1024
         reduce_chunks_kernel[(triton.cdiv(n, red),)](dq_buf, dq, n, n_chunks, BLOCK=red)
     return dq, dk, dv, delta
+
+
+def bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb: Problem):
+    """(dq, dk, dv) of a broadcast_q call by the query-resident kernel (``_bwd_resident``): q (TQ, H,
+    D) holding the one query block at rows [cu_q[0], cu_q[1]), do (B·Lq, H, D), k/v (TK, H, D)
+    (MHA), lse and delta (H, B·Lq) fp32. The caller checked ``lp_fa4.broadcast.resident_reason``.
+    No host sync."""
+    tq, h, d = q.shape
+    tk = k.shape[0]
+    n_b = cu_k.shape[0] - 1
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    rows_cap = pb.caps()[0]
+    if n_b <= 0 or h == 0 or tq == 0 or rows_cap <= 0 or pb.max_k <= 0 or tk == 0 or do.shape[0] == 0:
+        return dq.to(q.dtype), dk.zero_(), dv.zero_()
+    # the kernel stores every row of each sequence's computed keys; only the rest needs zeros
+    cu_k = clamp_offsets(cu_k, tk)[0]
+    zero_unwritten((dk, dv), cu_k, pb.max_k, used_k)
+    # sequences longest first: program order is roughly the order the GPU starts them in
+    order = torch.argsort(cu_k[1:] - cu_k[:-1], descending=True).to(torch.int32)
+    block_m = max(16, triton.next_power_of_2(min(tq, rows_cap)))
+    block_n, warps, stages = cfg.resident_tile(block_m)
+    bq_resident_bwd_kernel[(n_b, h)](
+        q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, used_k if used_k is not None else cu_k, order,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1),
+        dv.stride(0), dv.stride(1), tq, tk, lse.shape[1], pb.max_k, min(rows_cap, block_m),
+        pb.scale, pb.scale * LOG2E,
+        D=d, BLOCK_D=_pad(d), BLOCK_M=block_m, BLOCK_N=block_n, HAS_USED_K=used_k is not None,
+        NUM_STAGES=stages, num_warps=warps,
+    )  # fmt: skip
+    return dq.to(q.dtype), dk, dv
 
 
 def preprocess(out, do, dlse):

@@ -1,0 +1,147 @@
+"""The query-resident broadcast_q backward (``triton._bwd_resident``): one program per (kv sequence,
+head) holding the query block. Against the fp32 tools reference (``test_bwd_broadcast._check``) with
+ragged kv lengths including 0 and 1 and tile edges, rows past max_seqlen_q, one query row, head dims
+that pad, fp16, poisoned buffers, its plan (``lp_fa4.broadcast.plan``), and on an sm_90 GPU the PMA
+shapes through the default (auto) plan: Gluon forward on repeated queries, this backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fa4_testlib import count_calls
+from test_bwd_broadcast import LK, _check, _grads, _inputs
+
+from ads_kernel_tools.testing import jagged_lengths, randn
+from lp_fa4 import broadcast, jagged_attention
+from lp_fa4 import config as cfg
+from lp_fa4.triton import launch_bwd
+from lp_fa4.triton.launch import BIG
+
+# the interpreter's key tile is 16: 15, 16, 17, 33 cross its edges
+LK_EDGES = LK + (15, 48, 1)
+
+
+@pytest.fixture
+def resident(monkeypatch):
+    """Forces the resident plan; the list counts the backward calls that took the kernel."""
+    monkeypatch.setenv("LP_FA4_BROADCAST_Q", "resident")
+    return count_calls(monkeypatch, launch_bwd, "bwd_resident")
+
+
+@pytest.mark.parametrize("lq,d", [(17, 32), (1, 64), (9, 48)])
+def test_resident_matches_reference(lq, d, resident, device):
+    _check(lq, LK_EDGES, max_q=lq, heads=2, kv_heads=2, d=d, deterministic=False, device=device)
+    assert resident
+
+
+def test_resident_rows_past_max_q(resident, device):
+    """Query rows past max_seqlen_q are not computed: zero output and zero dQ there."""
+    _, _, _, _, _, _, grads = _check(20, LK, max_q=13, heads=2, kv_heads=2, d=32, deterministic=False,
+                                     device=device)  # fmt: skip
+    assert (grads[0][13:] == 0).all()
+    assert resident
+
+
+def test_resident_fp16_and_single_sequence(resident, device):
+    q, k, v, cu_q, cu_k = _inputs(12, (40,), 3, 3, 32, device, seed=3, dtype=torch.float16)
+    do = randn((12, 3, 32), dtype=torch.float16, device=device, seed=5)
+    out, grads = _grads(q, k, v, cu_q, cu_k, 12, 40, do, deterministic=False)
+    assert all(torch.isfinite(g).all() and g.dtype == torch.float16 for g in grads)
+    _check(12, (40,), max_q=12, heads=3, kv_heads=3, d=32, deterministic=False, device=device, seed=3)
+    assert resident
+
+
+def test_resident_poisoned_buffers_and_rows_outside_cu_q(resident, device):
+    """Uninitialised buffers NaN-filled: every gradient finite, keys outside every sequence and q rows
+    outside [cu_q[0], cu_q[1]) get zeros; empty kv sequences contribute nothing."""
+    lq, extra = 11, 3
+    lk = (0,) + LK
+    q, k, v, _, cu_k = _inputs(lq + extra, lk, 2, 2, 32, device, seed=4)
+    k = torch.cat([k, randn((5, 2, 32), dtype=k.dtype, device=device, seed=9)])  # rows in no sequence
+    v = torch.cat([v, randn((5, 2, 32), dtype=v.dtype, device=device, seed=10)])
+    cu_q = torch.tensor([0, lq], dtype=torch.int32, device=device)
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out, _ = jagged_attention(*leaves, cu_q, cu_k, lq, max(lk), broadcast_q=True)
+        live = torch.arange(out.shape[0], device=device) < len(lk) * lq
+        do = torch.zeros_like(out)
+        do[live] = 1.0
+        dq, dk, dv = torch.autograd.grad(out, leaves, do)
+        assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+        assert (dq[lq:] == 0).all()
+        assert (dk[-5:] == 0).all() and (dv[-5:] == 0).all()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert resident
+
+
+def test_resident_plan(monkeypatch):
+    q = torch.zeros(8, 2, 128, dtype=torch.bfloat16)
+    k = torch.zeros(8, 2, 128, dtype=torch.bfloat16)
+    no_window = (BIG, BIG)
+    monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
+    # a CPU tensor (or the interpreter) never has the Gluon kernels: auto keeps the in-place kernels
+    assert broadcast.plan(q, k, k, 4, no_window, False) == "kernel"
+    monkeypatch.setenv("LP_FA4_BROADCAST_Q", "resident")
+    assert broadcast.plan(q, k, k, 4, no_window, False) == "resident"
+    assert broadcast.plan(q, k, k, 4, no_window, True) == "kernel"  # deterministic
+    assert broadcast.plan(q, k, k, 4, (3, 3), False) == "kernel"  # window
+    assert broadcast.plan(q, k[:, :1], k[:, :1], 4, no_window, False) == "kernel"  # GQA
+    long_q = torch.zeros(129, 2, 128, dtype=torch.bfloat16)
+    assert broadcast.plan(long_q, k, k, 4, no_window, False) == "kernel"
+    assert broadcast.resident_reason(long_q, k, k, no_window, False) == "Lq 129 > 128"
+    fp32 = broadcast.resident_reason(q.float(), k.float(), k.float(), no_window, False)
+    assert fp32 == "dtype torch.float32"
+    monkeypatch.setenv("LP_FA4_BROADCAST_Q", "repeat")
+    assert broadcast.plan(q, k, k, 4, no_window, False) == "repeat"
+    monkeypatch.setenv("LP_FA4_BROADCAST_Q", "kernel")
+    assert broadcast.plan(q, k, k, 4, no_window, False) == "kernel"
+
+
+def test_resident_knobs(monkeypatch):
+    monkeypatch.setenv("LP_FA4_RESIDENT_MAX_LQ", "64")
+    assert cfg.resident_max_lq() == 64
+    for bad in ("129", "-1", "x"):
+        monkeypatch.setenv("LP_FA4_RESIDENT_MAX_LQ", bad)
+        with pytest.raises(ValueError, match="LP_FA4_RESIDENT_MAX_LQ"):
+            cfg.resident_max_lq()
+    monkeypatch.setattr(cfg, "interpreter_active", lambda: False)
+    monkeypatch.delenv("LP_FA4_RESIDENT_TILE", raising=False)
+    assert cfg.resident_tile(32) == (64, 4, 2) and cfg.resident_tile(128) == (128, 8, 2)
+    monkeypatch.setenv("LP_FA4_RESIDENT_TILE", "64,4,3")
+    assert cfg.resident_tile(32) == (64, 4, 3)
+    for bad in ("64,4", "48,4,2", "64,3,2", "64,4,9", "a,b,c"):
+        monkeypatch.setenv("LP_FA4_RESIDENT_TILE", bad)
+        with pytest.raises(ValueError, match="LP_FA4_RESIDENT_TILE"):
+            cfg.resident_tile(32)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("lq", [32, 64, 128])
+def test_pma_auto_plan_on_sm90(lq, monkeypatch, device):
+    """PMA shapes on the H200 through the default plan: the Gluon forward on repeated queries, and
+    the resident backward up to Lq = 64 (the Gluon backward on repeated queries above), the answers
+    against the reference."""
+    from lp_fa4.gluon import bwd_sm90, fwd_sm90
+
+    monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
+    monkeypatch.delenv("LP_FA4_RESIDENT_MAX_LQ", raising=False)
+    fwd_calls = count_calls(monkeypatch, fwd_sm90, "fwd")
+    res_calls = count_calls(monkeypatch, launch_bwd, "bwd_resident")
+    gluon_bwd_calls = count_calls(monkeypatch, bwd_sm90, "bwd")
+    lk = (0, 1, 127, 128, 129, 2048) + tuple(jagged_lengths(300, 2048, 0.5, seed=lq))
+    _check(lq, lk, max_q=lq, heads=4, kv_heads=4, d=128, deterministic=False, device=device, seed=lq)
+    assert fwd_calls
+    want_resident = lq <= cfg.RESIDENT_AUTO_LQ
+    assert bool(res_calls) == want_resident and bool(gluon_bwd_calls) != want_resident
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lq,d", [(1, 64), (48, 128), (100, 64)])
+def test_resident_real_sizes(lq, d, resident, device):
+    lk = (0, 1, 63, 64, 65) + tuple(jagged_lengths(200, 1024, 0.5, seed=lq))
+    _check(lq, lk, max_q=lq, heads=4, kv_heads=4, d=d, deterministic=False, device=device, seed=lq)
+    assert resident
