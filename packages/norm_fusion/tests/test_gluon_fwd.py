@@ -276,3 +276,31 @@ def test_gluon_forward_writes_all(gluon_split, m, k, n, mode) -> None:
     _assert_written(s2f[:, None], m, "rstat")
     if mode == "ln_fwd":
         _assert_written(s1f[:, None], m, "mean")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [6.0, 64.0])
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_gluon_forward_mean_far_from_zero(gluon_split, kind: str, offset: float) -> None:
+    """Rows whose mean is far from zero against their spread: the kernel merges column tiles by
+    Chan's formula around the first tile's mean; a one-pass E[z²] - E[z]² would lose the variance."""
+    case = Case(1000, 512, 1024, norm_bias=kind == "ln")
+    eps = 1e-5 if kind == "ln" else 1e-6
+    d = inputs(case)
+    d["bias"] = (d["bias"].float() + offset).to(case.dtype)
+    _assert_gluon_path(d, torch.empty(case.m, case.n, dtype=case.dtype, device=DEVICE))
+    with torch.no_grad():
+        if kind == "ln":
+            y, *stats = linear_layernorm(
+                d["x"], d["w"], d["bias"], d["gamma"], d["beta"], eps, return_stats=True
+            )
+        else:
+            y, *stats = linear_rmsnorm(d["x"], d["w"], d["bias"], d["gamma"], eps, return_stats=True)
+    (ref, _), (base, _) = ref_and_baseline(
+        lambda t, dt: linear_norm_torch(kind, t, dt, eps), d, (), case.dtype, grads=False
+    )
+    check(y, ref, base, "y")
+    want = _stats_ref(d, kind, eps)
+    if kind == "ln":
+        torch.testing.assert_close(stats[0], want[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(stats[-1], want[-1], atol=1e-4, rtol=1e-3)
