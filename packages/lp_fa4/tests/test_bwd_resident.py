@@ -34,6 +34,17 @@ def test_resident_matches_reference(lq, d, resident, device):
     assert resident
 
 
+def test_resident_with_small_query_forward(resident, monkeypatch, device):
+    """``LP_FA4_BQ_SMALL_FWD=1``: the forward of a short query block on the Triton kernel at
+    ``config.bq_fwd_tile`` (the interpreter's tile on a CPU), the backward resident."""
+    monkeypatch.setenv("LP_FA4_BQ_SMALL_FWD", "1")
+    tiles = []
+    real_tile = cfg.bq_fwd_tile
+    monkeypatch.setattr(cfg, "bq_fwd_tile", lambda d: tiles.append(d) or real_tile(d))
+    _check(17, LK_EDGES, max_q=17, heads=2, kv_heads=2, d=32, deterministic=False, device=device)
+    assert resident and tiles
+
+
 def test_resident_rows_past_max_q(resident, device):
     """Query rows past max_seqlen_q are not computed: zero output and zero dQ there."""
     _, _, _, _, _, _, grads = _check(20, LK, max_q=13, heads=2, kv_heads=2, d=32, deterministic=False,
@@ -101,6 +112,11 @@ def test_resident_plan(monkeypatch):
 
 
 def test_resident_knobs(monkeypatch):
+    monkeypatch.delenv("LP_FA4_RESIDENT_MAX_LQ", raising=False)
+    monkeypatch.delenv("LP_FA4_BQ_SMALL_FWD", raising=False)
+    assert cfg.resident_max_lq() == cfg.RESIDENT_AUTO_LQ and not cfg.bq_small_fwd()
+    monkeypatch.setenv("LP_FA4_BQ_SMALL_FWD", "1")
+    assert cfg.bq_small_fwd()
     monkeypatch.setenv("LP_FA4_RESIDENT_MAX_LQ", "64")
     assert cfg.resident_max_lq() == 64
     for bad in ("129", "-1", "x"):
@@ -109,7 +125,7 @@ def test_resident_knobs(monkeypatch):
             cfg.resident_max_lq()
     monkeypatch.setattr(cfg, "interpreter_active", lambda: False)
     monkeypatch.delenv("LP_FA4_RESIDENT_TILE", raising=False)
-    assert cfg.resident_tile(32) == (64, 4, 2) and cfg.resident_tile(128) == (128, 8, 2)
+    assert cfg.resident_tile(64) == (64, 4, 2) and cfg.resident_tile(128) == (128, 8, 2)
     monkeypatch.setenv("LP_FA4_RESIDENT_TILE", "64,4,3")
     assert cfg.resident_tile(32) == (64, 4, 3)
     for bad in ("64,4", "48,4,2", "64,3,2", "64,4,9", "a,b,c"):
@@ -120,28 +136,37 @@ def test_resident_knobs(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("small_fwd", ["0", "1"])
 @pytest.mark.parametrize("lq", [32, 64, 128])
-def test_pma_auto_plan_on_sm90(lq, monkeypatch, device):
-    """PMA shapes on the H200 through the default plan: the Gluon forward on repeated queries, and
-    the resident backward up to Lq = 64 (the Gluon backward on repeated queries above), the answers
-    against the reference."""
+def test_pma_auto_plan_on_sm90(lq, small_fwd, monkeypatch, device):
+    """PMA shapes on the H200 through the default plan: the resident backward up to
+    ``RESIDENT_AUTO_LQ`` rows, the Gluon backward on repeated queries above; the Gluon forward on
+    repeated queries, or with ``LP_FA4_BQ_SMALL_FWD=1`` the Triton forward at its 64-row tile for
+    blocks of at most 64 rows; the answers against the reference."""
     from lp_fa4.gluon import bwd_sm90, fwd_sm90
 
     monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
     monkeypatch.delenv("LP_FA4_RESIDENT_MAX_LQ", raising=False)
+    monkeypatch.setenv("LP_FA4_BQ_SMALL_FWD", small_fwd)
     fwd_calls = count_calls(monkeypatch, fwd_sm90, "fwd")
+    tiles = []
+    real_tile = cfg.bq_fwd_tile
+    monkeypatch.setattr(cfg, "bq_fwd_tile", lambda d: tiles.append(d) or real_tile(d))
     res_calls = count_calls(monkeypatch, launch_bwd, "bwd_resident")
     gluon_bwd_calls = count_calls(monkeypatch, bwd_sm90, "bwd")
     lk = (0, 1, 127, 128, 129, 2048) + tuple(jagged_lengths(300, 2048, 0.5, seed=lq))
     _check(lq, lk, max_q=lq, heads=4, kv_heads=4, d=128, deterministic=False, device=device, seed=lq)
-    assert fwd_calls
     want_resident = lq <= cfg.RESIDENT_AUTO_LQ
     assert bool(res_calls) == want_resident and bool(gluon_bwd_calls) != want_resident
+    small = lq <= cfg.BQ_SMALL_Q and small_fwd == "1"
+    assert bool(tiles) == small and bool(fwd_calls) != small
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lq,d", [(1, 64), (48, 128), (100, 64)])
-def test_resident_real_sizes(lq, d, resident, device):
+@pytest.mark.parametrize("small_fwd", ["0", "1"])
+@pytest.mark.parametrize("lq,d", [(1, 64), (48, 128), (64, 128), (100, 64)])
+def test_resident_real_sizes(lq, d, small_fwd, resident, monkeypatch, device):
+    monkeypatch.setenv("LP_FA4_BQ_SMALL_FWD", small_fwd)
     lk = (0, 1, 63, 64, 65) + tuple(jagged_lengths(200, 1024, 0.5, seed=lq))
     _check(lq, lk, max_q=lq, heads=4, kv_heads=4, d=d, deterministic=False, device=device, seed=lq)
     assert resident

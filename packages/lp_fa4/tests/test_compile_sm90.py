@@ -57,6 +57,9 @@ def _resident_job(block_m: int) -> dict:
                 constexprs=c, num_warps=warps, num_stages=1)  # fmt: skip
 
 
+JOBS["fwd-d128-broadcast-small-q"] = _job(
+    "fwd_kernel", FWD_T, 128, (64, 64, 4, 3), **(FWD_EXTRA | dict(USE_TMA=True)), BROADCAST_Q=True
+)  # config.bq_fwd_tile
 JOBS["resident-lq32-d128"] = _resident_job(32)
 JOBS["resident-lq64-d128"] = _resident_job(64)
 MAY_SPILL: set[str] = set()  # none at the tiles config.py picks for D <= 128

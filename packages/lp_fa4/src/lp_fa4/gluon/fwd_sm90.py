@@ -39,6 +39,14 @@ P·V, O = acc / l · v_descale. fp8 wgmma reads B only K-major, so V comes from 
 (8-bit registers cannot be a wgmma wait's dependency in Triton 3.6: the build fails, so P may not be
 carried into the next step's softmax); the overlap is between the two warpgroups. (ptxas waits for
 the P·V before the softmax in the 16-bit build too: its SASS has no exp2 between the two waits.)
+
+Opt-in FP8 variants at D=128 (module constants, off by default; none is bf16's): ``FP8_WARPGROUPS =
+3``, three consumer warpgroups on 192-row work items (Q as three 64-row TMA boxes, 160 registers per
+consumer thread), which only fit with the serial step order ``SERIAL`` (P·V retires before the next
+Q·Kᵀ is issued), so that a third softmax runs under the other two warpgroups' GEMMs;
+``FP8_MMA_SUM``, P's row sums from a wgmma of P against a shared 8 x BN tile of ones issued with
+P·V (no fp32 add per score); ``FP8_TREE_MAX``, row maxima by halving the tile (a short dependency
+chain before the exp2s).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -160,8 +169,14 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
         )  # fmt: skip
         qb = ti % QBUF
         mbarrier.wait(q_empty.index(qb), ((ti // QBUF) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(qb), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, h * D], q_ready.index(qb), q_smem.index(qb))
+        QBOX: gl.constexpr = q_desc.block_type.shape[0]
+        mbarrier.expect(q_ready.index(qb), (BM // QBOX) * q_desc.block_type.nbytes)
+        if QBOX == BM:
+            tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, h * D], q_ready.index(qb), q_smem.index(qb))
+        else:  # a tile of three 64-row warpgroups is no power of two: one box per warpgroup
+            for w in gl.static_range(BM // QBOX):
+                tma.async_copy_global_to_shared(q_desc, [q0 + m * BM + w * QBOX, h * D], q_ready.index(qb),
+                                                q_smem.index(qb * (BM // QBOX) + w))  # fmt: skip
         hk = h // GROUP
         if FP8:
             v0 = gl.load(vcol_ptr + b)
@@ -184,8 +199,39 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
 
 
 @gluon.jit
+def _halve_max(x):
+    """Row maxima of x [R, N] over its column halves: [R, N / 2], no data moving between threads (a
+    thread holds columns of every 8-column group of the wgmma accumulator)."""
+    R: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    a, b = gl.split(gl.permute(gl.reshape(x, [R, 2, N // 2]), (0, 2, 1)))
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def _row_max(x, TREE: gl.constexpr):
+    """Row maxima of a score tile, in its rows' layout. TREE: pairwise over the column halves down to 8
+    columns (a few dependent steps) rather than one running maximum per row (one step a column)."""
+    if TREE:
+        row_layout: gl.constexpr = gl.SliceLayout(1, x.type.layout)
+        N: gl.constexpr = x.shape[1]
+        if N > 64:
+            x = _halve_max(x)
+        if N > 32:
+            x = _halve_max(x)
+        if N > 16:
+            x = _halve_max(x)
+        if N > 8:
+            x = _halve_max(x)
+        return gl.convert_layout(gl.max(x, 1), row_layout, assert_trivial=True)
+    else:
+        return gl.max(x, 1)
+
+
+@gluon.jit
 def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2, band, BN: gl.constexpr,
-                  CAUSAL: gl.constexpr, FP8: gl.constexpr, WINDOW: gl.constexpr):  # fmt: skip
+                  CAUSAL: gl.constexpr, FP8: gl.constexpr, WINDOW: gl.constexpr, TREE: gl.constexpr = False,
+                  SUM: gl.constexpr = True):  # fmt: skip
     """Online softmax of one 64 x BN score tile (raw Q·Kᵀ) of the item's key tile j: masks tiles
     from n_full on (sequence end, causal diagonal), or under WINDOW the tiles the band's edges or
     the sequence end cross (``band`` = (first key tile j0, first and last row of this
@@ -206,14 +252,15 @@ def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2
         if CAUSAL:
             ok = ok & (kj <= rows2 + off)
         sacc = gl.where(ok, sacc, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(sacc, 1) * qk_scale2)
+    m_new = gl.maximum(m_i, _row_max(sacc, TREE) * qk_scale2)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     if FP8:
         p = gl.exp2(sacc * qk_scale2 - gl.expand_dims(m_use - P_SHIFT, 1))
     else:
         p = gl.exp2(sacc * qk_scale2 - gl.expand_dims(m_use, 1))
     alpha = gl.exp2(m_i - m_use)
-    l_i = l_i * alpha + gl.sum(p, 1)
+    if SUM:  # else the caller sums P on the tensor cores (``_consumer``'s MMA_SUM)
+        l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
 
 
@@ -269,13 +316,14 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
               STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr,
               FP8: gl.constexpr, RELABEL: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+              TOP_LEFT: gl.constexpr, PINGPONG: gl.constexpr, SERIAL: gl.constexpr,
+              TREE: gl.constexpr, MMA_SUM: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
      used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-     GROUP, win_left, win_right, turn) = args  # fmt: skip
-    R: gl.constexpr = BM // 2
+     GROUP, win_left, win_right, turn, ones_smem) = args  # fmt: skip
+    R: gl.constexpr = o_smem.shape[1]  # 64 rows per warpgroup
     dtype: gl.constexpr = q_smem.dtype
     o_dtype: gl.constexpr = o_smem.dtype
     s_layout: gl.constexpr = _acc_layout(BN, dtype)
@@ -287,6 +335,12 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
     r_idx = gl.arange(0, R, row_l)
     s_zero = gl.zeros([R, BN], gl.float32, s_layout)
     o_s = o_smem.index(WG)
+    if MMA_SUM:
+        l_layout: gl.constexpr = _acc_layout(8, dtype)
+        pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout,
+                                                      k_width=_k_width(dtype))  # fmt: skip
+        lrow_l: gl.constexpr = gl.SliceLayout(1, l_layout)
+        ones_t = ones_smem.permute((1, 0))
     it = 0
     ti = 0
     nturn = 0  # PINGPONG: turns taken so far (both warpgroups take the same number per item)
@@ -305,7 +359,10 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
         if CAUSAL:
             n_full = gl.minimum(n_full, gl.maximum(r0 + off + 1, 0) // BN)
         qb = ti % QBUF
-        q_half = q_smem.index(qb).slice(WG * R, R, dim=0)
+        if q_smem.shape[1] == BM:
+            q_half = q_smem.index(qb).slice(WG * R, R, dim=0)
+        else:  # one buffer per warpgroup (``attn_fwd_ws``)
+            q_half = q_smem.index(qb * (BM // R) + WG)
         mbarrier.wait(q_ready.index(qb), (ti // QBUF) & 1)
         m_i = gl.full([R], float("-inf"), gl.float32, row_l)
         l_i = gl.zeros([R], gl.float32, row_l)
@@ -316,6 +373,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
             s_scale2 = qk_scale2 * gl.load(qd_ptr + d_at) * gl.load(kd_ptr + d_at)
         else:
             s_scale2 = qk_scale2
+        if MMA_SUM:
+            lacc = gl.zeros([R, 8], gl.float32, l_layout)
         if FP8:
             if n_k > 0:
                 s = it % STAGES
@@ -330,32 +389,69 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                 for j in range(n_k - 1):
                     # P_j from S_j, then S_{j+1} and P_j·V_j issued together; P_j·V_j retires in the step
                     p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
-                                                       s_scale2, band, BN, CAUSAL, FP8, WINDOW)  # fmt: skip
+                                                       s_scale2, band, BN, CAUSAL, FP8, WINDOW, TREE,
+                                                       not MMA_SUM)  # fmt: skip
                     p = _fp8_operand(p, p_layout, RELABEL)
                     accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
+                    if MMA_SUM:
+                        lw = warpgroup_mma_init(lacc * gl.expand_dims(gl.convert_layout(alpha, lrow_l), 1))
                     sv = (it + j) % STAGES
                     sk = (it + j + 1) % STAGES
-                    mbarrier.wait(k_ready.index(sk), ((it + j + 1) // STAGES) & 1)
-                    mbarrier.wait(v_ready.index(sv), ((it + j) // STAGES) & 1)
-                    _take_turn(turn, WG, nturn, PINGPONG)
-                    sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
-                                         is_async=True)  # fmt: skip
-                    accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
-                    nturn = _pass_turn(turn, WG, nturn, PINGPONG)
-                    sacc = warpgroup_mma_wait(1, deps=(sacc,))
-                    mbarrier.arrive(k_empty.index(sk), count=1)
-                    acc = warpgroup_mma_wait(0, deps=(accw,))
-                    mbarrier.arrive(v_empty.index(sv), count=1)
+                    if SERIAL:  # P_j·V_j retires before S_{j+1} is issued: fewer live registers
+                        mbarrier.wait(v_ready.index(sv), ((it + j) // STAGES) & 1)
+                        accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
+                        if MMA_SUM:
+                            pl = gl.convert_layout(p, pl_layout, assert_trivial=True)
+                            lw = warpgroup_mma(pl, ones_t, lw, is_async=True)
+                            acc, lacc = warpgroup_mma_wait(0, deps=(accw, lw))
+                        else:
+                            acc = warpgroup_mma_wait(0, deps=(accw,))
+                        mbarrier.arrive(v_empty.index(sv), count=1)
+                        mbarrier.wait(k_ready.index(sk), ((it + j + 1) // STAGES) & 1)
+                        sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
+                                             is_async=True)  # fmt: skip
+                        sacc = warpgroup_mma_wait(0, deps=(sacc,))
+                        mbarrier.arrive(k_empty.index(sk), count=1)
+                    else:
+                        mbarrier.wait(k_ready.index(sk), ((it + j + 1) // STAGES) & 1)
+                        mbarrier.wait(v_ready.index(sv), ((it + j) // STAGES) & 1)
+                        _take_turn(turn, WG, nturn, PINGPONG)
+                        sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
+                                             is_async=True)  # fmt: skip
+                        accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
+                        if MMA_SUM:
+                            pl = gl.convert_layout(p, pl_layout, assert_trivial=True)
+                            lw = warpgroup_mma(pl, ones_t, lw, is_async=True)
+                        nturn = _pass_turn(turn, WG, nturn, PINGPONG)
+                        if MMA_SUM:
+                            sacc = warpgroup_mma_wait(2, deps=(sacc,))
+                        else:
+                            sacc = warpgroup_mma_wait(1, deps=(sacc,))
+                        mbarrier.arrive(k_empty.index(sk), count=1)
+                        if MMA_SUM:
+                            acc, lacc = warpgroup_mma_wait(0, deps=(accw, lw))
+                        else:
+                            acc = warpgroup_mma_wait(0, deps=(accw,))
+                        mbarrier.arrive(v_empty.index(sv), count=1)
                 p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, n_k - 1, n_full, k_len, rows2, cols2, off,
-                                                   s_scale2, band, BN, CAUSAL, FP8, WINDOW)  # fmt: skip
+                                                   s_scale2, band, BN, CAUSAL, FP8, WINDOW, TREE,
+                                                   not MMA_SUM)  # fmt: skip
                 p = _fp8_operand(p, p_layout, RELABEL)
                 accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
+                if MMA_SUM:
+                    lw = warpgroup_mma_init(lacc * gl.expand_dims(gl.convert_layout(alpha, lrow_l), 1))
                 sv = (it + n_k - 1) % STAGES
                 mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
                 _take_turn(turn, WG, nturn, PINGPONG)
                 accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
+                if MMA_SUM:
+                    pl = gl.convert_layout(p, pl_layout, assert_trivial=True)
+                    lw = warpgroup_mma(pl, ones_t, lw, is_async=True)
                 nturn = _pass_turn(turn, WG, nturn, PINGPONG)
-                acc = warpgroup_mma_wait(0, deps=(accw,))
+                if MMA_SUM:
+                    acc, lacc = warpgroup_mma_wait(0, deps=(accw, lw))
+                else:
+                    acc = warpgroup_mma_wait(0, deps=(accw,))
                 mbarrier.arrive(v_empty.index(sv), count=1)
                 it += n_k
         elif n_k > 0:
@@ -405,6 +501,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
         ti += 1
 
         # epilogue: O = acc / l, LSE = (m + log2 l)·ln2; rows without a key give 0 / -inf
+        if MMA_SUM:  # every column of P·1 holds the row's sum
+            l_i = gl.convert_layout(gl.max(lacc, 1), row_l)
         has = l_i > 0.0
         l_o = gl.convert_layout(gl.where(has, l_i, 1.0), orow_l)
         if FP8:
@@ -439,26 +537,42 @@ def attn_fwd_ws(
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
     RELABEL: gl.constexpr = False, WINDOW: gl.constexpr = False, TOP_LEFT: gl.constexpr = False,
-    PINGPONG: gl.constexpr = False,
+    PINGPONG: gl.constexpr = False, SERIAL: gl.constexpr = False, TREE: gl.constexpr = False,
+    MMA_SUM: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8  # e4m3 q, k, v (module docstring)
-    q_smem = gl.allocate_shared_memory(dtype, [QBUF, BM, D], q_desc.layout)
+    NWG: gl.constexpr = BM // 64  # consumer warpgroups, 64 query rows each
+    QBOX: gl.constexpr = q_desc.block_type.shape[0]
+    if QBOX == BM:
+        q_smem = gl.allocate_shared_memory(dtype, [QBUF, BM, D], q_desc.layout)
+    else:  # BM = 192 is no power of two: a 64-row buffer per warpgroup and Q buffer
+        q_smem = gl.allocate_shared_memory(dtype, [QBUF * NWG, QBOX, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
     if FP8:  # V K-major, as fp8 wgmma reads its B operand
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, D, BN], v_desc.layout)
     else:
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, BM // 2, D], o_desc.layout)
+    o_smem = gl.allocate_shared_memory(o_desc.dtype, [NWG, 64, D], o_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    init_ring(q_ready, q_empty, QBUF, 2)  # released by each of the two consumer warpgroups
-    init_ring(k_ready, k_empty, STAGES, 2)
-    init_ring(v_ready, v_empty, STAGES, 2)
+    init_ring(q_ready, q_empty, QBUF, NWG)  # released by each of the consumer warpgroups
+    init_ring(k_ready, k_empty, STAGES, NWG)
+    init_ring(v_ready, v_empty, STAGES, NWG)
+    if MMA_SUM:  # an 8 x BN tile of ones, written before the partitions start: P·1 sums P's rows
+        gl.static_assert(FP8, "MMA_SUM is an FP8 option")
+        ones_smem = gl.allocate_shared_memory(
+            dtype, [8, BN], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+        )
+        fill: gl.constexpr = gl.BlockedLayout([1, BN // 16], [2, 16], [4, 1], [1, 0])
+        ones_smem.store(gl.full([8, BN], 1.0, gl.float32, fill).to(dtype))
+        fence_async_shared()
+    else:
+        ones_smem = k_smem  # not read
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
@@ -466,66 +580,38 @@ def attn_fwd_ws(
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
              used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-             GROUP, win_left, win_right, turn)  # fmt: skip
+             GROUP, win_left, win_right, turn, ones_smem)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
              max_q, max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right)  # fmt: skip
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
-    gl.warp_specialize(
-        [
-            (
-                _consumer,
-                (
-                    cargs,
-                    WG0,
-                    D,
-                    BM,
-                    BN,
-                    STAGES,
-                    QBUF,
-                    CAUSAL,
-                    HAS_USED_Q,
-                    HAS_USED_K,
-                    LSE_PER_SEQ,
-                    LPT,
-                    FP8,
-                    RELABEL,
-                    WINDOW,
-                    TOP_LEFT,
-                    PINGPONG,
-                ),
-            ),
-            (
-                _consumer,
-                (
-                    cargs,
-                    WG1,
-                    D,
-                    BM,
-                    BN,
-                    STAGES,
-                    QBUF,
-                    CAUSAL,
-                    HAS_USED_Q,
-                    HAS_USED_K,
-                    LSE_PER_SEQ,
-                    LPT,
-                    FP8,
-                    RELABEL,
-                    WINDOW,
-                    TOP_LEFT,
-                    PINGPONG,
-                ),
-            ),
-            (
-                _producer,
-                (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8, WINDOW, TOP_LEFT),
-            ),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )
+    WG2: gl.constexpr = 2
+    if NWG == 3:
+        gl.static_assert(not PINGPONG, "PINGPONG takes two consumer warpgroups")
+        gl.warp_specialize(
+            [(_consumer, (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+             (_consumer, (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+             (_consumer, (cargs, WG2, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+             (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8, WINDOW,
+                          TOP_LEFT))],
+            [4, 4, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [(_consumer, (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+             (_consumer, (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+             (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8, WINDOW,
+                          TOP_LEFT))],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -539,12 +625,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv is a constexpr_function: microseconds per host call
 
 
-def stages_for(d: int, fp8: bool = False) -> tuple[int, int]:
-    """(K/V stages, Q buffers) inside 227 KB of shared memory with the two 64-row output buffers:
-    D=128: 2 x 64 KB of K/V + 2 x 32 KB of Q + 32 KB of output = 224 KB; D=64 goes deeper. FP8
-    tiles take half the bytes: D=128 4 x 32 KB of K/V + 2 x 16 KB of Q + 32 KB of bf16 output."""
+def stages_for(d: int, fp8: bool = False, warpgroups: int = 2) -> tuple[int, int]:
+    """(K/V stages, Q buffers) inside 227 KB of shared memory with the 64-row output buffers (one per
+    consumer warpgroup): D=128: 2 x 64 KB of K/V + 2 x 32 KB of Q + 32 KB of output = 224 KB; D=64
+    goes deeper. FP8 tiles take half the bytes: D=128 4 x 32 KB of K/V + 2 x 16 KB of Q + 32 KB of
+    bf16 output; with three warpgroups 4 x 32 KB + 2 x 24 KB + 48 KB = 224 KB."""
     if fp8:
-        return (4, 2) if d == 128 else (6, 2)
+        return (4, 2) if d == 128 else (6 if warpgroups == 2 else 4, 2)
     return (2, 2) if d == 128 else (4, 2)
 
 
@@ -557,11 +644,26 @@ FP8_V_COPY = "aligned"
 # The consumer warpgroups take turns issuing their GEMMs (``_take_turn``). Off: slower than free-running
 # consumers on the H200 for bf16 and FP8 at S = 8192 (BENCHMARKS.md, Experiments).
 PINGPONG = False
+# FP8 at D=128: consumer warpgroups per work item (64 query rows each). Three (192-row items) keep the
+# tensor cores fed while the others run their softmax; their registers (160 each, ``_regs``) only
+# fit when a step retires its P·V before issuing the next Q·Kᵀ (``SERIAL``).
+FP8_WARPGROUPS = 2
+# FP8: the rows' sums of P from a wgmma of P against a tile of ones (with P·V) instead of a running
+# fp32 sum of the unrounded P (one add per score); the sum is then of the e4m3 P that P·V sees.
+FP8_MMA_SUM = False
+# FP8: row maxima by pairwise halving of the score tile (a few dependent steps, not one per column).
+FP8_TREE_MAX = False
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
 
 
+def _regs(warpgroups: int) -> int:
+    """Registers per consumer thread (setmaxnreg) beside the producer's warpgroup at 24: the 64K
+    register file split over the consumer warpgroups, in steps of 8."""
+    return 232 if warpgroups == 2 else 160
+
+
 @functools.lru_cache(maxsize=256)
-def lpt_group(pairs: int, m_tiles: int, programs: int, cap: int, sq: int, sk: int) -> int:
+def lpt_group(pairs: int, m_tiles: int, programs: int, cap: int, sq: int, sk: int, bm: int = BLOCK_M) -> int:
     """How many (b, h) pairs one LPT group holds (at most ``cap``, the L2 budget), chosen so that the
     persistent programs, which take items t, t + programs, ... of the walk, get the most even work:
     causal q tile m of a dense batch (Lq = sq, Lk = sk, bottom-right) costs its kv tiles plus one
@@ -569,7 +671,7 @@ def lpt_group(pairs: int, m_tiles: int, programs: int, cap: int, sq: int, sk: in
     the mean (e.g. 24 pairs of 16 tiles on 132 programs); a smaller group evens it out. Host-only
     (numpy), cached per shape; a few milliseconds for the first call of a typical shape."""
     m = np.arange(m_tiles, dtype=np.int64)
-    last = np.minimum(m * BLOCK_M + BLOCK_M, sq) - 1 + (sk - sq)
+    last = np.minimum(m * bm + bm, sq) - 1 + (sk - sq)
     kv_tiles = np.minimum((np.maximum(last + 1, 0) + BLOCK_N - 1) // BLOCK_N, -(-sk // BLOCK_N))
     weight = (kv_tiles + 1)[::-1].astype(np.float64)  # rank idx = tile m_tiles - 1 - idx
     t = np.arange(pairs * m_tiles, dtype=np.int64)
@@ -591,7 +693,8 @@ def lpt_group(pairs: int, m_tiles: int, programs: int, cap: int, sq: int, sk: in
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: float, causal: bool, out, lse,
         lse_dense: bool, lpt: bool | None = None, descale=None, v_copy: str | None = None,
         window: tuple[int, int] | None = None, top_left: bool = False,
-        pingpong: bool | None = None) -> None:  # fmt: skip
+        pingpong: bool | None = None, warpgroups: int | None = None,
+        serial: bool | None = None) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync.
 
@@ -609,6 +712,10 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
 
     ``pingpong`` (default ``PINGPONG``): the consumer warpgroups alternate their GEMM issues.
 
+    ``warpgroups`` (FP8 at D=128; default ``FP8_WARPGROUPS``): 2 or 3 consumer warpgroups per work
+    item of 64 query rows each; three take the serial step order (``_consumer``'s ``SERIAL``), two
+    overlap a step's P·V with the next Q·Kᵀ unless ``serial``.
+
     ``window`` (win_left, win_right), sides resolved as ``lp_fa4.triton.launch.Problem``'s (BIG =
     unbounded): query row i sees keys [i + off - win_left, i + off + win_right], off = Lk - Lq
     (bottom-right) or 0 (``top_left``); with ``causal`` False. None: no band beyond ``causal``."""
@@ -622,11 +729,18 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     cu_q, cu_k, _, lk_dense = kernel_offsets(cu_q, tq, cu_k, tk)
     gdt = _GL[q.dtype]
     fp8 = descale is not None
-    BM, BN = BLOCK_M, BLOCK_N
-    stages, qbuf = stages_for(d, fp8)
-    q_desc = TensorDescriptor(q.view(tq, h * d), [tq, h * d], [h * d, 1], [BM, d], smem_layout(BM, d, gdt))
-    o_desc = TensorDescriptor(out.view(tq, h * d), [tq, h * d], [h * d, 1], [BM // 2, d],
-                              smem_layout(BM // 2, d, _GL[out.dtype]))  # fmt: skip
+    nwg = 2
+    if fp8 and d == 128:
+        nwg = FP8_WARPGROUPS if warpgroups is None else warpgroups
+        if nwg not in (2, 3):
+            raise ValueError(f"fwd_sm90.fwd: warpgroups must be 2 or 3, got {nwg!r}")
+    BM, BN = 64 * nwg, BLOCK_N
+    stages, qbuf = stages_for(d, fp8, nwg)
+    q_box = BM if nwg == 2 else 64  # a TMA box is a power of two: 192-row items load three boxes
+    q_desc = TensorDescriptor(q.view(tq, h * d), [tq, h * d], [h * d, 1], [q_box, d],
+                              smem_layout(q_box, d, gdt))  # fmt: skip
+    o_desc = TensorDescriptor(out.view(tq, h * d), [tq, h * d], [h * d, 1], [64, d],
+                              smem_layout(64, d, _GL[out.dtype]))  # fmt: skip
     if tk > 0:
         k2, v2, rows_k = k.view(tk, hkv * d), v.view(tk, hkv * d), tk
     else:  # no keys at all: a one-row dummy keeps the descriptors valid; no step loads it
@@ -668,7 +782,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         hg = 1 if even else max(1, min(n_b * h, L2_GROUP_BYTES // max(kv_bytes, 1)))
         if not even and causal and config.fwd_lpt_balance():
             programs = min(n_b * h * m_tiles, num_sms(q.device))
-            hg = lpt_group(n_b * h, m_tiles, programs, hg, tq // n_b, tk // n_b)
+            hg = lpt_group(n_b * h, m_tiles, programs, hg, tq // n_b, tk // n_b, BM)
     else:
         tiles, count = schedule(cu_q, cu_k, max_q, tile_q=True, block=BM, slots=m_tiles, heads=h)
         hg = 1
@@ -684,8 +798,10 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items, qd, kd, vd, vcol,
         *(window if window is not None else (0, 0)),
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
-        HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=232, PRODUCER_REGS=24,
-        LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None, TOP_LEFT=bool(top_left),
-        PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
+        HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=_regs(nwg),
+        PRODUCER_REGS=24, LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None,
+        TOP_LEFT=bool(top_left), PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
+        SERIAL=fp8 and (nwg == 3 if serial is None else bool(serial)), TREE=fp8 and FP8_TREE_MAX,
+        MMA_SUM=fp8 and d == 128 and FP8_MMA_SUM,
         num_warps=4,
     )  # fmt: skip
