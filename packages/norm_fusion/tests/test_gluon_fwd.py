@@ -194,7 +194,13 @@ def test_gluon_forward(gluon_split, kind: str, case: Case) -> None:
     if kind == "rms":
         case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
     eps = 1e-5 if kind == "ln" else 1e-6
-    d = inputs(case)
+    stats = _forward_checked(inputs(case), case, kind, eps)
+    assert all(s.dtype == torch.float32 and s.shape == (case.m,) for s in stats)
+
+
+def _forward_checked(d, case: Case, kind: str, eps: float):
+    """The no-grad forward of ``d`` through the Gluon kernel against the references (output and
+    statistics); returns the statistics."""
     _assert_gluon_path(d, torch.empty(case.m, case.n, dtype=case.dtype, device=DEVICE))
     with torch.no_grad():
         if kind == "ln":
@@ -211,7 +217,7 @@ def test_gluon_forward(gluon_split, kind: str, case: Case) -> None:
     if kind == "ln":
         torch.testing.assert_close(stats[0], want[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(stats[-1], want[-1], atol=1e-4, rtol=1e-3)
-    assert all(s.dtype == torch.float32 and s.shape == (case.m,) for s in stats)
+    return stats
 
 
 GRAD_NAMES = ("x", "w", "bias", "gamma", "beta")
@@ -288,19 +294,4 @@ def test_gluon_forward_mean_far_from_zero(gluon_split, kind: str, offset: float)
     eps = 1e-5 if kind == "ln" else 1e-6
     d = inputs(case)
     d["bias"] = (d["bias"].float() + offset).to(case.dtype)
-    _assert_gluon_path(d, torch.empty(case.m, case.n, dtype=case.dtype, device=DEVICE))
-    with torch.no_grad():
-        if kind == "ln":
-            y, *stats = linear_layernorm(
-                d["x"], d["w"], d["bias"], d["gamma"], d["beta"], eps, return_stats=True
-            )
-        else:
-            y, *stats = linear_rmsnorm(d["x"], d["w"], d["bias"], d["gamma"], eps, return_stats=True)
-    (ref, _), (base, _) = ref_and_baseline(
-        lambda t, dt: linear_norm_torch(kind, t, dt, eps), d, (), case.dtype, grads=False
-    )
-    check(y, ref, base, "y")
-    want = _stats_ref(d, kind, eps)
-    if kind == "ln":
-        torch.testing.assert_close(stats[0], want[0], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(stats[-1], want[-1], atol=1e-4, rtol=1e-3)
+    _forward_checked(d, case, kind, eps)

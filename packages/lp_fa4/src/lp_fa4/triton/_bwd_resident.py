@@ -20,6 +20,8 @@ so their P and dS are 0; keys past k_len are neither read nor stored.
 import triton
 import triton.language as tl
 
+from ._common import seq_extent
+
 
 @triton.jit
 def bq_resident_bwd_kernel(
@@ -36,17 +38,9 @@ def bq_resident_bwd_kernel(
     those keys and adds this sequence's share to dQ (fp32)."""
     b = tl.load(ORDER + tl.program_id(0))  # longest sequences first (the launcher's order)
     h = tl.program_id(1)
-    q0 = tl.minimum(tl.maximum(tl.load(CU_Q).to(tl.int64), 0), TQ)
-    q1 = tl.minimum(tl.maximum(tl.load(CU_Q + 1).to(tl.int64), q0), TQ)
-    slot = (q1 - q0).to(tl.int32)
-    rows = tl.minimum(slot, ROWS_CAP)
-    k0 = tl.load(CU_K + b).to(tl.int64)
-    k1 = tl.load(CU_K + b + 1).to(tl.int64)
-    k0 = tl.minimum(tl.maximum(k0, 0), TK)
-    k1 = tl.minimum(tl.maximum(k1, k0), TK)
-    k_len = tl.minimum((k1 - k0).to(tl.int32), K_CAP)
-    if HAS_USED_K:
-        k_len = tl.minimum(tl.maximum(tl.load(USED_K + b), 0), k_len)
+    q0, _slot, _q_len, rows, o0, k0, k_len = seq_extent(
+        b, CU_Q, CU_K, USED_K, USED_K, TQ, TK, K_CAP, ROWS_CAP, False, HAS_USED_K, True, False
+    )
     if (k_len <= 0) | (rows <= 0):
         return
     offs_m = tl.arange(0, BLOCK_M)
@@ -54,7 +48,7 @@ def bq_resident_bwd_kernel(
     m_ok = offs_m < rows
     d_ok = offs_d < D
     q_rows = q0 + offs_m.to(tl.int64)
-    o_rows = slot.to(tl.int64) * b + offs_m
+    o_rows = o0 + offs_m
     q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
     do = tl.load(DO + o_rows[:, None] * stride_dot + h * stride_doh + offs_d[None, :],
