@@ -99,17 +99,26 @@ def _jobs() -> dict[str, dict]:
     jobs["ln_fwd_persistent_stage_xhat"] = dict(
         jobs["ln_fwd_persistent"], constexprs=jobs["ln_fwd_persistent"]["constexprs"] | dict(STAGE_XHAT=True)
     )
+    # config.norm_bwd_config's H200 tiles for N = 1024, the weight-gradient sums in the kernel (the
+    # default config.norm_bwd_sums): two counter atomics and the fences around them
+    norm_bwd_ptrs = {p: "*bf16" for p in ("DY", "XHAT", "GAMMA", "DZ", "OUT0", "OUT1", "OUT2")}
     jobs["norm_bwd"] = dict(
         module="ads_norm_fusion.triton._norm_bwd", kernel="norm_bwd_kernel",
-        types={p: "*bf16" for p in ("DY", "XHAT", "GAMMA", "DZ")} | {"RSTAT": "*fp32", "PART": "*fp32"},
-        constexprs=dict(RMS=False, HAS_GAMMA=True, WEIGHT_GRADS=True, BIAS_GRAD=True, BLOCK_M=8, BLOCK_N=1024,
-                        ROWS_PER_PROG=64),
-        num_warps=8,
+        types=norm_bwd_ptrs | {"RSTAT": "*fp32", "PART": "*fp32", "COUNT": "*i32"},
+        constexprs=dict(RMS=False, HAS_GAMMA=True, WEIGHT_GRADS=True, BIAS_GRAD=True, BLOCK_M=4, BLOCK_N=1024,
+                        ROWS_PER_PROG=64, SUMS=True, GROUP=32, BLOCK_P=8, FENCE=True),
+        num_warps=4, sass_between=_SASS_FENCE,
     )  # fmt: skip
-    # the backward of a saved pre-norm value, at config.norm_bwd_config's H200 tiles for N = 1024
+    # the backward of a saved pre-norm value
     jobs["norm_bwd_raw"] = dict(
         jobs["norm_bwd"], types=jobs["norm_bwd"]["types"] | {"XOFF": "*fp32"},
-        constexprs=jobs["norm_bwd"]["constexprs"] | dict(BLOCK_M=4, XHAT_RAW=True), num_warps=4,
+        constexprs=jobs["norm_bwd"]["constexprs"] | dict(XHAT_RAW=True),
+    )  # fmt: skip
+    # rmsnorm_linear's backward over K (config.rms_backward_mode cublas): raw x, dγ only, x̂·γ out
+    jobs["norm_bwd_rms_xg"] = dict(
+        jobs["norm_bwd"], types=jobs["norm_bwd"]["types"] | {"XG": "*bf16"},
+        constexprs=jobs["norm_bwd"]["constexprs"]
+        | dict(RMS=True, BIAS_GRAD=False, XHAT_RAW=True, STORE_XG=True),
     )  # fmt: skip
     jobs["gluon_ln_fwd_n1024"] = _gluon_job(1024, rms=False, xhat=False)
     jobs["gluon_rms_fwd_n384_xhat"] = _gluon_job(384, rms=True, xhat=True)
@@ -128,6 +137,8 @@ GLUON_WS = {
     "gluon_ws_ln_fwd_n1024_split2": (1024, False, False, 2),
     "gluon_ws_rms_fwd_n768_xhat_split2": (768, True, True, 2),
 }
+# SASS of the norm backward: the GPU-scope fences that order its partial sums around the counters
+_SASS_FENCE = {"membar_gpu": [r"^\.text\.norm_bwd_kernel:", r"(?!)", r"\bMEMBAR\S*\.GPU\b"]}
 # SASS of the whole kernel: HGMMA instructions, and those that close a commit group (gsb0); when
 # ptxas cannot keep the accumulator untouched while its wgmma is in flight, every HGMMA closes one
 _SASS_WGMMA = {
@@ -173,7 +184,7 @@ def ptx(request) -> dict[str, dict]:
 
 # each compile costs 10-20 s of CPU: the representative kernels by default, the rest with --run-slow
 _DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "ln_fwd_persistent_stage_xhat", "rms_input_grad_raw",
-            "rms_gemm", "rms_gemm_dx", "norm_bwd", "norm_bwd_raw", "gluon_ln_fwd_n1024",
+            "rms_gemm", "rms_gemm_dx", "norm_bwd", "norm_bwd_raw", "norm_bwd_rms_xg", "gluon_ln_fwd_n1024",
             "gluon_ln_fwd_n1024_split2", "gluon_ws_ln_fwd_n1024_split2")  # fmt: skip
 CASES = [
     c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
@@ -186,6 +197,7 @@ CASES = [
         "rms_gemm_fused",
         "norm_bwd",
         "norm_bwd_raw",
+        "norm_bwd_rms_xg",
         "gluon_ln_fwd_n1024",
         "gluon_rms_fwd_n384_xhat",
         "gluon_ln_fwd_n1024_split2",
@@ -199,7 +211,9 @@ CASES = [
 def test_compiles_for_sm90(ptx, case) -> None:
     counts = ptx[case]
     assert "error" not in counts, f"{case} did not compile for sm_90: {counts.get('error')}"
-    if case not in ("ln_norm_bwd", "norm_bwd", "norm_bwd_raw"):  # no GEMM in the plain norm backward
+    if case.startswith("norm_bwd"):  # two counters, each fenced on both sides
+        assert counts["atomic_add"] >= 2 and counts["membar_gpu"][0] >= 4, counts
+    if case != "ln_norm_bwd" and not case.startswith("norm_bwd"):  # no GEMM in the plain norm backward
         assert counts["wgmma"] > 0, f"{case}: no wgmma"
         assert counts["tma"] > 0, f"{case}: no TMA loads"
     assert counts["local_memory"] == 0, f"{case} spills registers"

@@ -10,7 +10,13 @@ from _cases import DEVICE, Case, inputs
 from ads_norm_fusion import _ops, linear_layernorm, linear_rmsnorm, rmsnorm_linear
 
 CASES = [Case(20, 32, 48), Case(20, 32, 48, bias=False, affine=False, norm_bias=False)]
-OPS = ["linear_layernorm", "linear_rmsnorm", "rmsnorm_linear", "rmsnorm_linear/input"]
+OPS = [
+    "linear_layernorm",
+    "linear_rmsnorm",
+    "rmsnorm_linear",
+    "rmsnorm_linear/input",
+    "rmsnorm_linear/output",
+]
 
 
 def _call(op: str, t: dict):
@@ -44,9 +50,9 @@ def _node(t: torch.Tensor) -> str:
 @pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("op", OPS)
 def test_eager_matches_custom_op(op: str, case: Case, monkeypatch) -> None:
-    if op == "rmsnorm_linear/input":  # the backward through dy·W (ADS_NORM_FUSION_RMS_BWD=input)
-        monkeypatch.setenv("ADS_NORM_FUSION_RMS_BWD", "input")
-    op = op.split("/")[0]
+    op, _, rms_bwd = op.partition("/")
+    if rms_bwd:  # rmsnorm_linear's other backwards (ADS_NORM_FUSION_RMS_BWD)
+        monkeypatch.setenv("ADS_NORM_FUSION_RMS_BWD", rms_bwd)
     out_e, grads_e, fn_e = _run(op, case, True, monkeypatch)
     out_o, grads_o, fn_o = _run(op, case, False, monkeypatch)
     assert fn_e.startswith("_Eager") and not fn_o.startswith("_Eager"), (fn_e, fn_o)

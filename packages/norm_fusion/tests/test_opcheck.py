@@ -22,6 +22,7 @@ def _args():
         "linear_rmsnorm_fwd": (x, w, None, g, 1e-6, True, True),
         "norm_bwd": (d["dy"], d["dy"].clone(), rstat, None, g, False, False, True, True),
         "norm_bwd_raw": (d["dy"], d["dy"].clone(), rstat, rstat.clone(), g, False, True, True, True),
+        "norm_bwd_xg": (d["dy"], d["dy"].clone(), rstat, None, g, True, True, True, False, True),
         "rmsnorm_linear_fwd": (x, gk, w, b, 1e-6),
         "gemm_norm_input_grad": (dy_next, w_next_t, d["dy"].clone(), rstat, g, False, False, True),
         "row_col_scale": (x, rstat, gk),
@@ -32,7 +33,7 @@ def _args():
 @pytest.mark.parametrize("op", list(_args()))
 def test_opcheck(op: str) -> None:
     args = _args()[op]
-    op = op.removesuffix("_xhat").removesuffix("_raw")  # the same op on its other saved-value layout
+    op = op.removesuffix("_xhat").removesuffix("_raw").removesuffix("_xg")  # the same op, other options
     grad_ops = ("linear_layernorm_fwd", "linear_rmsnorm_fwd", "rmsnorm_linear_fwd")
     if op in grad_ops:
         args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.dtype != torch.float32 else a

@@ -15,9 +15,10 @@ Ops (all 2-D; the public API flattens leading dims):
   affine parameters: y is x̂ then, and is saved instead): x̂ itself, or with ``xhat_raw``
   (``config.save_prenorm``) the forward's staged pre-norm tile, x̂ = (xhat - xoff)·rstd (RMSNorm:
   xhat·rrms); xoff (M,) fp32 only then, (0,) otherwise.
-- ``norm_bwd(dy, xhat, rstat, xoff, weight, rms, xhat_raw, weight_grads, bias_grad)
-  -> (dz, dweight, dnorm_bias, dbias)`` the row-wise norm backward (xhat as saved by the forward,
-  xoff None for RMSNorm or x̂ itself); dweight/dnorm_bias/dbias are (0,) unless asked for.
+- ``norm_bwd(dy, xhat, rstat, xoff, weight, rms, xhat_raw, weight_grads, bias_grad, want_xg)
+  -> (dz, dweight, dnorm_bias, dbias, xg)`` the row-wise norm backward (xhat as saved by the forward,
+  xoff None for RMSNorm or x̂ itself); dweight/dnorm_bias/dbias are (0,) unless asked for, and so is
+  xg = x̂·γ unless ``want_xg`` (``rmsnorm_linear``'s weight-gradient operand, its norm over K).
 - ``rmsnorm_linear_fwd(x, norm_weight, w, bias, eps) -> (y, rrms)``: a GEMM with W·γ and the per-row
   scale in its epilogue (rrms from Σx² in its K loop, or from one row pass first:
   ``config.rms_forward_rowpass``).
@@ -37,11 +38,10 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ads_kernel_tools.dispatch import eager_function, plain_eager
 
-from .config import norm_bwd_sums_kernel, rms_backward_from_output, save_prenorm
+from .config import NORM_BWD_MAX_N, rms_backward_mode, save_prenorm
 from .costs import gemm_flops
 from .triton.launch import (
     launch_norm_bwd,
-    launch_part_sums,
     launch_rms_gemm,
     launch_row_col_scale,
     launch_row_stat,
@@ -158,37 +158,29 @@ def _norm_bwd(
     xhat_raw: bool,
     weight_grads: bool,
     bias_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    want_xg: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     dy = dy.contiguous()
+    n = dy.shape[1]
     dz = torch.empty_like(dy)
-    part = launch_norm_bwd(
-        dy, xhat, rstat, dz, gamma=weight, rms=rms, weight_grads=weight_grads, bias_grad=bias_grad,
-        xhat_raw=xhat_raw, xoff=xoff,
-    )  # fmt: skip
     pdtype = weight.dtype if weight is not None else dy.dtype
-    if part is not None and norm_bwd_sums_kernel():
-        n = dy.shape[1]
-        dweight = dy.new_empty((n,) if weight_grads else _EMPTY, dtype=pdtype)
-        dnorm_bias = dy.new_empty((n,) if weight_grads and not rms else _EMPTY, dtype=pdtype)
-        dbias = dy.new_empty((n,) if bias_grad else _EMPTY)
-        launch_part_sums(
-            part,
-            dweight if weight_grads else None,
-            dnorm_bias if weight_grads and not rms else None,
-            dbias if bias_grad else None,
-        )
-        return dz, dweight, dnorm_bias, dbias
-    dweight = _sums(part, 0, pdtype) if weight_grads else dy.new_empty(_EMPTY, dtype=pdtype)
-    dnorm_bias = _sums(part, 1, pdtype) if weight_grads and not rms else dy.new_empty(_EMPTY, dtype=pdtype)
-    dbias = _sums(part, 2, dy.dtype) if bias_grad else dy.new_empty(_EMPTY)
-    return dz, dweight, dnorm_bias, dbias
+    dweight = dy.new_empty((n,) if weight_grads else _EMPTY, dtype=pdtype)
+    dnorm_bias = dy.new_empty((n,) if weight_grads and not rms else _EMPTY, dtype=pdtype)
+    dbias = dy.new_empty((n,) if bias_grad else _EMPTY)
+    xg = torch.empty_like(xhat) if want_xg else xhat.new_empty(_EMPTY)
+    launch_norm_bwd(
+        dy, xhat, rstat, dz, gamma=weight, rms=rms, dweight=dweight if weight_grads else None,
+        dnorm_bias=dnorm_bias if weight_grads and not rms else None, dbias=dbias if bias_grad else None,
+        xhat_raw=xhat_raw, xoff=xoff, xg=xg if want_xg else None,
+    )  # fmt: skip
+    return dz, dweight, dnorm_bias, dbias, xg
 
 
 norm_bwd = torch.library.custom_op("ads_norm_fusion::norm_bwd", _norm_bwd, mutates_args=())
 
 
 @norm_bwd.register_fake
-def _(dy, xhat, rstat, xoff, weight, rms, xhat_raw, weight_grads, bias_grad):
+def _(dy, xhat, rstat, xoff, weight, rms, xhat_raw, weight_grads, bias_grad, want_xg=False):
     n = dy.shape[1]
     pdtype = weight.dtype if weight is not None else dy.dtype
     return (
@@ -196,6 +188,7 @@ def _(dy, xhat, rstat, xoff, weight, rms, xhat_raw, weight_grads, bias_grad):
         dy.new_empty((n,) if weight_grads else _EMPTY, dtype=pdtype),
         dy.new_empty((n,) if weight_grads and not rms else _EMPTY, dtype=pdtype),
         dy.new_empty((n,) if bias_grad else _EMPTY),
+        xhat.new_empty(xhat.shape if want_xg else _EMPTY),
     )
 
 
@@ -208,7 +201,7 @@ def _linear_norm_backward(ctx, dy: Tensor, rms: bool, eager: bool = False):
     want_affine = (ctx.has_weight and needs[3]) or (ctx.has_norm_bias and not rms and needs[4])
     bwd = _norm_bwd if eager else norm_bwd
     raw = ctx.xhat_raw
-    dz, dweight, dnorm_bias, dbias = bwd(
+    dz, dweight, dnorm_bias, dbias, _ = bwd(
         dy, xhat, rstat, xoff if raw and not rms else None, weight, rms, raw, want_affine, want_bias
     )
     dx = dz @ w if needs[0] else None
@@ -280,7 +273,7 @@ def _gemm_norm_input_grad(
     dz = torch.empty((m, n), dtype=dy.dtype, device=dy.device)
     part = None
     if weight_grads:
-        part = torch.zeros(
+        part = torch.empty(  # every program stores its rows of the planes asked for
             (3, num_row_blocks(m, n, dy.shape[1], dy.device), n), dtype=torch.float32, device=dy.device
         )
     launch_rownorm(
@@ -341,29 +334,36 @@ def _rmsnorm_linear_setup(ctx, inputs, output) -> None:
     x, norm_weight, w, bias, _eps = inputs
     ctx.mark_non_differentiable(output[1])
     ctx.has_weight, ctx.has_bias = norm_weight is not None, bias is not None
-    ctx.from_output = rms_backward_from_output()
+    mode = rms_backward_mode()
+    ctx.bwd_mode = "output" if mode == "cublas" and x.shape[1] > NORM_BWD_MAX_N else mode
     # the output path saves y itself: Σ_n dy·(y − b) is its mean_K(ĝ·x̂) (see rmsnorm_linear_dx)
-    y = output[0] if ctx.from_output else None
+    y = output[0] if ctx.bwd_mode == "output" else None
     ctx.save_for_backward(x, norm_weight, w, bias, y, output[1])
 
 
 def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms, eager: bool = False):
     x, norm_weight, w, bias, y, rrms = ctx.saved_tensors
-    dx_op = _rmsnorm_linear_dx if eager else rmsnorm_linear_dx
-    input_grad_op = _gemm_norm_input_grad if eager else gemm_norm_input_grad
-    scale_op = _row_col_scale if eager else row_col_scale
     needs = ctx.needs_input_grad
     want_gamma = ctx.has_weight and needs[1]
-    dx = dgamma = dw = dbias = None
+    dx = dgamma = dw = dbias = xg = None
     if needs[0] or want_gamma:
-        if ctx.from_output:
+        if ctx.bwd_mode == "cublas":  # g = dy @ w, then the RMSNorm backward over K row by row
+            bwd = _norm_bwd if eager else norm_bwd
+            dx, dgamma, _, _, xg = bwd(
+                dy @ w, x, rrms, None, norm_weight, True, True, want_gamma, False, needs[2]
+            )
+        elif ctx.bwd_mode == "output":
+            dx_op = _rmsnorm_linear_dx if eager else rmsnorm_linear_dx
             dx, dgamma = dx_op(dy, w, x, y, rrms, norm_weight, bias, want_gamma)
         else:  # du = dy @ w, then the RMSNorm backward over K in the same kernel's epilogue
+            input_grad_op = _gemm_norm_input_grad if eager else gemm_norm_input_grad
             dx, dgamma, _ = input_grad_op(dy, w, x, rrms, norm_weight, True, True, want_gamma)
         dx = dx if needs[0] else None
         dgamma = dgamma if want_gamma else None
     if needs[2]:
-        dw = dy.t() @ scale_op(x, rrms, norm_weight)
+        if xg is None:
+            xg = (_row_col_scale if eager else row_col_scale)(x, rrms, norm_weight)
+        dw = dy.t() @ xg
     if ctx.has_bias and needs[3]:
         dbias = dy.sum(dim=0)
     return dx, dgamma, dw, dbias, None

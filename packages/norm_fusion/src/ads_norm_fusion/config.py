@@ -10,7 +10,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_BLOCK_N``, ``ADS_NORM_FUSION_RMS_STAGES`` (the ``rmsnorm_linear`` GEMM); and
 ``ADS_NORM_FUSION_RMS_FLATTEN``, ``ADS_NORM_FUSION_RMS_TMA_STORE`` (0/1, see ``rms_flatten``),
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
-``ADS_NORM_FUSION_RMS_BWD`` (input/output, see ``rms_backward_from_output``),
+``ADS_NORM_FUSION_RMS_BWD`` (cublas/input/output, see ``rms_backward_mode``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/on/0, see ``gluon_forward``),
@@ -18,7 +18,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``gluon_ws``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
 ``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES``,
 ``ADS_NORM_FUSION_BWD_ACC2D`` (the row-wise norm backward, see ``norm_bwd_config``),
-``ADS_NORM_FUSION_BWD_SUMS`` (torch/kernel, see ``norm_bwd_sums_kernel``);
+``ADS_NORM_FUSION_BWD_SUMS`` (fused/torch/kernel, see ``norm_bwd_sums``);
 ``ADS_NORM_FUSION_SAVE`` (z/xhat, see ``save_prenorm``).
 """
 
@@ -125,12 +125,16 @@ def rms_forward_rowpass(k: int) -> bool:
     return mode == "rowpass" or (mode == "auto" and k >= RMS_ROWPASS_MIN_K)
 
 
-def rms_backward_from_output() -> bool:
-    """``ADS_NORM_FUSION_RMS_BWD``: ``output`` (default) forms ``rmsnorm_linear``'s dx from the saved
-    output (a row pass for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue; faster on
-    the H200 at every measured shape); ``input``: dy @ W with the RMSNorm backward over K in the
-    GEMM's epilogue (``gemm_norm_input_grad``)."""
-    return _choice("ADS_NORM_FUSION_RMS_BWD", "output", ("input", "output")) == "output"
+def rms_backward_mode() -> str:
+    """``ADS_NORM_FUSION_RMS_BWD``, how ``rmsnorm_linear``'s backward forms dx and dγ. ``cublas``
+    (default): g = dy @ W through cuBLAS, then the row-wise RMSNorm backward over K (``_norm_bwd``,
+    whole rows of K in registers, dγ summed in the kernel) which also writes x̂·γ for dW; predicted
+    from the H200 breakdown at 65536×1024×1024 (cuBLAS dy·W 218-225 µs against 359 µs for our dx
+    GEMM with its epilogue, no coefficient row pass, no separate x̂·γ pass). ``output``: dx from the
+    saved output (a row pass for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue;
+    the previous default); ``input``: dy @ W with the RMSNorm backward over K in the GEMM's epilogue
+    (``gemm_norm_input_grad``). K above ``NORM_BWD_MAX_N`` takes ``output``."""
+    return _choice("ADS_NORM_FUSION_RMS_BWD", "cublas", ("cublas", "input", "output"))
 
 
 def rms_tma_store() -> bool:
@@ -247,12 +251,14 @@ def save_prenorm() -> bool:
     return _choice("ADS_NORM_FUSION_SAVE", "z", ("z", "xhat")) == "z"
 
 
-def norm_bwd_sums_kernel() -> bool:
-    """``ADS_NORM_FUSION_BWD_SUMS``: ``torch`` (default) turns the norm backward's partial sums into dγ,
-    dβ and the GEMM bias gradient with one reduction and one cast per output; ``kernel`` with one
-    Triton launch for all of them (fewer host-side ops: the H200's host spent ~175 µs on the six
-    at 8192×512, BENCHMARKS.md). Not yet timed on the GPU, hence not the default."""
-    return _choice("ADS_NORM_FUSION_BWD_SUMS", "torch", ("torch", "kernel")) == "kernel"
+def norm_bwd_sums() -> str:
+    """``ADS_NORM_FUSION_BWD_SUMS``: where the norm backward's per-program partial sums become dγ, dβ
+    and the GEMM bias gradient. ``fused`` (default): in the norm-backward kernel itself (the last
+    program of each group of 32 adds the group's rows, the last group the groups', counted with
+    atomics; no further launch, no zero fill); ``torch``: one reduction and one cast per output
+    (the previous default); ``kernel``: one more Triton launch for all of them (slower than ``torch``
+    on the H200 when the host runs ahead: BENCHMARKS.md). All three add in a fixed order."""
+    return _choice("ADS_NORM_FUSION_BWD_SUMS", "fused", ("fused", "torch", "kernel"))
 
 
 NORM_BWD_MAX_N = 16384  # whole rows in registers; wider rows use the two-phase row-norm kernel

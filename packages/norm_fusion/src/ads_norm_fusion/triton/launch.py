@@ -15,6 +15,7 @@ from ..config import (
     ROWNORM_MODES,
     flatten_loops,
     norm_bwd_config,
+    norm_bwd_sums,
     persistent_config,
     rms_flatten,
     rms_forward_rowpass,
@@ -286,44 +287,101 @@ def launch_norm_bwd(
     *,
     gamma: torch.Tensor | None,
     rms: bool,
-    weight_grads: bool,
-    bias_grad: bool,
+    dweight: torch.Tensor | None = None,
+    dnorm_bias: torch.Tensor | None = None,
+    dbias: torch.Tensor | None = None,
     xhat_raw: bool = False,
     xoff: torch.Tensor | None = None,
-) -> torch.Tensor | None:
+    xg: torch.Tensor | None = None,
+) -> None:
     """Row-wise norm backward (``_norm_bwd``) for N <= ``config.NORM_BWD_MAX_N``; wider rows take the
     row-norm kernel without a GEMM. ``xhat_raw``: xhat is the forward's staged pre-norm value (with
-    its LayerNorm row offsets xoff, see ``launch_rownorm``). Returns the (3, programs, N) fp32 partial
-    sums, or None."""
+    its LayerNorm row offsets xoff, see ``launch_rownorm``). The (N,) outputs given are written:
+    dweight = Σ dy·x̂, dnorm_bias = Σ dy (LayerNorm), dbias = Σ dz, each rounded once to its dtype
+    from fp32 sums in a fixed order (where: ``config.norm_bwd_sums``); xg (M, N) = x̂·γ."""
     if xhat_raw and not rms and xoff is None:
         raise ValueError("a LayerNorm pre-norm value needs its row offsets (xoff)")
     m, n = dy.shape
+    if dnorm_bias is not None and rms:
+        raise ValueError("RMSNorm has no norm bias")
+    outs = (dweight, dnorm_bias, dbias)
+    weight_grads = dweight is not None or dnorm_bias is not None
+    bias_grad = dbias is not None
     cfg = norm_bwd_config(m, n, num_sms(dy.device) if dy.device.type == "cuda" else 1)
+    if m == 0:
+        for t in (*outs, xg):
+            if t is not None:
+                t.zero_()
+        return
     if cfg is None:
         part = None
         if weight_grads or bias_grad:
-            blocks = num_row_blocks(m, n, n, dy.device)
-            part = torch.zeros((3, blocks, n), dtype=torch.float32, device=dy.device)
+            part = torch.empty(
+                (3, num_row_blocks(m, n, n, dy.device), n), dtype=torch.float32, device=dy.device
+            )
         launch_rownorm(
             "rms_bwd" if rms else "ln_bwd", dy, dz, rstat, gamma=gamma, aux=xhat, part=part,
             weight_grads=weight_grads, bias_grad=bias_grad, aux_raw=xhat_raw, xoff=xoff,
         )  # fmt: skip
-        return part
+        if xg is not None:
+            launch_row_col_scale(xhat, rstat, gamma, xg)
+        if part is not None:
+            _add_partials(part, outs)
+        return
     programs = max(triton.cdiv(m, cfg.rows_per_prog), 1)
-    part = None
+    part = counters = None
+    in_kernel = norm_bwd_sums() == "fused"
     if weight_grads or bias_grad:
-        part = torch.zeros((3, programs, n), dtype=torch.float32, device=dy.device)
-    if m == 0:
-        return part
+        part = torch.empty((3, programs, n), dtype=torch.float32, device=dy.device)
+        if in_kernel:
+            counters = _counters(dy.device, 1 + triton.cdiv(programs, NORM_BWD_GROUP))
+    dummy = rstat
     norm_bwd_kernel[(programs,)](
-        dy, xhat, rstat, gamma if gamma is not None else dy, dz, part if part is not None else rstat,
+        dy, xhat, rstat, gamma if gamma is not None else dy, dz, part if part is not None else dummy,
         m, n, dy.stride(0), xhat.stride(0), dz.stride(0), programs * n,
         RMS=rms, HAS_GAMMA=gamma is not None, WEIGHT_GRADS=weight_grads, BIAS_GRAD=bias_grad,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS_PER_PROG=cfg.rows_per_prog, num_warps=cfg.num_warps,
-        ACC_2D=cfg.acc_2d, num_stages=cfg.num_stages, XOFF=xoff if xoff is not None else rstat,
-        XHAT_RAW=xhat_raw,
+        ACC_2D=cfg.acc_2d, num_stages=cfg.num_stages, XOFF=xoff if xoff is not None else dummy,
+        XHAT_RAW=xhat_raw, OUT0=dweight if dweight is not None else dummy,
+        OUT1=dnorm_bias if dnorm_bias is not None else dummy, OUT2=dbias if dbias is not None else dummy,
+        COUNT=counters if counters is not None else dummy, SUMS=counters is not None, GROUP=NORM_BWD_GROUP,
+        BLOCK_P=max(1, min(NORM_BWD_GROUP, 8192 // cfg.block_n)), FENCE=not interpreter_active(),
+        XG=xg if xg is not None else dz, stride_xg=xg.stride(0) if xg is not None else 0,
+        STORE_XG=xg is not None,
     )  # fmt: skip
-    return part
+    if part is not None and counters is None:
+        _add_partials(part, outs)
+
+
+NORM_BWD_GROUP = 32  # programs whose partial rows one of them adds up (see _norm_bwd)
+
+# (device, stream) -> int32 zeros that the norm backward counts its programs in and leaves at zero.
+# Per stream, so that kernels running at once on two streams never share one.
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, size: int) -> torch.Tensor:
+    if device.type != "cuda":
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    if torch.cuda.is_current_stream_capturing():  # a graph's own memory: not kept past the capture
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < size:
+        buf = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def _add_partials(part: torch.Tensor, outs) -> None:
+    """outs[i] = part[i].sum(0) for each output given: torch reductions, or one launch
+    (``config.norm_bwd_sums``)."""
+    if norm_bwd_sums() == "kernel":
+        launch_part_sums(part, *outs)
+        return
+    for plane, out in enumerate(outs):
+        if out is not None:
+            out.copy_(part[plane].sum(dim=0))
 
 
 def launch_row_col_scale(x: torch.Tensor, r: torch.Tensor, g: torch.Tensor | None, out: torch.Tensor) -> None:
