@@ -128,11 +128,10 @@ def rms_forward_rowpass(k: int) -> bool:
 def rms_backward_mode() -> str:
     """``ADS_NORM_FUSION_RMS_BWD``, how ``rmsnorm_linear``'s backward forms dx and dγ. ``cublas``
     (default): g = dy @ W through cuBLAS, then the row-wise RMSNorm backward over K (``_norm_bwd``,
-    whole rows of K in registers, dγ summed in the kernel) which also writes x̂·γ for dW; predicted
-    from the H200 breakdown at 65536×1024×1024 (cuBLAS dy·W 218-225 µs against 359 µs for our dx
-    GEMM with its epilogue, no coefficient row pass, no separate x̂·γ pass). ``output``: dx from the
-    saved output (a row pass for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue;
-    the previous default); ``input``: dy @ W with the RMSNorm backward over K in the GEMM's epilogue
+    whole rows of K in registers, dγ summed in the kernel) which also writes x̂·γ for dW; faster
+    than ``output`` on the H200 at K = 256, 512 and 1024 (BENCHMARKS.md). ``output``: dx from the
+    saved output (a row pass for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue);
+    ``input``: dy @ W with the RMSNorm backward over K in the GEMM's epilogue
     (``gemm_norm_input_grad``). K above ``NORM_BWD_MAX_N`` takes ``output``."""
     return _choice("ADS_NORM_FUSION_RMS_BWD", "cublas", ("cublas", "input", "output"))
 
@@ -255,9 +254,10 @@ def norm_bwd_sums() -> str:
     """``ADS_NORM_FUSION_BWD_SUMS``: where the norm backward's per-program partial sums become dγ, dβ
     and the GEMM bias gradient. ``fused`` (default): in the norm-backward kernel itself (the last
     program of each group of 32 adds the group's rows, the last group the groups', counted with
-    atomics; no further launch, no zero fill); ``torch``: one reduction and one cast per output
-    (the previous default); ``kernel``: one more Triton launch for all of them (slower than ``torch``
-    on the H200 when the host runs ahead: BENCHMARKS.md). All three add in a fixed order."""
+    atomics; no further launch, no zero fill); ``torch``: one reduction and one cast per output;
+    ``kernel``: one more Triton launch for all of them. On the H200 ``fused`` was the fastest where
+    the host bounds the step (8192×512×512) and level with ``torch`` at 65536×1024×1024
+    (BENCHMARKS.md). All three add in a fixed order."""
     return _choice("ADS_NORM_FUSION_BWD_SUMS", "fused", ("fused", "torch", "kernel"))
 
 
