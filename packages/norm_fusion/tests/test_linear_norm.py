@@ -362,3 +362,28 @@ def test_save_knob() -> None:
         mp.delenv("ADS_NORM_FUSION_SAVE")
         mp.setenv("ADS_NORM_FUSION_GLUON", "auto")
         assert config.save_prenorm()  # the Gluon default does not change what training saves
+
+
+@pytest.mark.parametrize("path", list(RMS_PATHS))
+def test_rmsnorm_linear_op_strided_input(path: str, monkeypatch) -> None:
+    """The custom op called with a column-major x and with a row-strided one (a column slice of a
+    wider tensor) gives the output and gradients of its contiguous copy on every backward path."""
+    from ads_norm_fusion import _ops
+
+    for knob, value in RMS_PATHS[path].items():
+        monkeypatch.setenv(knob, value)
+    d = inputs(Case(20, 32, 48), norm_over="k")
+
+    def run(x):
+        x = x.detach().requires_grad_()
+        g, w = d["gamma"].clone().requires_grad_(), d["w"].clone().requires_grad_()
+        y, _ = _ops.rmsnorm_linear_fwd(x, g, w, None, 1e-6)
+        return (y, *torch.autograd.grad(y, (x, g, w), d["dy"]))
+
+    want = run(d["x"])
+    column_major = d["x"].t().contiguous().t()
+    row_strided = torch.cat([d["x"], d["x"]], dim=1)[:, :32]
+    assert column_major.stride() == (1, 20) and row_strided.stride() == (64, 1)
+    for x in (column_major, row_strided):
+        for a, b in zip(run(x), want, strict=True):
+            assert torch.equal(a, b)

@@ -160,7 +160,7 @@ def _norm_bwd(
     bias_grad: bool,
     want_xg: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    dy = dy.contiguous()
+    dy, xhat = dy.contiguous(), xhat.contiguous()  # the kernel takes unit column strides
     n = dy.shape[1]
     dz = torch.empty_like(dy)
     pdtype = weight.dtype if weight is not None else dy.dtype
