@@ -35,8 +35,11 @@ def _check(
     scale=1.0,
     max_q=None,
     seed=0,
+    kernel=None,
 ):
-    from ads_gdpa.gluon import bwd_sm90
+    """``kernel``: a backward with ``gdpa_bwd_gluon``'s signature (default: the Gluon one)."""
+    if kernel is None:
+        from ads_gdpa.gluon.bwd_sm90 import gdpa_bwd_gluon as kernel
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     cu_q, cu_k = lengths_to_offsets(lens_q, device="cuda"), lengths_to_offsets(lens_k, device="cuda")
@@ -51,7 +54,7 @@ def _check(
     dq = torch.zeros(tq, H, D, dtype=torch.float32, device="cuda")
     dk = torch.full_like(k, float("nan"))
     dv = torch.full_like(v, float("nan"))
-    bwd_sm90.gdpa_bwd_gluon(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, dq, dk, dv)
+    kernel(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, dq, dk, dv)
     torch.cuda.synchronize()
     assert torch.isfinite(dk).all() and torch.isfinite(dv).all(), "dK/dV rows inside sequences not written"
     grads = {}
@@ -96,15 +99,14 @@ def test_gluon_bwd(case):
     _check(**_cases()[case])
 
 
-def test_dispatch_uses_gluon_backward(monkeypatch):
-    """ADS_GDPA_BWD_BACKEND=gluon sends a supported backward to the Gluon kernel, triton does not, and
-    both meet the tolerance rule against the fp32 reference."""
+def dispatch_check(monkeypatch, module, name: str, backend: str):
+    """ADS_GDPA_BWD_BACKEND=``backend`` sends a supported backward through the op to ``module.name``,
+    triton does not, and both meet the tolerance rule against the fp32 reference."""
     from ads_gdpa import gdpa_varlen
-    from ads_gdpa.gluon import bwd_sm90
 
     calls = []
-    original = bwd_sm90.gdpa_bwd_gluon
-    monkeypatch.setattr(bwd_sm90, "gdpa_bwd_gluon", lambda *a, **k: (calls.append(1), original(*a, **k)))
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: (calls.append(1), original(*a, **k)))
     cu = lengths_to_offsets([129, 300, 64], device="cuda")
     g = torch.Generator(device="cuda").manual_seed(1)
     shape = (493, 2, 128)
@@ -115,10 +117,18 @@ def test_dispatch_uses_gluon_backward(monkeypatch):
         leaves = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
         gdpa_ref(*leaves, cu, cu, 300, 300, activation="fast_gelu", dtype=dt).backward(do.to(dt))
         ref_grads[dt] = [t.grad for t in leaves]
-    for backend in ("triton", "gluon"):
-        monkeypatch.setenv("ADS_GDPA_BWD_BACKEND", backend)
+    for chosen in ("triton", backend):
+        monkeypatch.setenv("ADS_GDPA_BWD_BACKEND", chosen)
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         gdpa_varlen(*leaves, cu, cu, 300, 300, activation="fast_gelu").backward(do)
-        assert bool(calls) == (backend == "gluon")
-        for name, t, ref, base in zip("qkv", leaves, ref_grads[torch.float32], ref_grads[torch.bfloat16]):
-            assert_close_vs_baseline(t.grad, ref, base, name=f"d{name} via {backend}")
+        assert bool(calls) == (chosen == backend)
+        for grad_name, t, ref, base in zip(
+            "qkv", leaves, ref_grads[torch.float32], ref_grads[torch.bfloat16]
+        ):
+            assert_close_vs_baseline(t.grad, ref, base, name=f"d{grad_name} via {chosen}")
+
+
+def test_dispatch_uses_gluon_backward(monkeypatch):
+    from ads_gdpa.gluon import bwd_sm90
+
+    dispatch_check(monkeypatch, bwd_sm90, "gdpa_bwd_gluon", "gluon")

@@ -306,11 +306,12 @@ def bwd_impl(
         total_out, fused, enc_0, enc_1, enc_2, enc_3, enc_4, bkt_0, bkt_1, bkt_2, bkt_3, bkt_4,
     )  # fmt: skip
     do = do.contiguous() if do.stride(-1) != 1 else do
-    if dispatch.backend_for("bwd", q.device, _call(a, q.dtype)) == "gluon" and do.dtype == q.dtype:
+    backend = dispatch.backend_for("bwd", q.device, _call(a, q.dtype))
+    if backend in ("gluon", "cute") and do.dtype == q.dtype:
         cu_q, cu_k, _ = _safe(a)
         covered = (spans(host_q, q.shape[0]), spans(host_k, k.shape[0]))
         dq_acc, dk, dv = grad_buffers(q, k, v, covered, deterministic=False)
-        kernel = dispatch.kernel("gluon", q.device, "bwd")
+        kernel = dispatch.kernel(backend, q.device, "bwd")
         kernel(do, q, k, v, cu_q, cu_k, max_q, max_k, act, scale, dq_acc, dk, dv)
         return dq_acc.to(q.dtype), dk, dv, []
     span_tbl = None

@@ -13,6 +13,7 @@ Extension checklist for a new architecture (e.g. an sm100 forward): write
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 
@@ -83,19 +84,39 @@ _FP8 = frozenset({torch.float8_e4m3fn})
 # FP8 through the Gluon forward: the activations its GPU tests cover against the dequantised reference
 _GLUON_FP8_ACTS = frozenset(int(a) for a in (A.RAW, A.GELU, A.FAST_GELU, A.RELU, A.SILU, A.RELU_SQUARE))
 
+# CuTe DSL backward (opt-in): the activations written in ``ads_gdpa.cute._act`` (kept here as data so
+# that the table does not import the DSL)
+_CUTE_ACTS = frozenset(
+    int(a)
+    for a in (A.RAW, A.GELU_APPROX, A.FAST_GELU, A.LEAKY_RELU, A.RELU, A.SILU, A.FAST_SILU, A.HARDSWISH,
+              A.RELU_SQUARE)
+)  # fmt: skip
+
 # (backend, arch major, direction) -> what its kernel handles
 SUPPORT: dict[tuple[str, int, str], Support] = {
     ("gluon", 9, "fwd"): Support(
         _GLUON_ACTS, frozenset({(64, 64), (128, 128)}), _HALF | _FP8, fp8_activations=_GLUON_FP8_ACTS
     ),
     ("gluon", 9, "bwd"): Support(_GLUON_ACTS, frozenset({(64, 64), (128, 128)}), _HALF),
+    ("cute", 9, "bwd"): Support(_CUTE_ACTS, frozenset({(64, 64), (128, 128)}), _HALF),
 }
 
 # (backend, arch major, direction) -> (module, entry point)
 KERNELS: dict[tuple[str, int, str], tuple[str, str]] = {
     ("gluon", 9, "fwd"): ("ads_gdpa.gluon.fwd_sm90", "gdpa_fwd_gluon"),
     ("gluon", 9, "bwd"): ("ads_gdpa.gluon.bwd_sm90", "gdpa_bwd_gluon"),
+    ("cute", 9, "bwd"): ("ads_gdpa.cute.bwd_sm90", "gdpa_bwd_cute"),
 }
+
+
+@functools.lru_cache(maxsize=1)
+def cute_importable() -> bool:
+    """Whether the CuTe DSL (the optional ``cute`` extra) imports here; asked once."""
+    try:
+        importlib.import_module("cutlass.cute")
+    except ImportError:
+        return False
+    return True
 
 
 def _arch(device: torch.device) -> int | None:
@@ -106,12 +127,18 @@ def _arch(device: torch.device) -> int | None:
 
 
 def backend_for(direction: str, device: torch.device, call: Call) -> str:
-    """ "gluon" or "triton" for a call: the fast path where the backend switch allows it, the GPU's
-    architecture has a kernel and its support table covers the call; Triton otherwise."""
+    """ "cute", "gluon" or "triton" for a call: the fast path where the backend switch allows it, the
+    GPU's architecture has a kernel and its support table covers the call; Triton otherwise. The
+    opt-in CuTe backend also needs the DSL installed; where it does not apply, the call goes where
+    auto would send it."""
     wanted = cfg.backend() if direction == "fwd" else cfg.bwd_backend()
     if wanted == "triton":
         return "triton"
     arch = _arch(device)
+    if wanted == "cute":
+        key = ("cute", arch, direction)
+        if arch is not None and key in SUPPORT and SUPPORT[key].covers(call) and cute_importable():
+            return "cute"
     key = ("gluon", arch, direction)
     if arch is None or key not in SUPPORT or not _gluon_importable():
         return "triton"

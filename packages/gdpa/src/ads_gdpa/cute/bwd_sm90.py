@@ -1,0 +1,615 @@
+"""GDPA backward for Hopper (sm_90) in the CuTe DSL: dK, dV in registers, dQ by bulk TMA reductions.
+
+Per 128-row K/V tile of one kv head (spec §1.3; S recomputed, no softmax so no preprocess pass),
+one CTA of three warpgroups:
+
+* warp 0 (producer): K and V once per tile, then 64-row Q and dO tiles of every query head of the
+  GQA group through a ring of shared-memory stages (TMA, mbarrier pipelines);
+* warp 1 (dQ writer): for each query step, waits until a consumer warpgroup has staged its dQ
+  partial in shared memory and adds it to the fp32 dQ accumulator with one bulk tensor reduction
+  (``cp.reduce.async.bulk.tensor``); the consumers only wait for the reduction to have read the
+  buffer when they stage the next partial;
+* warpgroups 1 and 2 (consumers), 64 kv rows each, per query step:
+  Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (wgmma, both in flight), Pᵀ = scale·act(Sᵀ), dSᵀ = scale·act'(Sᵀ)·dPᵀ
+  (zeroed outside the sequences), dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ, dSᵀ from registers, dSᵀ
+  written to shared memory so that dQ[:, half] = dS K spans all 128 keys, each warpgroup computing
+  half of the head dim.
+
+Persistent CTAs walk the device-built tile list heaviest-first (``kernels.tile_list.schedule``).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+import torch
+import triton
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from ads_kernel_tools.capability import num_sms as sm_count
+from ads_kernel_tools.kernels.tile_list import schedule
+
+from ._act import act_and_grad
+
+BLOCK_M = 64  # query rows per step
+BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
+STAGES = 2  # Q/dO ring depth
+
+# named barriers (0 is the CTA-wide one)
+_BAR_DS = 1  # both consumers wrote their dSᵀ halves
+_BAR_DQ_FULL = 2  # + warpgroup: its dQ partial is staged
+_BAR_DQ_EMPTY = 4  # + warpgroup: its staging buffer was read by the previous reduction
+
+
+def _swap01(t: cute.Tensor) -> cute.Tensor:
+    """The same shared-memory tile with its first two modes swapped (the operand of a transposed use)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+def _acc_as_operand_a(layout: cute.Layout) -> cute.Layout:
+    """An fp32 wgmma accumulator layout ((2, 2, N/8), M, N') read as the register A operand of the
+    next GEMM, whose K is this accumulator's N: ((2, 2, 2), M, (N/16, N')). Values stay in place
+    (bf16/fp16 pairs line up with the A fragment's k pairs)."""
+    d = cute.logical_divide(layout, ((None, None, 2), None, None))
+    return cute.make_layout(
+        ((d.shape[0][0], d.shape[0][1], d.shape[0][2][0]), d.shape[1], (d.shape[0][2][1], d.shape[2])),
+        stride=(
+            (d.stride[0][0], d.stride[0][1], d.stride[0][2][0]),
+            d.stride[1],
+            (d.stride[0][2][1], d.stride[2]),
+        ),
+    )
+
+
+def _tma_tiles(atom, smem: cute.Tensor, gmem: cute.Tensor):
+    """(shared, global) views of a TMA copy between a shared-memory tile (stages after its two modes)
+    and the tiles of a global tensor (tile indices after its two modes)."""
+    return cpasync.tma_partition(
+        atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(gmem, 0, 2)
+    )
+
+
+def _row_major_smem(dtype, rows: int, cols: int, stages: int | None):
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
+    )
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    return cute.tile_to_shape(atom, shape, order=(0, 1) if stages is None else (0, 1, 2))
+
+
+class GdpaBwdSm90:
+    """One compiled configuration: dtype, head dim, activation (compile-time constants).
+
+    Class attributes are build switches for bisecting on the GPU: ``REGS`` the (producer, consumer)
+    register split or None for none; ``DQ_MODE`` "tma" (bulk reductions by the dQ warp), "atomic"
+    (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for measuring).
+    """
+
+    REGS: tuple[int, int] | None = (24, 240)
+    DQ_MODE = "tma"
+
+    def __init__(self, dtype, head_dim: int, act: int):
+        self.dtype = dtype
+        self.d = head_dim
+        self.dh = head_dim // 2
+        self.act = act
+        self.bm, self.bn, self.stages = BLOCK_M, BLOCK_N, STAGES
+        self.buffer_align = 1024
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (Tq, H*D)
+        mK: cute.Tensor,  # (Tk, Hkv*D)
+        mV: cute.Tensor,
+        mdO: cute.Tensor,  # (Tq, H*D)
+        mdQ: cute.Tensor,  # fp32 (Tq, H*D), zeroed
+        mdK: cute.Tensor,  # (Tk, Hkv*D)
+        mdV: cute.Tensor,
+        mCuQ: cute.Tensor,
+        mCuK: cute.Tensor,
+        mTiles: cute.Tensor,
+        mCount: cute.Tensor,
+        max_seqlen_q: Int32,
+        n_slots: Int32,
+        h_kv: Int32,
+        group: Int32,
+        scale: Float32,
+        n_ctas: Int32,
+        stream,
+    ):
+        bm, bn, d, dh = self.bm, self.bn, self.d, self.dh
+        K_MAJOR = OperandMajorMode.K
+        RMEM = warpgroup.OperandSource.RMEM
+        MN_MAJOR = OperandMajorMode.MN
+        # Sᵀ = K Qᵀ, dPᵀ = V dOᵀ: M = 128 kv rows over the two warpgroups, N = 64 query rows
+        mma_sdp = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_MAJOR, K_MAJOR, Float32, (2, 1, 1), (64, bm)
+        )
+        # dV += Pᵀ dO, dK += dSᵀ Q: A from registers, B = dO / Q read N(=D)-major. A second copy
+        # partitions the dK/dV stores: the main loop's ``set`` calls rebind the first one inside it.
+        mma_dkv, mma_epi = (
+            sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, K_MAJOR, MN_MAJOR, Float32, (2, 1, 1), (64, d), RMEM
+            )
+            for _ in range(2)
+        )  # fmt: skip
+        # dQ = dS K: M = 64 query rows, N = D split over the warpgroups, K = 128 kv rows; dS (stored as
+        # dSᵀ, query-contiguous) and K both M/N-major
+        mma_dq = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, MN_MAJOR, MN_MAJOR, Float32, (1, 2, 1), (64, dh)
+        )
+
+        sQ_layout = _row_major_smem(self.dtype, bm, d, self.stages)
+        sK_layout = _row_major_smem(self.dtype, bn, d, None)
+        sdS_layout = _row_major_smem(self.dtype, bn, bm, 2)  # dSᵀ (kv, q), double-buffered
+        # dQ staging, one (64, D/2) fp32 box per consumer: the (64, D) tile whose column halves are
+        # the two boxes
+        sdQ_layout = cute.make_layout((bm, (dh, 2)), stride=(dh, (1, bm * dh)))
+        sdQ_box = cute.make_layout((bm, dh), stride=(dh, 1))
+
+        tma_q, tQ = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mQ, cute.slice_(sQ_layout, (None, None, 0)), (bm, d)
+        )
+        tma_do, tdO = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mdO, cute.slice_(sQ_layout, (None, None, 0)), (bm, d)
+        )
+        tma_k, tK = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mK, sK_layout, (bn, d))
+        tma_v, tV = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mV, sK_layout, (bn, d))
+        tma_dq, tdQ = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ, sdQ_box, (bm, dh)
+        )
+
+        qdo_bytes = 2 * cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
+        kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
+
+        @cute.struct
+        class Storage:
+            bar_qdo: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            bar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], self.buffer_align]
+            sdO: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], self.buffer_align
+            ]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], self.buffer_align]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], self.buffer_align]
+            sdS: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], self.buffer_align
+            ]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 128]
+
+        self.kernel(
+            tma_q, tQ, tma_do, tdO, tma_k, tK, tma_v, tV, tma_dq, tdQ, mdQ, mdK, mdV, mCuQ, mCuK, mTiles,
+            mCount, max_seqlen_q, n_slots, h_kv, group, scale, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ_layout,
+            sK_layout, sdS_layout, sdQ_layout, qdo_bytes, kv_bytes, Storage,
+        ).launch(grid=[n_ctas, 1, 1], block=[384, 1, 1], stream=stream, min_blocks_per_mp=1)  # fmt: skip
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_q: cute.CopyAtom,
+        tQ: cute.Tensor,
+        tma_do: cute.CopyAtom,
+        tdO: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        tK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        tV: cute.Tensor,
+        tma_dq: cute.CopyAtom,
+        tdQ: cute.Tensor,
+        mdQ: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mCuQ: cute.Tensor,
+        mCuK: cute.Tensor,
+        mTiles: cute.Tensor,
+        mCount: cute.Tensor,
+        max_seqlen_q: Int32,
+        n_slots: Int32,
+        h_kv: Int32,
+        group: Int32,
+        scale: Float32,
+        mma_sdp: cute.TiledMma,
+        mma_dkv: cute.TiledMma,
+        mma_dq: cute.TiledMma,
+        mma_epi: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+        sdQ_layout: cute.Layout,
+        qdo_bytes: cutlass.Constexpr[int],
+        kv_bytes: cutlass.Constexpr[int],
+        Storage: cutlass.Constexpr,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == 0:
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_dq):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = SmemAllocator()
+        st = smem.allocate(Storage)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # the consumer warps
+        pipe_qdo = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.bar_qdo.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=qdo_bytes, defer_sync=True,
+        )  # fmt: skip
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.bar_kv.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=kv_bytes, defer_sync=False,
+        )  # fmt: skip
+
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sdSt = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdQ = st.sdQ.get_tensor(sdQ_layout)
+        count = mCount[0]
+        n_ctas = cute.arch.grid_dim()[0]
+        block = cute.arch.block_idx()[0]
+
+        if warp_idx < 4:
+            if const_expr(self.REGS is not None):
+                cute.arch.setmaxregister_decrease(self.REGS[0])
+            if warp_idx == 0:
+                self._load(
+                    tma_q, tQ, tma_do, tdO, tma_k, tK, tma_v, tV, sQ, sdO, sK, sV, pipe_qdo, pipe_kv,
+                    mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group,
+                )  # fmt: skip
+            if warp_idx == 1 and const_expr(self.DQ_MODE == "tma"):
+                self._dq_writer(
+                    tma_dq,
+                    tdQ,
+                    sdQ,
+                    mCuQ,
+                    mCuK,
+                    mTiles,
+                    count,
+                    block,
+                    n_ctas,
+                    max_seqlen_q,
+                    n_slots,
+                    h_kv,
+                    group,
+                )
+        else:
+            if const_expr(self.REGS is not None):
+                cute.arch.setmaxregister_increase(self.REGS[1])
+            self._consume(
+                tidx - 128, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo, pipe_kv,
+                mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group,
+                scale,
+            )  # fmt: skip
+
+    @cute.jit
+    def _tile(self, mTiles, mCuQ, mCuK, t, n_slots, h_kv, max_seqlen_q):
+        """Entry t of the tile list -> (kv head, first kv tile, q start, Lq clamped, k start, Lk)."""
+        e = mTiles[t]
+        slot = e % n_slots
+        bh = e // n_slots
+        hk = bh % h_kv
+        b = bh // h_kv
+        q0 = mCuQ[b]
+        lq = mCuQ[b + 1] - q0
+        k0 = mCuK[b]
+        lk = mCuK[b + 1] - k0
+        lq_eff = cutlass.max(cutlass.min(lq, max_seqlen_q), 0)
+        return hk, slot, q0, lq_eff, k0, lk
+
+    @cute.jit
+    def _load(
+        self, tma_q, tQ, tma_do, tdO, tma_k, tK, tma_v, tV, sQ, sdO, sK, sV, pipe_qdo, pipe_kv, mCuQ, mCuK,
+        mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group,
+    ):  # fmt: skip
+        bm, bn, d = self.bm, self.bn, self.d
+        qdo_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        t = block
+        while t < count:
+            hk, slot, q0, lq_eff, k0, lk = self._tile(mTiles, mCuQ, mCuK, t, n_slots, h_kv, max_seqlen_q)
+            n_m = (lq_eff + bm - 1) // bm
+            gK = cute.local_tile(cute.domain_offset((k0, 0), tK), (bn, d), (None, hk))
+            gV = cute.local_tile(cute.domain_offset((k0, 0), tV), (bn, d), (None, hk))
+            tKs, tKg = _tma_tiles(tma_k, sK, gK)
+            tVs, tVg = _tma_tiles(tma_v, sV, gV)
+            n = slot
+            while n * bn < lk:
+                pipe_kv.producer_acquire(kv_state)
+                bar = pipe_kv.producer_get_barrier(kv_state)
+                cute.copy(tma_k, tKg[None, n], tKs, tma_bar_ptr=bar)
+                cute.copy(tma_v, tVg[None, n], tVs, tma_bar_ptr=bar)
+                kv_state.advance()
+                for g in cutlass.range(group, unroll=1):
+                    h = hk * group + g
+                    gQ = cute.local_tile(cute.domain_offset((q0, 0), tQ), (bm, d), (None, h))
+                    gdO = cute.local_tile(cute.domain_offset((q0, 0), tdO), (bm, d), (None, h))
+                    tQs, tQg = _tma_tiles(tma_q, sQ, gQ)
+                    tdOs, tdOg = _tma_tiles(tma_do, sdO, gdO)
+                    for m in cutlass.range(n_m, unroll=1):
+                        pipe_qdo.producer_acquire(qdo_state)
+                        bar_q = pipe_qdo.producer_get_barrier(qdo_state)
+                        cute.copy(tma_q, tQg[None, m], tQs[None, qdo_state.index], tma_bar_ptr=bar_q)
+                        cute.copy(tma_do, tdOg[None, m], tdOs[None, qdo_state.index], tma_bar_ptr=bar_q)
+                        qdo_state.advance()
+                n += n_slots
+            t += n_ctas
+
+    @cute.jit
+    def _dq_writer(
+        self, tma_dq, tdQ, sdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group
+    ):
+        bm, bn, dh = self.bm, self.bn, self.dh
+        sdQ_boxes = cute.make_tensor(sdQ.iterator, cute.make_layout((bm, dh, 2), stride=(dh, 1, bm * dh)))
+        t = block
+        while t < count:
+            hk, slot, q0, lq_eff, k0, lk = self._tile(mTiles, mCuQ, mCuK, t, n_slots, h_kv, max_seqlen_q)
+            n_m = (lq_eff + bm - 1) // bm
+            n = slot
+            while n * bn < lk:
+                for g in cutlass.range(group, unroll=1):
+                    h = hk * group + g
+                    gdQ = cute.local_tile(cute.domain_offset((q0, 0), tdQ), (bm, dh), (None, None))
+                    for m in cutlass.range(n_m, unroll=1):
+                        for w in cutlass.range_constexpr(2):
+                            # the buffer of warpgroup w is free once the older of the two reductions in
+                            # flight has read it
+                            cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
+                            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+                        for w in cutlass.range_constexpr(2):
+                            cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
+                            tS, tG = _tma_tiles(
+                                tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w]
+                            )
+                            cute.copy(tma_dq, tS, tG)
+                            cute.arch.cp_async_bulk_commit_group()
+                n += n_slots
+            t += n_ctas
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _consume(
+        self, tidx, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo, pipe_kv, mdK,
+        mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group, scale,
+    ):  # fmt: skip
+        bm, bn, d = self.bm, self.bn, self.d
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        wg_first = cute.make_layout(2, stride=128)(wg)  # first thread of this warpgroup
+        thr_sdp = mma_sdp.get_slice(tidx)
+        wg_sdp = mma_sdp.get_slice(wg_first)
+        wg_dkv = mma_dkv.get_slice(wg_first)
+        thr_dkv = mma_dkv.get_slice(tidx)
+        wg_dq = mma_dq.get_slice(wg_first)
+        thr_dq = mma_dq.get_slice(tidx)
+        thr_epi = mma_epi.get_slice(tidx)
+
+        # operand fragments (shared-memory descriptors)
+        tSrK = mma_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrQ = mma_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tSrV = mma_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tSrdO = mma_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        tVrdOt = mma_dkv.make_fragment_B(wg_dkv.partition_B(_swap01(sdO)))
+        tKrQt = mma_dkv.make_fragment_B(wg_dkv.partition_B(_swap01(sQ)))
+        tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(_swap01(sdSt)))
+        tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(_swap01(sK)))
+
+        acc_s_shape = thr_sdp.partition_shape_C((bn, bm))
+        acc_kv_shape = thr_dkv.partition_shape_C((bn, d))
+        acc_dq_shape = thr_dq.partition_shape_C((bm, d))
+        acc_dk = cute.make_rmem_tensor(acc_kv_shape, Float32)
+        acc_dv = cute.make_rmem_tensor(acc_kv_shape, Float32)
+        # coordinates (kv row, query row) of this thread's Sᵀ elements, for the sequence mask
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor((bn, bm)))
+        tSsdS = thr_sdp.partition_C(sdSt)  # where this thread's dSᵀ values go
+        tQsdQ = thr_dq.partition_C(sdQ)
+        cDQ = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
+        W = mdQ.shape[1]  # elements per token row of dQ
+        cKV = thr_epi.partition_C(cute.make_identity_tensor((bn, d)))
+
+        qdo_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        it = Int32(0)  # query steps of this CTA (the dSᵀ double buffer)
+        t = block
+        while t < count:
+            hk, slot, q0, lq_eff, k0, lk = self._tile(mTiles, mCuQ, mCuK, t, n_slots, h_kv, max_seqlen_q)
+            n_m = (lq_eff + bm - 1) // bm
+            n = slot
+            while n * bn < lk:
+                kv_valid = lk - n * bn
+                acc_dk.fill(0.0)
+                acc_dv.fill(0.0)
+                pipe_kv.consumer_wait(kv_state)
+                for g in cutlass.range(group, unroll=1):
+                    for m in cutlass.range(n_m, unroll=1):
+                        q_valid = lq_eff - m * bm
+                        s = qdo_state.index
+                        pipe_qdo.consumer_wait(qdo_state)
+                        acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
+                        acc_dp = cute.make_rmem_tensor(acc_s_shape, Float32)
+                        warpgroup.fence()
+                        self._gemm(mma_sdp, acc_s, tSrK, tSrQ[None, None, None, s], zero=True)
+                        warpgroup.commit_group()
+                        self._gemm(mma_sdp, acc_dp, tSrV, tSrdO[None, None, None, s], zero=True)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)
+                        p = cute.make_rmem_tensor(acc_s_shape, Float32)
+                        for i in cutlass.range_constexpr(cute.size(acc_s)):
+                            y, gr = act_and_grad(acc_s[i], scale, self.act)
+                            p[i] = y
+                            acc_s[i] = gr
+                        warpgroup.wait_group(0)
+                        for i in cutlass.range_constexpr(cute.size(acc_s)):
+                            acc_dp[i] = acc_s[i] * acc_dp[i]
+                        if kv_valid < bn or q_valid < bm:
+                            # TMA brought the neighbouring sequences' rows (or zeros): they must not count
+                            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                                r, c = tScS[i]
+                                keep = r < kv_valid and c < q_valid
+                                p[i] = cutlass.select_(keep, p[i], Float32(0.0))
+                                acc_dp[i] = cutlass.select_(keep, acc_dp[i], Float32(0.0))
+                        # Pᵀ and dSᵀ as register A operands (in the input dtype)
+                        rP = cute.make_rmem_tensor(acc_s_shape, self.dtype)
+                        rP.store(p.load().to(self.dtype))
+                        rdS = cute.make_rmem_tensor(acc_s_shape, self.dtype)
+                        rdS.store(acc_dp.load().to(self.dtype))
+                        buf = it % 2
+                        cute.autovec_copy(rdS, tSsdS[None, None, None, buf])
+                        cute.arch.fence_view_async_shared()
+                        warpgroup.fence()
+                        self._gemm(mma_dkv, acc_dv, self._as_a(rP), tVrdOt[None, None, None, s], zero=False)
+                        warpgroup.commit_group()
+                        cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=256)
+                        acc_dq = cute.make_rmem_tensor(acc_dq_shape, Float32)
+                        warpgroup.fence()
+                        self._gemm(mma_dq, acc_dq, tQrdS[None, None, None, buf], tQrKt, zero=True)
+                        warpgroup.commit_group()
+                        self._gemm(mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)  # dV and dQ retired
+                        if const_expr(self.DQ_MODE == "tma"):
+                            cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=160)
+                            cute.autovec_copy(acc_dq, tQsdQ)
+                            cute.arch.fence_view_async_shared()
+                            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=160)
+                        elif const_expr(self.DQ_MODE == "atomic"):
+                            row0 = q0 + m * bm
+                            col0 = (hk * group + g) * d
+                            for i in cutlass.range_constexpr(cute.size(acc_dq)):
+                                r, c = cDQ[i]
+                                if r < q_valid:
+                                    off = (row0 + r).to(cutlass.Int64) * W + col0 + c
+                                    cute.arch.red(
+                                        mdQ.iterator + off,
+                                        acc_dq[i],
+                                        op="add",
+                                        dtype=Float32,
+                                        sem="relaxed",
+                                        scope="gpu",
+                                    )
+                        warpgroup.wait_group(0)
+                        pipe_qdo.consumer_release(qdo_state)
+                        qdo_state.advance()
+                        it += 1
+                pipe_kv.consumer_release(kv_state)
+                kv_state.advance()
+                self._store_kv(thr_epi, acc_dk, mdK, cKV, k0 + n * bn, kv_valid, hk)
+                self._store_kv(thr_epi, acc_dv, mdV, cKV, k0 + n * bn, kv_valid, hk)
+                n += n_slots
+            t += n_ctas
+
+    @cute.jit
+    def _as_a(self, r: cute.Tensor) -> cute.Tensor:
+        return cute.make_tensor(r.iterator, _acc_as_operand_a(r.layout))
+
+    @cute.jit
+    def _gemm(self, tiled_mma, acc, tA, tB, zero: cutlass.Constexpr[bool]):
+        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero or k != 0)
+            cute.gemm(tiled_mma, acc, tA[None, None, k], tB[None, None, k], acc)
+
+    @cute.jit
+    def _store_kv(self, thr_dkv, acc, mOut, cKV, row0, kv_valid, hk):
+        """The tile's rows inside the sequence, from registers, in the output dtype."""
+        gOut = cute.local_tile(cute.domain_offset((row0, 0), mOut), (self.bn, self.d), (0, hk))
+        tOut = thr_dkv.partition_C(gOut)
+        r_out = cute.make_rmem_tensor(acc.shape, self.dtype)
+        r_out.store(acc.load().to(self.dtype))
+        for i in cutlass.range(cute.size(r_out), unroll_full=True):
+            if cKV[i][0] < kv_valid:
+                tOut[i] = r_out[i]
+
+
+_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+_COMPILED: dict[tuple, object] = {}  # compile key -> compiled kernel (the DSL also caches on disk)
+
+
+def _fake_rows(dtype):
+    """A (T, W) row-major tensor of dynamic extents, W a multiple of 64 and 16-byte aligned rows."""
+    return make_fake_compact_tensor(
+        dtype, (cute.sym_int(), cute.sym_int(divisibility=64)), stride_order=(1, 0), assumed_align=16
+    )
+
+
+def _fake_vec():
+    return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+
+
+def compiled(dtype: torch.dtype, head_dim: int, act: int):
+    """The kernel for one configuration, compiled on first use (explicit key: dtype, D, activation)."""
+    key = (dtype, head_dim, act)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        cdt = _DTYPES[dtype]
+        rows = [_fake_rows(cdt) for _ in range(4)]
+        outs = [_fake_rows(Float32), _fake_rows(cdt), _fake_rows(cdt)]
+        scalars = [Int32(1)] * 4 + [Float32(1.0), Int32(1)]
+        fn = cute.compile(
+            GdpaBwdSm90(cdt, head_dim, act), *rows, *outs, *[_fake_vec() for _ in range(4)], *scalars,
+            cuda.CUstream(0),
+        )  # fmt: skip
+        _COMPILED[key] = fn
+    return fn
+
+
+def _rows(x: torch.Tensor, assumed_align: int = 16):
+    t, h, d = x.shape
+    if t == 0:  # TMA descriptors need a row; the kernel never reads or writes it
+        x = x.new_zeros(1, h, d)
+        t = 1
+    return from_dlpack(x.view(t, h * d), assumed_align=assumed_align)
+
+
+def gdpa_bwd_cute(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    activation_id: int,
+    scale: float,
+    dq_acc: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+) -> None:
+    """Jagged GDPA backward, the contract of ``ads_gdpa.gluon.bwd_sm90.gdpa_bwd_gluon``: q, do (Tq, H, D);
+    k, v (Tk, H_kv, D); dq_acc fp32 (Tq, H, D), zeroed, receives dQ by bulk reductions; dk, dv get every
+    row inside a sequence. Query rows at or past min(Lq_b, max_seqlen_q) contribute nothing."""
+    total_q, H, D = q.shape
+    total_k, H_kv, _ = k.shape
+    B = cu_seqlens_q.numel() - 1
+    if B <= 0 or total_k == 0:
+        return
+    max_seqlen_q = max(int(max_seqlen_q), 0)
+    assert D in (64, 128) and H % H_kv == 0 and q.dtype in _DTYPES and v.shape == k.shape
+    assert (
+        dq_acc.dtype == torch.float32 and dq_acc.is_contiguous() and dk.is_contiguous() and dv.is_contiguous()
+    )
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    cu_q = cu_seqlens_q.to(torch.int32).contiguous()
+    cu_k = cu_seqlens_k.to(torch.int32).contiguous()
+    n_kv_tiles = max(triton.cdiv(max_seqlen_k, BLOCK_N), 1)
+    tiles, count = schedule(
+        cu_q, cu_k, max_seqlen_q, tile_q=False, block=BLOCK_N, slots=n_kv_tiles, heads=H_kv
+    )
+    n_ctas = min(B * H_kv * n_kv_tiles, sm_count(q.device))
+    fn = compiled(q.dtype, D, int(activation_id))
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    fn(
+        _rows(q), _rows(k), _rows(v), _rows(do), _rows(dq_acc), _rows(dk), _rows(dv),
+        *(from_dlpack(x.to(torch.int32), assumed_align=4) for x in (cu_q, cu_k, tiles, count)),
+        Int32(max_seqlen_q), Int32(n_kv_tiles), Int32(H_kv), Int32(H // H_kv), Float32(scale), Int32(n_ctas),
+        stream,
+    )  # fmt: skip
