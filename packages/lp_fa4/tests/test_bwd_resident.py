@@ -114,18 +114,23 @@ def test_resident_plan(monkeypatch):
 def test_resident_knobs(monkeypatch):
     monkeypatch.delenv("LP_FA4_RESIDENT_MAX_LQ", raising=False)
     monkeypatch.delenv("LP_FA4_BQ_SMALL_FWD", raising=False)
-    assert cfg.resident_max_lq() == cfg.RESIDENT_AUTO_LQ and not cfg.bq_small_fwd()
-    monkeypatch.setenv("LP_FA4_BQ_SMALL_FWD", "1")
-    assert cfg.bq_small_fwd()
-    monkeypatch.setenv("LP_FA4_RESIDENT_MAX_LQ", "64")
-    assert cfg.resident_max_lq() == 64
+    assert cfg.resident_max_lq() == cfg.RESIDENT_AUTO_LQ
+    assert cfg.bq_small_fwd_rows() == cfg.BQ_SMALL_AUTO_Q
+    for raw, rows in (("1", cfg.BQ_SMALL_Q), ("0", 0), ("auto", cfg.BQ_SMALL_AUTO_Q)):
+        monkeypatch.setenv("LP_FA4_BQ_SMALL_FWD", raw)
+        assert cfg.bq_small_fwd_rows() == rows
+    monkeypatch.setenv("LP_FA4_BQ_SMALL_FWD", "sometimes")
+    with pytest.raises(ValueError, match="LP_FA4_BQ_SMALL_FWD"):
+        cfg.bq_small_fwd_rows()
+    monkeypatch.setenv("LP_FA4_RESIDENT_MAX_LQ", "32")
+    assert cfg.resident_max_lq() == 32
     for bad in ("129", "-1", "x"):
         monkeypatch.setenv("LP_FA4_RESIDENT_MAX_LQ", bad)
         with pytest.raises(ValueError, match="LP_FA4_RESIDENT_MAX_LQ"):
             cfg.resident_max_lq()
     monkeypatch.setattr(cfg, "interpreter_active", lambda: False)
     monkeypatch.delenv("LP_FA4_RESIDENT_TILE", raising=False)
-    assert cfg.resident_tile(64) == (64, 4, 2) and cfg.resident_tile(128) == (128, 8, 2)
+    assert cfg.resident_tile(64) == (32, 4, 3) and cfg.resident_tile(128) == (128, 8, 2)
     monkeypatch.setenv("LP_FA4_RESIDENT_TILE", "64,4,3")
     assert cfg.resident_tile(32) == (64, 4, 3)
     for bad in ("64,4", "48,4,2", "64,3,2", "64,4,9", "a,b,c"):
@@ -136,13 +141,13 @@ def test_resident_knobs(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("small_fwd", ["0", "1"])
+@pytest.mark.parametrize("small_fwd", ["0", "1", "auto"])
 @pytest.mark.parametrize("lq", [32, 64, 128])
 def test_pma_auto_plan_on_sm90(lq, small_fwd, monkeypatch, device):
     """PMA shapes on the H200 through the default plan: the resident backward up to
     ``RESIDENT_AUTO_LQ`` rows, the Gluon backward on repeated queries above; the Gluon forward on
-    repeated queries, or with ``LP_FA4_BQ_SMALL_FWD=1`` the Triton forward at its 64-row tile for
-    blocks of at most 64 rows; the answers against the reference."""
+    repeated queries, or on the resident plan the Triton forward at its 64-row tile for the blocks
+    ``LP_FA4_BQ_SMALL_FWD`` names; the answers against the reference."""
     from lp_fa4.gluon import bwd_sm90, fwd_sm90
 
     monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
@@ -158,7 +163,7 @@ def test_pma_auto_plan_on_sm90(lq, small_fwd, monkeypatch, device):
     _check(lq, lk, max_q=lq, heads=4, kv_heads=4, d=128, deterministic=False, device=device, seed=lq)
     want_resident = lq <= cfg.RESIDENT_AUTO_LQ
     assert bool(res_calls) == want_resident and bool(gluon_bwd_calls) != want_resident
-    small = lq <= cfg.BQ_SMALL_Q and small_fwd == "1"
+    small = want_resident and lq <= cfg.bq_small_fwd_rows()
     assert bool(tiles) == small and bool(fwd_calls) != small
 
 

@@ -63,6 +63,9 @@ JOBS["fwd-d128-broadcast-small-q"] = _job(
 JOBS["resident-lq32-d128"] = _resident_job(32)
 JOBS["resident-lq64-d128"] = _resident_job(64)
 MAY_SPILL: set[str] = set()  # none at the tiles config.py picks for D <= 128
+# every GEMM of a 32-row query block at 32-key tiles is narrower than wgmma's 64 rows: mma.sync,
+# which the resident backward's memory-bound steps do not notice (BENCHMARKS.md, "broadcast_q")
+NO_WGMMA = {"resident-lq32-d128"}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +77,7 @@ def counts():
 def test_compiles_for_sm90_with_wgmma(name, counts):
     c = counts[name]
     assert "error" not in c, c.get("error")
-    assert c["wgmma"] > 0, f"{name}: no wgmma in the PTX"
+    assert (c["wgmma"] > 0) != (name in NO_WGMMA), f"{name}: {c['wgmma']} wgmma in the PTX"
     if name not in MAY_SPILL:
         assert c["local_memory"] == 0, f"{name}: {c['local_memory']} local-memory accesses (spills)"
     if name.endswith("atomic"):

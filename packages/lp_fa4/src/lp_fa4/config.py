@@ -38,19 +38,19 @@ Env:
         (``lp_fa4.broadcast``): ``repeat`` repeats the queries per kv sequence before the op, so
         forward and backward run as ordinary jagged attention (the Gluon Hopper kernels where they
         take it); ``resident`` keeps broadcast_q in the op: the forward repeats internally onto the
-        Gluon kernel where it takes the call (or with ``LP_FA4_BQ_SMALL_FWD=1`` runs the Triton
-        kernel at a 64-row tile for query blocks up to 64 rows), the backward runs the
-        query-resident kernel
+        Gluon kernel where it takes the call (or runs the Triton kernel at a 64-row tile for the
+        short query blocks of ``LP_FA4_BQ_SMALL_FWD``), the backward runs the query-resident kernel
         (``triton._bwd_resident``: MHA, Lq <= 128, no window, not deterministic), else the Triton
         in-place kernels; ``kernel`` the Triton in-place kernels both ways; ``auto`` (default)
         ``resident`` where its backward takes the call on a Gluon device and Lq <=
         ``LP_FA4_RESIDENT_MAX_LQ``, else ``repeat`` where the Gluon kernels take the repeated call
         (bf16/fp16, D == Dv in {64, 128}, sm_90, not deterministic), else ``kernel``.
-    LP_FA4_RESIDENT_MAX_LQ=32  the longest query block ``auto`` sends to the resident backward
+    LP_FA4_RESIDENT_MAX_LQ=64  the longest query block ``auto`` sends to the resident backward
         (at most 128, what it takes).
-    LP_FA4_BQ_SMALL_FWD=0|1  ``1``: a broadcast_q call whose query block fits one 64-row tile runs
-        the Triton forward's in-place broadcast at ``bq_fwd_tile`` instead of the Gluon forward on
-        repeated queries (faster on the H200, not yet through the GPU tests: opt-in; BENCHMARKS.md).
+    LP_FA4_BQ_SMALL_FWD=auto|0|1  which broadcast_q query blocks run the Triton forward's in-place
+        broadcast at ``bq_fwd_tile`` instead of the Gluon forward on repeated queries: ``auto``
+        (default) up to ``BQ_SMALL_AUTO_Q`` (32) rows, ``1`` up to one 64-row tile, ``0`` none
+        (H200: faster at 32 rows, level at 64; BENCHMARKS.md).
     LP_FA4_RESIDENT_TILE=N,W,S  the resident backward's key tile, warps and pipeline stages (default
         by the query block: ``config.resident_tile``).
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
@@ -137,8 +137,8 @@ def broadcast_q() -> str:
 
 RESIDENT_LQ = 128  # the query block the resident backward holds on chip (rows, padded to a power of 2)
 # auto sends query blocks up to this long to it: at Lq = 128 the Gluon backward on repeated queries
-# is faster; Lq = 64 measured faster resident but its tile has not run the GPU tests (BENCHMARKS.md)
-RESIDENT_AUTO_LQ = 32
+# is faster, at Lq <= 64 the resident one (BENCHMARKS.md, "broadcast_q (PMA)")
+RESIDENT_AUTO_LQ = 64
 
 
 def resident_max_lq() -> int:
@@ -150,10 +150,10 @@ def resident_max_lq() -> int:
 
 def resident_tile(block_m: int) -> tuple[int, int, int]:
     """(key tile, warps, stages) of the resident broadcast_q backward for a query block of
-    ``block_m`` rows, picked by the H200 A/B of BENCHMARKS.md ("broadcast_q (PMA)"): up to 64 rows
-    64 keys over 4 warps (128 keys over 4 warps spill: the step's fp32 tiles and the dQ accumulator
-    share the registers), 128 rows 128 keys over 8 warps; 2 stages. ``LP_FA4_RESIDENT_TILE=N,W,S``
-    overrides it."""
+    ``block_m`` rows, picked by the H200 sweep of BENCHMARKS.md ("broadcast_q (PMA)"): up to 64
+    rows 32 keys over 4 warps in 3 stages (the K/V loads of a short step need the deeper ring; 128
+    keys over 4 warps spill: the step's fp32 tiles and the dQ accumulator share the registers), 128
+    rows 128 keys over 8 warps in 2. ``LP_FA4_RESIDENT_TILE=N,W,S`` overrides it."""
     if interpreter_active():
         return 16, 4, 1
     raw = os.environ.get("LP_FA4_RESIDENT_TILE", "").strip()
@@ -171,7 +171,7 @@ def resident_tile(block_m: int) -> tuple[int, int, int]:
 def resident_gpu_tile(block_m: int) -> tuple[int, int, int]:
     """``resident_tile``'s default on a GPU (also what the offline sm_90 compile test builds)."""
     if block_m <= 64:
-        return 64, 4, 2
+        return 32, 4, 3
     return 128, 8, 2
 
 
@@ -213,10 +213,23 @@ def fwd_tile(d_pad: int) -> Tile:
 
 
 BQ_SMALL_Q = 64  # a broadcast_q query block this short may run the Triton forward at ``bq_fwd_tile``
+# ... and this short does by default: at Lq = 64 that forward only matched the Gluon kernel on
+# repeated queries, at Lq = 32 it was faster (BENCHMARKS.md, "broadcast_q (PMA)")
+BQ_SMALL_AUTO_Q = 32
 
 
-def bq_small_fwd() -> bool:
-    return _flag("LP_FA4_BQ_SMALL_FWD")
+def bq_small_fwd_rows() -> int:
+    """The longest broadcast_q query block whose forward runs the Triton in-place broadcast at
+    ``bq_fwd_tile`` (``LP_FA4_BQ_SMALL_FWD``: ``auto`` ``BQ_SMALL_AUTO_Q``, ``1`` ``BQ_SMALL_Q``,
+    ``0`` none)."""
+    raw = os.environ.get("LP_FA4_BQ_SMALL_FWD", "auto").strip().lower()
+    if raw == "auto":
+        return BQ_SMALL_AUTO_Q
+    if raw in _TRUE:
+        return BQ_SMALL_Q
+    if raw in ("0", "false", "no", "off", ""):
+        return 0
+    raise ValueError(f"LP_FA4_BQ_SMALL_FWD must be auto, 0 or 1, got {raw!r}")
 
 
 def bq_fwd_tile(d_pad: int) -> Tile:

@@ -154,11 +154,9 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
     """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows.
     ``descale``: (q, k, v) fp32 (B, Hkv) descales of float8_e4m3fn inputs, else None. A broadcast_q
     call (``lp_fa4.broadcast``'s ``resident`` plan) runs on its queries repeated once per kv
-    sequence where the kernel takes the repeated call (unless ``LP_FA4_BQ_SMALL_FWD=1`` keeps a
-    query block of at most 64 rows on the Triton kernel)."""
-    # opt-in: a query block of one 64-row tile runs faster on the Triton kernel's in-place
-    # broadcast (``config.bq_fwd_tile``) than repeated onto this one
-    small = q.shape[0] <= cfg.BQ_SMALL_Q and cfg.bq_small_fwd()
+    sequence where the kernel takes the repeated call, but for the short query blocks of
+    ``config.bq_small_fwd_rows``, which the Triton kernel's in-place broadcast runs faster."""
+    small = q.shape[0] <= cfg.bq_small_fwd_rows()
     if pb.broadcast_q and not small and used_q is None and cu_k is not None and cfg.broadcast_q() != "kernel":
         n_b = cu_k.shape[0] - 1
         rep = dataclasses.replace(pb, broadcast_q=False)

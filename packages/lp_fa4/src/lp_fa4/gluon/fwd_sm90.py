@@ -40,13 +40,10 @@ P·V, O = acc / l · v_descale. fp8 wgmma reads B only K-major, so V comes from 
 carried into the next step's softmax); the overlap is between the two warpgroups. (ptxas waits for
 the P·V before the softmax in the 16-bit build too: its SASS has no exp2 between the two waits.)
 
-Opt-in FP8 variants at D=128 (module constants, off by default; none is bf16's): ``FP8_WARPGROUPS =
-3``, three consumer warpgroups on 192-row work items (Q as three 64-row TMA boxes, 160 registers per
-consumer thread), which only fit with the serial step order ``SERIAL`` (P·V retires before the next
-Q·Kᵀ is issued), so that a third softmax runs under the other two warpgroups' GEMMs;
-``FP8_MMA_SUM``, P's row sums from a wgmma of P against a shared 8 x BN tile of ones issued with
-P·V (no fp32 add per score); ``FP8_TREE_MAX``, row maxima by halving the tile (a short dependency
-chain before the exp2s).
+FP8 at D=128 (``FP8_WARPGROUPS = 3``, the default; 2 keeps bf16's two): three consumer warpgroups
+on 192-row work items (Q as three 64-row TMA boxes, 160 registers per consumer thread), which only
+fit with the serial step order ``SERIAL`` (P·V retires before the next Q·Kᵀ is issued), so that a
+third softmax runs under the other two warpgroups' GEMMs.
 """
 
 from __future__ import annotations
@@ -58,7 +55,6 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -199,39 +195,8 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
 
 
 @gluon.jit
-def _halve_max(x):
-    """Row maxima of x [R, N] over its column halves: [R, N / 2], no data moving between threads (a
-    thread holds columns of every 8-column group of the wgmma accumulator)."""
-    R: gl.constexpr = x.shape[0]
-    N: gl.constexpr = x.shape[1]
-    a, b = gl.split(gl.permute(gl.reshape(x, [R, 2, N // 2]), (0, 2, 1)))
-    return gl.maximum(a, b)
-
-
-@gluon.jit
-def _row_max(x, TREE: gl.constexpr):
-    """Row maxima of a score tile, in its rows' layout. TREE: pairwise over the column halves down to 8
-    columns (a few dependent steps) rather than one running maximum per row (one step a column)."""
-    if TREE:
-        row_layout: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-        N: gl.constexpr = x.shape[1]
-        if N > 64:
-            x = _halve_max(x)
-        if N > 32:
-            x = _halve_max(x)
-        if N > 16:
-            x = _halve_max(x)
-        if N > 8:
-            x = _halve_max(x)
-        return gl.convert_layout(gl.max(x, 1), row_layout, assert_trivial=True)
-    else:
-        return gl.max(x, 1)
-
-
-@gluon.jit
 def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2, band, BN: gl.constexpr,
-                  CAUSAL: gl.constexpr, FP8: gl.constexpr, WINDOW: gl.constexpr, TREE: gl.constexpr = False,
-                  SUM: gl.constexpr = True):  # fmt: skip
+                  CAUSAL: gl.constexpr, FP8: gl.constexpr, WINDOW: gl.constexpr):  # fmt: skip
     """Online softmax of one 64 x BN score tile (raw Q·Kᵀ) of the item's key tile j: masks tiles
     from n_full on (sequence end, causal diagonal), or under WINDOW the tiles the band's edges or
     the sequence end cross (``band`` = (first key tile j0, first and last row of this
@@ -252,15 +217,14 @@ def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2
         if CAUSAL:
             ok = ok & (kj <= rows2 + off)
         sacc = gl.where(ok, sacc, float("-inf"))
-    m_new = gl.maximum(m_i, _row_max(sacc, TREE) * qk_scale2)
+    m_new = gl.maximum(m_i, gl.max(sacc, 1) * qk_scale2)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     if FP8:
         p = gl.exp2(sacc * qk_scale2 - gl.expand_dims(m_use - P_SHIFT, 1))
     else:
         p = gl.exp2(sacc * qk_scale2 - gl.expand_dims(m_use, 1))
     alpha = gl.exp2(m_i - m_use)
-    if SUM:  # else the caller sums P on the tensor cores (``_consumer``'s MMA_SUM)
-        l_i = l_i * alpha + gl.sum(p, 1)
+    l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
 
 
@@ -316,13 +280,12 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
               STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr,
               FP8: gl.constexpr, RELABEL: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr, PINGPONG: gl.constexpr, SERIAL: gl.constexpr,
-              TREE: gl.constexpr, MMA_SUM: gl.constexpr):  # fmt: skip
+              TOP_LEFT: gl.constexpr, PINGPONG: gl.constexpr, SERIAL: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
      used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-     GROUP, win_left, win_right, turn, ones_smem) = args  # fmt: skip
+     GROUP, win_left, win_right, turn) = args  # fmt: skip
     R: gl.constexpr = o_smem.shape[1]  # 64 rows per warpgroup
     dtype: gl.constexpr = q_smem.dtype
     o_dtype: gl.constexpr = o_smem.dtype
@@ -335,12 +298,6 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
     r_idx = gl.arange(0, R, row_l)
     s_zero = gl.zeros([R, BN], gl.float32, s_layout)
     o_s = o_smem.index(WG)
-    if MMA_SUM:
-        l_layout: gl.constexpr = _acc_layout(8, dtype)
-        pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout,
-                                                      k_width=_k_width(dtype))  # fmt: skip
-        lrow_l: gl.constexpr = gl.SliceLayout(1, l_layout)
-        ones_t = ones_smem.permute((1, 0))
     it = 0
     ti = 0
     nturn = 0  # PINGPONG: turns taken so far (both warpgroups take the same number per item)
@@ -373,8 +330,6 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
             s_scale2 = qk_scale2 * gl.load(qd_ptr + d_at) * gl.load(kd_ptr + d_at)
         else:
             s_scale2 = qk_scale2
-        if MMA_SUM:
-            lacc = gl.zeros([R, 8], gl.float32, l_layout)
         if FP8:
             if n_k > 0:
                 s = it % STAGES
@@ -389,23 +344,15 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                 for j in range(n_k - 1):
                     # P_j from S_j, then S_{j+1} and P_j·V_j issued together; P_j·V_j retires in the step
                     p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off,
-                                                       s_scale2, band, BN, CAUSAL, FP8, WINDOW, TREE,
-                                                       not MMA_SUM)  # fmt: skip
+                                                       s_scale2, band, BN, CAUSAL, FP8, WINDOW)  # fmt: skip
                     p = _fp8_operand(p, p_layout, RELABEL)
                     accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
-                    if MMA_SUM:
-                        lw = warpgroup_mma_init(lacc * gl.expand_dims(gl.convert_layout(alpha, lrow_l), 1))
                     sv = (it + j) % STAGES
                     sk = (it + j + 1) % STAGES
                     if SERIAL:  # P_j·V_j retires before S_{j+1} is issued: fewer live registers
                         mbarrier.wait(v_ready.index(sv), ((it + j) // STAGES) & 1)
                         accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
-                        if MMA_SUM:
-                            pl = gl.convert_layout(p, pl_layout, assert_trivial=True)
-                            lw = warpgroup_mma(pl, ones_t, lw, is_async=True)
-                            acc, lacc = warpgroup_mma_wait(0, deps=(accw, lw))
-                        else:
-                            acc = warpgroup_mma_wait(0, deps=(accw,))
+                        acc = warpgroup_mma_wait(0, deps=(accw,))
                         mbarrier.arrive(v_empty.index(sv), count=1)
                         mbarrier.wait(k_ready.index(sk), ((it + j + 1) // STAGES) & 1)
                         sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
@@ -419,39 +366,21 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
                         sacc = warpgroup_mma(q_half, k_smem.index(sk).permute((1, 0)), s_zero, use_acc=False,
                                              is_async=True)  # fmt: skip
                         accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
-                        if MMA_SUM:
-                            pl = gl.convert_layout(p, pl_layout, assert_trivial=True)
-                            lw = warpgroup_mma(pl, ones_t, lw, is_async=True)
                         nturn = _pass_turn(turn, WG, nturn, PINGPONG)
-                        if MMA_SUM:
-                            sacc = warpgroup_mma_wait(2, deps=(sacc,))
-                        else:
-                            sacc = warpgroup_mma_wait(1, deps=(sacc,))
+                        sacc = warpgroup_mma_wait(1, deps=(sacc,))
                         mbarrier.arrive(k_empty.index(sk), count=1)
-                        if MMA_SUM:
-                            acc, lacc = warpgroup_mma_wait(0, deps=(accw, lw))
-                        else:
-                            acc = warpgroup_mma_wait(0, deps=(accw,))
+                        acc = warpgroup_mma_wait(0, deps=(accw,))
                         mbarrier.arrive(v_empty.index(sv), count=1)
                 p, alpha, m_i, l_i = _softmax_step(sacc, m_i, l_i, n_k - 1, n_full, k_len, rows2, cols2, off,
-                                                   s_scale2, band, BN, CAUSAL, FP8, WINDOW, TREE,
-                                                   not MMA_SUM)  # fmt: skip
+                                                   s_scale2, band, BN, CAUSAL, FP8, WINDOW)  # fmt: skip
                 p = _fp8_operand(p, p_layout, RELABEL)
                 accw = warpgroup_mma_init(acc * gl.expand_dims(gl.convert_layout(alpha, orow_l), 1))
-                if MMA_SUM:
-                    lw = warpgroup_mma_init(lacc * gl.expand_dims(gl.convert_layout(alpha, lrow_l), 1))
                 sv = (it + n_k - 1) % STAGES
                 mbarrier.wait(v_ready.index(sv), ((it + n_k - 1) // STAGES) & 1)
                 _take_turn(turn, WG, nturn, PINGPONG)
                 accw = warpgroup_mma(p, v_smem.index(sv).permute((1, 0)), accw, is_async=True)
-                if MMA_SUM:
-                    pl = gl.convert_layout(p, pl_layout, assert_trivial=True)
-                    lw = warpgroup_mma(pl, ones_t, lw, is_async=True)
                 nturn = _pass_turn(turn, WG, nturn, PINGPONG)
-                if MMA_SUM:
-                    acc, lacc = warpgroup_mma_wait(0, deps=(accw, lw))
-                else:
-                    acc = warpgroup_mma_wait(0, deps=(accw,))
+                acc = warpgroup_mma_wait(0, deps=(accw,))
                 mbarrier.arrive(v_empty.index(sv), count=1)
                 it += n_k
         elif n_k > 0:
@@ -501,8 +430,6 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
         ti += 1
 
         # epilogue: O = acc / l, LSE = (m + log2 l)·ln2; rows without a key give 0 / -inf
-        if MMA_SUM:  # every column of P·1 holds the row's sum
-            l_i = gl.convert_layout(gl.max(lacc, 1), row_l)
         has = l_i > 0.0
         l_o = gl.convert_layout(gl.where(has, l_i, 1.0), orow_l)
         if FP8:
@@ -537,8 +464,7 @@ def attn_fwd_ws(
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
     RELABEL: gl.constexpr = False, WINDOW: gl.constexpr = False, TOP_LEFT: gl.constexpr = False,
-    PINGPONG: gl.constexpr = False, SERIAL: gl.constexpr = False, TREE: gl.constexpr = False,
-    MMA_SUM: gl.constexpr = False,
+    PINGPONG: gl.constexpr = False, SERIAL: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8  # e4m3 q, k, v (module docstring)
@@ -563,16 +489,6 @@ def attn_fwd_ws(
     init_ring(q_ready, q_empty, QBUF, NWG)  # released by each of the consumer warpgroups
     init_ring(k_ready, k_empty, STAGES, NWG)
     init_ring(v_ready, v_empty, STAGES, NWG)
-    if MMA_SUM:  # an 8 x BN tile of ones, written before the partitions start: P·1 sums P's rows
-        gl.static_assert(FP8, "MMA_SUM is an FP8 option")
-        ones_smem = gl.allocate_shared_memory(
-            dtype, [8, BN], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-        )
-        fill: gl.constexpr = gl.BlockedLayout([1, BN // 16], [2, 16], [4, 1], [1, 0])
-        ones_smem.store(gl.full([8, BN], 1.0, gl.float32, fill).to(dtype))
-        fence_async_shared()
-    else:
-        ones_smem = k_smem  # not read
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
@@ -580,7 +496,7 @@ def attn_fwd_ws(
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
              used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-             GROUP, win_left, win_right, turn, ones_smem)  # fmt: skip
+             GROUP, win_left, win_right, turn)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
              max_q, max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right)  # fmt: skip
@@ -591,11 +507,11 @@ def attn_fwd_ws(
         gl.static_assert(not PINGPONG, "PINGPONG takes two consumer warpgroups")
         gl.warp_specialize(
             [(_consumer, (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
              (_consumer, (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
              (_consumer, (cargs, WG2, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
              (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8, WINDOW,
                           TOP_LEFT))],
             [4, 4, 1],
@@ -604,9 +520,9 @@ def attn_fwd_ws(
     else:
         gl.warp_specialize(
             [(_consumer, (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
              (_consumer, (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, TREE, MMA_SUM)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
              (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8, WINDOW,
                           TOP_LEFT))],
             [4, 1],
@@ -645,14 +561,10 @@ FP8_V_COPY = "aligned"
 # consumers on the H200 for bf16 and FP8 at S = 8192 (BENCHMARKS.md, Experiments).
 PINGPONG = False
 # FP8 at D=128: consumer warpgroups per work item (64 query rows each). Three (192-row items) keep the
-# tensor cores fed while the others run their softmax; their registers (160 each, ``_regs``) only
-# fit when a step retires its P·V before issuing the next Q·Kᵀ (``SERIAL``).
-FP8_WARPGROUPS = 2
-# FP8: the rows' sums of P from a wgmma of P against a tile of ones (with P·V) instead of a running
-# fp32 sum of the unrounded P (one add per score); the sum is then of the e4m3 P that P·V sees.
-FP8_MMA_SUM = False
-# FP8: row maxima by pairwise halving of the score tile (a few dependent steps, not one per column).
-FP8_TREE_MAX = False
+# tensor cores fed while the others run their softmax (3-4 % faster non-causal on the H200, level
+# causal: BENCHMARKS.md); their registers (160 each, ``_regs``) only fit when a step retires its P·V
+# before issuing the next Q·Kᵀ (``SERIAL``).
+FP8_WARPGROUPS = 3
 L2_GROUP_BYTES = 24 << 20  # K/V bytes of the (b, h) pairs one LPT group keeps in L2 (H200: 50 MB)
 
 
@@ -801,7 +713,6 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=_regs(nwg),
         PRODUCER_REGS=24, LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None,
         TOP_LEFT=bool(top_left), PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
-        SERIAL=fp8 and (nwg == 3 if serial is None else bool(serial)), TREE=fp8 and FP8_TREE_MAX,
-        MMA_SUM=fp8 and d == 128 and FP8_MMA_SUM,
+        SERIAL=fp8 and (nwg == 3 if serial is None else bool(serial)),
         num_warps=4,
     )  # fmt: skip

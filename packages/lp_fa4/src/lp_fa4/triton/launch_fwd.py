@@ -44,7 +44,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
         return
     d_pad = max(_pad(d), _pad(dv))
     rows = min(q.shape[0], pb.caps()[0])
-    small_bq = pb.broadcast_q and descale is None and rows <= cfg.BQ_SMALL_Q and cfg.bq_small_fwd()
+    small_bq = pb.broadcast_q and descale is None and rows <= cfg.bq_small_fwd_rows()
     tile = cfg.bq_fwd_tile(d_pad) if small_bq else cfg.fwd_tile(d_pad)
     if paged:
         sk, sv = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
