@@ -67,6 +67,19 @@ def _store_planes(
 
 
 @triton.jit
+def _store_sums(
+    OUT0, OUT1, OUT2, s0, s1, s2, cols, col_ok, DO0: tl.constexpr, DO1: tl.constexpr, DO2: tl.constexpr
+):  # fmt: skip
+    """The totals, each rounded once to its output's dtype."""
+    if DO0:
+        tl.store(OUT0 + cols, s0.to(OUT0.dtype.element_ty), mask=col_ok)
+    if DO1:
+        tl.store(OUT1 + cols, s1.to(OUT1.dtype.element_ty), mask=col_ok)
+    if DO2:
+        tl.store(OUT2 + cols, s2.to(OUT2.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
 def norm_bwd_kernel(
     DY, XHAT, RSTAT, GAMMA, DZ, PART, M, N, stride_dy, stride_x, stride_dz, part_plane,
     RMS: tl.constexpr, HAS_GAMMA: tl.constexpr, WEIGHT_GRADS: tl.constexpr, BIAS_GRAD: tl.constexpr,
@@ -163,12 +176,7 @@ def norm_bwd_kernel(
                 s0, s1, s2 = _sum_rows(
                     PART, 0, GROUP, groups, cols, col_ok, part_plane, N, DO0, DO1, DO2, BLOCK_P, BLOCK_N
                 )  # fmt: skip
-                if DO0:
-                    tl.store(OUT0 + cols, s0.to(OUT0.dtype.element_ty), mask=col_ok)
-                if DO1:
-                    tl.store(OUT1 + cols, s1.to(OUT1.dtype.element_ty), mask=col_ok)
-                if DO2:
-                    tl.store(OUT2 + cols, s2.to(OUT2.dtype.element_ty), mask=col_ok)
+                _store_sums(OUT0, OUT1, OUT2, s0, s1, s2, cols, col_ok, DO0, DO1, DO2)
                 tl.atomic_xchg(COUNT, 0)
 
 
@@ -182,22 +190,5 @@ def part_sums_kernel(
     dtype. One program per ``BLOCK_N`` columns."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    s0 = tl.zeros((BLOCK_N,), tl.float32)
-    s1 = tl.zeros((BLOCK_N,), tl.float32)
-    s2 = tl.zeros((BLOCK_N,), tl.float32)
-    for p0 in range(0, P, BLOCK_P):
-        rows = p0 + tl.arange(0, BLOCK_P)
-        mask = (rows < P)[:, None] & col_ok[None, :]
-        ptrs = PART + rows.to(tl.int64)[:, None] * N + cols[None, :]
-        if DO0:
-            s0 += tl.sum(tl.load(ptrs, mask=mask, other=0.0), axis=0)
-        if DO1:
-            s1 += tl.sum(tl.load(ptrs + part_plane, mask=mask, other=0.0), axis=0)
-        if DO2:
-            s2 += tl.sum(tl.load(ptrs + 2 * part_plane, mask=mask, other=0.0), axis=0)
-    if DO0:
-        tl.store(OUT0 + cols, s0.to(OUT0.dtype.element_ty), mask=col_ok)
-    if DO1:
-        tl.store(OUT1 + cols, s1.to(OUT1.dtype.element_ty), mask=col_ok)
-    if DO2:
-        tl.store(OUT2 + cols, s2.to(OUT2.dtype.element_ty), mask=col_ok)
+    s0, s1, s2 = _sum_rows(PART, 0, 1, P, cols, col_ok, part_plane, N, DO0, DO1, DO2, BLOCK_P, BLOCK_N)
+    _store_sums(OUT0, OUT1, OUT2, s0, s1, s2, cols, col_ok, DO0, DO1, DO2)
