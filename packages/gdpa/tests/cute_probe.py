@@ -1,0 +1,152 @@
+"""GPU bisection of the CuTe DSL backward's build switches, for one device run (not a pytest module).
+
+``python tests/cute_probe.py bisect``: each build (``VARIANTS``) checks two small cases against the
+fp32 reference in its own process (a device fault poisons the CUDA context), then compute-sanitizer
+runs the default build if it failed, then the first good build runs the GPU case matrix of
+``test_cute_bwd`` and the A/B timing against the Gluon backward (B=1152, H=4, D=128, max 2048,
+sparsity 1.0 and 0.5, fast_gelu, medians of ``ads_kernel_tools.bench.time_fn``).
+``python tests/cute_probe.py run VARIANT smoke|all [ACT]`` runs one build. Output lines start with
+the build's name.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# build switches of ads_gdpa.cute.bwd_sm90.GdpaBwdSm90; "nodq" leaves dQ out (wrong dQ, diagnosis only)
+VARIANTS = {
+    "default": {},
+    "atomic": {"DQ_MODE": "atomic"},
+    "noreg": {"REGS": None},
+    "noreg_atomic": {"REGS": None, "DQ_MODE": "atomic"},
+    "nodq": {"DQ_MODE": "none"},
+}
+SMOKE = [
+    dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),
+    dict(lens_q=[130, 64, 1, 300, 0], lens_k=[130, 64, 1, 300, 7], H=4, H_kv=2),
+]
+
+
+def _run(name: str, what: str, act: int) -> int:
+    from ads_gdpa.cute import bwd_sm90 as cb
+
+    for key, value in VARIANTS[name].items():
+        setattr(cb.GdpaBwdSm90, key, value)
+    schedule = cb.schedule
+
+    def synced_schedule(*a, **k):
+        # a fault in the tile-list kernel must not be blamed on the CuTe kernel
+        out = schedule(*a, **k)
+        torch.cuda.synchronize()
+        return out
+
+    cb.schedule = synced_schedule
+    t0 = time.time()
+    cb.compiled(torch.bfloat16, 128, act)
+    print(f"[{name}] first compile {time.time() - t0:.2f} s", flush=True)
+    from test_cute_bwd import CASES
+    from test_gluon_bwd import _check
+
+    def attempt(label, **case):
+        try:
+            _check(kernel=cb.gdpa_bwd_cute, **case)
+        except AssertionError as e:
+            print(f"[{name}] WRONG {label}: {str(e)[:300]}", flush=True)
+            return False
+        print(f"[{name}] PASS {label}", flush=True)
+        return True
+
+    ok = all([attempt(f"smoke{i}", act=act, **c) for i, c in enumerate(SMOKE)])
+    if what == "smoke":
+        return 0 if ok else 1
+    passed = sum(attempt(f"case{i} {c}", **c) for i, c in enumerate(CASES))
+    print(f"[{name}] matrix {passed}/{len(CASES)} passed", flush=True)
+    _ab(name, cb.gdpa_bwd_cute)
+    return 0
+
+
+def _ab(name: str, cute_bwd) -> None:
+    for sparsity in (1.0, 0.5):
+        _ab_one(name, cute_bwd, sparsity)
+        torch.cuda.empty_cache()
+
+
+def _ab_one(name: str, cute_bwd, sparsity: float) -> None:
+    from ads_gdpa.gluon.bwd_sm90 import gdpa_bwd_gluon
+    from ads_kernel_tools.bench.timing import time_fn
+    from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
+
+    B, H, D = 1152, 4, 128
+    lens = jagged_lengths(B, 2048, sparsity, seed=0)
+    cu = lengths_to_offsets(lens, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    T = sum(lens)
+    q, k = ((torch.randn(T, H, D, generator=g, device="cuda") * D**-0.25).to(torch.bfloat16) for _ in "qk")
+    v, do = (torch.randn(T, H, D, generator=g, device="cuda").to(torch.bfloat16) for _ in "vo")
+    flop = 2.5 * 4 * H * D * sum(n * n for n in lens)
+    ms, grads = {}, {}
+    for kname, fn in (("gluon", gdpa_bwd_gluon), ("cute", cute_bwd)):
+        out = (
+            torch.zeros(T, H, D, dtype=torch.float32, device="cuda"),
+            torch.empty_like(k),
+            torch.empty_like(v),
+        )
+        args = (do, q, k, v, cu, cu, 2048, 2048, 3, 1.0, *out)
+        fn(*args)
+        torch.cuda.synchronize()
+        grads[kname] = [t.clone() for t in out]
+        r = time_fn(functools.partial(fn, *args), warmup_ms=300, rep_ms=2000)
+        ms[kname] = r["ms"]
+        print(f"[{name}] max2048 s={sparsity} {kname}: {r['ms']:.3f} ms (p20 {r['p20']:.3f}, p80 "
+              f"{r['p80']:.3f}, n={r['n']}) {flop / r['ms'] / 1e9:.1f} TFLOP/s", flush=True)  # fmt: skip
+    rel = [(a.float() - b.float()).abs().max().item() / b.float().abs().max().item()
+           for a, b in zip(grads["cute"], grads["gluon"])]  # fmt: skip
+    print(f"[{name}] s={sparsity} cute/gluon speed {ms['gluon'] / ms['cute']:.3f}, "
+          f"max |cute - gluon| / max |gluon| dq/dk/dv {rel}", flush=True)  # fmt: skip
+
+
+def _bisect() -> int:
+    here = os.path.abspath(__file__)
+    good = None
+
+    def sub(args, timeout, tool=()):
+        try:
+            run = subprocess.run([*tool, sys.executable, here, "run", *args], capture_output=True, text=True,
+                                 timeout=timeout)  # fmt: skip
+            return run.returncode, run.stdout + run.stderr
+        except FileNotFoundError as e:  # no compute-sanitizer on this machine
+            return "missing", str(e)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout or ""
+            return "timeout", out.decode(errors="replace") if isinstance(out, bytes) else out
+
+    for name in VARIANTS:
+        rc, text = sub([name, "smoke"], 90)
+        lines = [ln for ln in text.splitlines() if ln.startswith("[") or "Error" in ln]
+        print(f"== {name}: rc={rc}", *lines[-6:], sep="\n  ", flush=True)
+        if rc == 0 and good is None and name != "nodq":
+            good = name
+    rc, text = sub(["default", "smoke", "0"], 90)
+    print(f"== default, raw activation: rc={rc}", flush=True)
+    if good != "default":
+        rc, text = sub(["default", "smoke"], 120, tool=("compute-sanitizer", "--print-limit", "5"))
+        lines = [ln for ln in text.splitlines() if "=====" in ln][:20]
+        print(f"== compute-sanitizer, default build: rc={rc}", *lines, sep="\n  ", flush=True)
+    if good is not None:
+        rc, text = sub([good, "all"], 300)
+        print(f"== {good}: matrix and A/B, rc={rc}", *text.splitlines()[-30:], sep="\n  ", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "bisect":
+        sys.exit(_bisect())
+    sys.exit(_run(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 3))
