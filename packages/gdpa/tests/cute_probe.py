@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # build switches of ads_gdpa.cute.bwd_sm90.GdpaBwdSm90; "nodq" leaves dQ out (wrong dQ, diagnosis only)
 VARIANTS = {
     "default": {},
+    "hint": {"L2_HINT": 0x1000000000000000},  # CUTLASS's EVICT_NORMAL policy on every TMA instruction
     "atomic": {"DQ_MODE": "atomic"},
     "noreg": {"REGS": None},
     "noreg_atomic": {"REGS": None, "DQ_MODE": "atomic"},

@@ -91,11 +91,14 @@ class GdpaBwdSm90:
 
     Class attributes are build switches for bisecting on the GPU: ``REGS`` the (producer, consumer)
     register split or None for none; ``DQ_MODE`` "tma" (bulk reductions by the dQ warp), "atomic"
-    (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for measuring).
+    (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for measuring);
+    ``L2_HINT`` None (the DSL's default cache-policy operand, 0) or a policy word for every TMA
+    instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000).
     """
 
     REGS: tuple[int, int] | None = (24, 240)
     DQ_MODE = "tma"
+    L2_HINT: int | None = None
 
     def __init__(self, dtype, head_dim: int, act: int):
         self.dtype = dtype
@@ -327,8 +330,8 @@ class GdpaBwdSm90:
             while n * bn < lk:
                 pipe_kv.producer_acquire(kv_state)
                 bar = pipe_kv.producer_get_barrier(kv_state)
-                cute.copy(tma_k, tKg[None, n], tKs, tma_bar_ptr=bar)
-                cute.copy(tma_v, tVg[None, n], tVs, tma_bar_ptr=bar)
+                cute.copy(tma_k, tKg[None, n], tKs, tma_bar_ptr=bar, **self._hint())
+                cute.copy(tma_v, tVg[None, n], tVs, tma_bar_ptr=bar, **self._hint())
                 kv_state.advance()
                 for g in cutlass.range(group, unroll=1):
                     h = hk * group + g
@@ -339,8 +342,16 @@ class GdpaBwdSm90:
                     for m in cutlass.range(n_m, unroll=1):
                         pipe_qdo.producer_acquire(qdo_state)
                         bar_q = pipe_qdo.producer_get_barrier(qdo_state)
-                        cute.copy(tma_q, tQg[None, m], tQs[None, qdo_state.index], tma_bar_ptr=bar_q)
-                        cute.copy(tma_do, tdOg[None, m], tdOs[None, qdo_state.index], tma_bar_ptr=bar_q)
+                        cute.copy(
+                            tma_q, tQg[None, m], tQs[None, qdo_state.index], tma_bar_ptr=bar_q, **self._hint()
+                        )
+                        cute.copy(
+                            tma_do,
+                            tdOg[None, m],
+                            tdOs[None, qdo_state.index],
+                            tma_bar_ptr=bar_q,
+                            **self._hint(),
+                        )
                         qdo_state.advance()
                 n += n_slots
             t += n_ctas
@@ -371,7 +382,7 @@ class GdpaBwdSm90:
                             tS, tG = _tma_tiles(
                                 tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w]
                             )
-                            cute.copy(tma_dq, tS, tG)
+                            cute.copy(tma_dq, tS, tG, **self._hint())
                             cute.arch.cp_async_bulk_commit_group()
                 n += n_slots
             t += n_ctas
@@ -506,6 +517,9 @@ class GdpaBwdSm90:
                 self._store_kv(thr_epi, acc_dv, mdV, cKV, k0 + n * bn, kv_valid, hk)
                 n += n_slots
             t += n_ctas
+
+    def _hint(self) -> dict:
+        return {} if self.L2_HINT is None else {"cache_policy": cutlass.Int64(self.L2_HINT)}
 
     @cute.jit
     def _as_a(self, r: cute.Tensor) -> cute.Tensor:
