@@ -50,23 +50,19 @@ _BAR_DQ_EMPTY = 4  # + warpgroup: its staging buffer was read by the previous re
 
 def _swap01(t: cute.Tensor) -> cute.Tensor:
     """The same shared-memory tile with its first two modes swapped (the operand of a transposed use)."""
-    shape = (t.shape[1], t.shape[0], *t.shape[2:])
-    order = (1, 0, *range(2, cute.rank(t)))
-    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+    modes = [1, 0, *range(2, cute.rank(t))]
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
 
 
 def _acc_as_operand_a(layout: cute.Layout) -> cute.Layout:
-    """An fp32 wgmma accumulator layout ((2, 2, N/8), M, N') read as the register A operand of the
-    next GEMM, whose K is this accumulator's N: ((2, 2, 2), M, (N/16, N')). Values stay in place
-    (bf16/fp16 pairs line up with the A fragment's k pairs)."""
-    d = cute.logical_divide(layout, ((None, None, 2), None, None))
+    """An fp32 wgmma accumulator layout ((2, 2, V), M, N) read as the register A operand of the next
+    GEMM, whose K is this accumulator's column dimension: ((2, 2, 2), M, (V/2, N)). A k16 block of
+    the operand is two adjacent 8-column blocks of the accumulator, so no value moves between
+    threads (bf16/fp16 pairs line up with the operand's k pairs)."""
+    (pair, rows, blocks), m, n = layout.shape
+    (s_pair, s_rows, s_blocks), s_m, s_n = layout.stride
     return cute.make_layout(
-        ((d.shape[0][0], d.shape[0][1], d.shape[0][2][0]), d.shape[1], (d.shape[0][2][1], d.shape[2])),
-        stride=(
-            (d.stride[0][0], d.stride[0][1], d.stride[0][2][0]),
-            d.stride[1],
-            (d.stride[0][2][1], d.stride[2]),
-        ),
+        ((pair, rows, 2), m, (blocks // 2, n)), stride=((s_pair, s_rows, s_blocks), s_m, (2 * s_blocks, s_n))
     )
 
 
