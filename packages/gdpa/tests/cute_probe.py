@@ -24,10 +24,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # build switches of ads_gdpa.cute.bwd_sm90.GdpaBwdSm90; "nodq" leaves dQ out (wrong dQ, diagnosis only)
 VARIANTS = {
     "default": {},
+    # the two instructions FA4's sm90 backward does not use, replaced by the ones it does
+    "fa4like": {"DS_KMAJOR": True, "DQ_MODE": "bulk"},
+    "bulk": {"DQ_MODE": "bulk"},  # dQ by plain bulk reductions, no tensor map
+    "kmajor": {"DS_KMAJOR": True},  # dQ GEMM with A K-major, no transposed-A wgmma
     "hint": {"L2_HINT": 0x1000000000000000},  # CUTLASS's EVICT_NORMAL policy on every TMA instruction
     "atomic": {"DQ_MODE": "atomic"},
     "noreg": {"REGS": None},
-    "noreg_atomic": {"REGS": None, "DQ_MODE": "atomic"},
     "nodq": {"DQ_MODE": "none"},
 }
 SMOKE = [

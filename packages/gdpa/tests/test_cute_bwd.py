@@ -55,30 +55,36 @@ def test_dispatch_takes_cute_backward(monkeypatch):
 _BUILD = """
 import sys, torch
 from ads_gdpa.cute import bwd_sm90
+for key, value in {switches}.items():
+    setattr(bwd_sm90.GdpaBwdSm90, key, value)
 for dtype, d, act in {configs}:
     bwd_sm90.compiled(getattr(torch, dtype), d, act)
 """
+_TENSOR_REDUCE = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
+_ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
 
 
 @pytest.mark.parametrize(
-    "configs",
-    [[("bfloat16", 128, 3)], [("float16", 64, 3), ("bfloat16", 128, 10)]],
-    ids=["bf16-d128", "more"],
+    "configs, switches, reduce",
+    [
+        ([("bfloat16", 128, 3)], {}, _TENSOR_REDUCE),
+        ([("float16", 64, 3), ("bfloat16", 128, 10)], {}, _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3)], {"DS_KMAJOR": True, "DQ_MODE": "bulk"}, _ROW_REDUCE),
+    ],
+    ids=["bf16-d128", "more", "fa4like"],
 )
-def test_cute_backward_builds_for_sm90(tmp_path: Path, configs):
-    """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, the dQ bulk tensor
-    reduction and, for fast_gelu, the hardware tanh."""
+def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
+    """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, the dQ reduction
+    the build asks for and, for fast_gelu, the hardware tanh."""
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
-    run = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_BUILD.format(configs=configs))],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    script = textwrap.dedent(_BUILD.format(configs=configs, switches=switches))
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     ptx = [p.read_text() for p in tmp_path.glob("*.ptx")]
     assert len(ptx) >= 1
     for text in ptx:
         assert text.count("wgmma.mma_async") >= 5 * 4, "fewer wgmma than five GEMMs need"
-        assert "cp.reduce.async.bulk.tensor" in text and ".add." in text
-        assert "cp.async.bulk.tensor" in text
+        assert reduce in text
+        assert "cp.async.bulk.tensor.2d.shared::cta.global" in text
     if any(act == 3 for _, _, act in configs):
         assert any("tanh.approx.f32" in t for t in ptx)

@@ -28,8 +28,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 import triton
 from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
@@ -46,6 +48,21 @@ STAGES = 2  # Q/dO ring depth
 _BAR_DS = 1  # both consumers wrote their dSᵀ halves
 _BAR_DQ_FULL = 2  # + warpgroup: its dQ partial is staged
 _BAR_DQ_EMPTY = 4  # + warpgroup: its staging buffer was read by the previous reduction
+
+
+@dsl_user_op
+def _bulk_add_f32(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
+    """One contiguous fp32 run of shared memory added to global memory by the bulk-copy unit (no
+    tensor map; the issuing thread's bulk group tracks it)."""
+    llvm.inline_asm(
+        None,
+        [gmem.llvm_ptr, smem.toint(loc=loc, ip=ip).ir_value(), Int32(nbytes).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
 
 
 def _swap01(t: cute.Tensor) -> cute.Tensor:
@@ -86,15 +103,18 @@ class GdpaBwdSm90:
     """One compiled configuration: dtype, head dim, activation (compile-time constants).
 
     Class attributes are build switches for bisecting on the GPU: ``REGS`` the (producer, consumer)
-    register split or None for none; ``DQ_MODE`` "tma" (bulk reductions by the dQ warp), "atomic"
+    register split or None for none; ``DQ_MODE`` "tma" (bulk tensor reductions by the dQ warp), "bulk"
+    (the dQ warp's lanes add the staged rows one plain bulk reduction each, no tensor map), "atomic"
     (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for measuring);
     ``L2_HINT`` None (the DSL's default cache-policy operand, 0) or a policy word for every TMA
-    instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000).
+    instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000); ``DS_KMAJOR`` stores dS key-major
+    so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed.
     """
 
     REGS: tuple[int, int] | None = (24, 240)
     DQ_MODE = "tma"
     L2_HINT: int | None = None
+    DS_KMAJOR = False
 
     def __init__(self, dtype, head_dim: int, act: int):
         self.dtype = dtype
@@ -142,15 +162,22 @@ class GdpaBwdSm90:
             )
             for _ in range(2)
         )  # fmt: skip
-        # dQ = dS K: M = 64 query rows, N = D split over the warpgroups, K = 128 kv rows; dS (stored as
-        # dSᵀ, query-contiguous) and K both M/N-major
+        # dQ = dS K: M = 64 query rows, N = D split over the warpgroups, K = 128 kv rows; K is read
+        # N-major, dS M-major as stored (dSᵀ, query-contiguous) or K-major with DS_KMAJOR
         mma_dq = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, MN_MAJOR, MN_MAJOR, Float32, (1, 2, 1), (64, dh)
+            self.dtype,
+            self.dtype,
+            K_MAJOR if self.DS_KMAJOR else MN_MAJOR,
+            MN_MAJOR,
+            Float32,
+            (1, 2, 1),
+            (64, dh),
         )
 
         sQ_layout = _row_major_smem(self.dtype, bm, d, self.stages)
         sK_layout = _row_major_smem(self.dtype, bn, d, None)
-        sdS_layout = _row_major_smem(self.dtype, bn, bm, 2)  # dSᵀ (kv, q), double-buffered
+        # dSᵀ (kv, q) double-buffered; DS_KMAJOR stores dS (q, kv) instead
+        sdS_layout = _row_major_smem(self.dtype, *((bm, bn) if self.DS_KMAJOR else (bn, bm)), 2)
         # dQ staging, one (64, D/2) fp32 box per consumer: the (64, D) tile whose column halves are
         # the two boxes
         sdQ_layout = cute.make_layout((bm, (dh, 2)), stride=(dh, (1, bm * dh)))
@@ -252,7 +279,8 @@ class GdpaBwdSm90:
         sdO = st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sdSt = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdSt = _swap01(sdS) if const_expr(self.DS_KMAJOR) else sdS  # (kv, q) either way
         sdQ = st.sdQ.get_tensor(sdQ_layout)
         count = mCount[0]
         n_ctas = cute.arch.grid_dim()[0]
@@ -266,10 +294,11 @@ class GdpaBwdSm90:
                     tma_q, tQ, tma_do, tdO, tma_k, tK, tma_v, tV, sQ, sdO, sK, sV, pipe_qdo, pipe_kv,
                     mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group,
                 )  # fmt: skip
-            if warp_idx == 1 and const_expr(self.DQ_MODE == "tma"):
+            if warp_idx == 1 and const_expr(self.DQ_MODE in ("tma", "bulk")):
                 self._dq_writer(
                     tma_dq,
                     tdQ,
+                    mdQ,
                     sdQ,
                     mCuQ,
                     mCuK,
@@ -354,9 +383,25 @@ class GdpaBwdSm90:
 
     @cute.jit
     def _dq_writer(
-        self, tma_dq, tdQ, sdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group
+        self,
+        tma_dq,
+        tdQ,
+        mdQ,
+        sdQ,
+        mCuQ,
+        mCuK,
+        mTiles,
+        count,
+        block,
+        n_ctas,
+        max_seqlen_q,
+        n_slots,
+        h_kv,
+        group,
     ):
         bm, bn, dh = self.bm, self.bn, self.dh
+        lane = cute.arch.lane_idx()
+        total_q, W = mdQ.shape
         sdQ_boxes = cute.make_tensor(sdQ.iterator, cute.make_layout((bm, dh, 2), stride=(dh, 1, bm * dh)))
         t = block
         while t < count:
@@ -375,10 +420,20 @@ class GdpaBwdSm90:
                             cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                         for w in cutlass.range_constexpr(2):
                             cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
-                            tS, tG = _tma_tiles(
-                                tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w]
-                            )
-                            cute.copy(tma_dq, tS, tG, **self._hint())
+                            if const_expr(self.DQ_MODE == "tma"):
+                                tS, tG = _tma_tiles(
+                                    tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w]
+                                )
+                                cute.copy(tma_dq, tS, tG, **self._hint())
+                            else:
+                                for rr in cutlass.range_constexpr(bm // 32):
+                                    r = lane + 32 * rr
+                                    row = q0 + m * bm + r
+                                    if row < total_q:  # no tensor map clips these rows
+                                        off = row.to(cutlass.Int64) * W + (h * 2 + w) * dh
+                                        _bulk_add_f32(
+                                            mdQ.iterator + off, sdQ_boxes[r, None, w].iterator, dh * 4
+                                        )
                             cute.arch.cp_async_bulk_commit_group()
                 n += n_slots
             t += n_ctas
@@ -483,7 +538,7 @@ class GdpaBwdSm90:
                         self._gemm(mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False)
                         warpgroup.commit_group()
                         warpgroup.wait_group(1)  # dV and dQ retired
-                        if const_expr(self.DQ_MODE == "tma"):
+                        if const_expr(self.DQ_MODE in ("tma", "bulk")):
                             cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=160)
                             cute.autovec_copy(acc_dq, tQsdQ)
                             cute.arch.fence_view_async_shared()
