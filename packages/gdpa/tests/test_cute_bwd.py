@@ -6,10 +6,9 @@ against autograd through the fp32 reference, dK/dV poisoned with NaN; and the di
 Without a GPU: the kernel builds offline for sm_90a and its PTX holds the instructions the design
 needs. Everything skips when the DSL (the ``cute`` extra) is not installed.
 
-The GPU cases are marked slow (``--run-slow``) while the kernel is known to fault on the H200 (an
-illegal instruction in its first run, BENCHMARKS.md): a device fault poisons the CUDA context of the
-whole pytest process, which would fail every later GPU test of the shard. ``tests/cute_probe.py
-bisect`` checks the build switches one process each.
+On CPU too: the wrapper's runtime tensors match the compiled signature (with a mismatch the host
+code encodes garbage TMA descriptors). The dispatch test stays marked slow until it has run on a
+GPU; ``tests/cute_probe.py bisect`` checks the build switches one process each.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ CASES = [c for c in _cases() if int(c.get("act", Activation.FAST_GELU)) in CUTE_
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_cute_bwd(case):
     from ads_gdpa.cute.bwd_sm90 import gdpa_bwd_cute
@@ -88,3 +86,28 @@ def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce
         assert "cp.async.bulk.tensor.2d.shared::cta.global" in text
     if any(act == 3 for _, _, act in configs):
         assert any("tanh.approx.f32" in t for t in ptx)
+
+
+def test_cute_runtime_tensors_match_the_compiled_signature():
+    """The wrapper's runtime tensors are dynamic where ``compiled``'s fake tensors are (CPU, no GPU):
+    the compiled host code reads extents and row strides from the descriptor each tensor hands over,
+    and a static-layout tensor hands over its pointer alone, from which the host code encoded garbage
+    TMA descriptors (an illegal instruction at the first TMA load on the H200). The descriptor words
+    checked are the DSL's memref layout: pointer, the two int32 extents, the int64 row stride."""
+    import ctypes
+
+    import torch
+
+    from ads_gdpa.cute import bwd_sm90
+
+    x = torch.zeros(300, 2, 128, dtype=torch.bfloat16)
+    r = bwd_sm90._rows(x)
+    assert (r.dynamic_shapes_mask, r.dynamic_strides_mask) == ((1, 1), (1, 0))
+    ptr, extents, stride = (ctypes.c_uint64 * 3).from_address(r.__c_pointers__()[0])
+    assert (ptr, extents, stride) == (x.data_ptr(), 300 | (256 << 32), 256)
+    empty = bwd_sm90._rows(torch.zeros(0, 4, 64, dtype=torch.float32))
+    assert (empty.dynamic_shapes_mask, empty.dynamic_strides_mask) == ((1, 1), (1, 0))
+    for n in (1, 7):
+        v = bwd_sm90._vec(torch.arange(n, dtype=torch.int64))
+        assert (v.dynamic_shapes_mask, v.dynamic_strides_mask) == ((1,), (0,))
+        assert (ctypes.c_uint32 * 3).from_address(v.__c_pointers__()[0])[2] == n

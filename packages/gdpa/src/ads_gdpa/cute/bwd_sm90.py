@@ -626,12 +626,23 @@ def compiled(dtype: torch.dtype, head_dim: int, act: int):
     return fn
 
 
+# The runtime tensors must carry the same dynamic modes as the fake ones above: the compiled host
+# code reads each tensor's extents and row stride from the descriptor ``from_dlpack`` builds, and a
+# tensor left with its default static layout contributes only its pointer (the call does not compare
+# the two), so the TMA descriptors would be encoded from whatever follows it in host memory and the
+# first TMA load faults with an illegal instruction.
 def _rows(x: torch.Tensor, assumed_align: int = 16):
+    """(T, H, D) -> the (T, H*D) runtime tensor of a ``_fake_rows`` argument."""
     t, h, d = x.shape
     if t == 0:  # TMA descriptors need a row; the kernel never reads or writes it
         x = x.new_zeros(1, h, d)
         t = 1
-    return from_dlpack(x.view(t, h * d), assumed_align=assumed_align)
+    return from_dlpack(x.view(t, h * d), assumed_align=assumed_align).mark_layout_dynamic(leading_dim=1)
+
+
+def _vec(x: torch.Tensor):
+    """An int32 vector -> the runtime tensor of a ``_fake_vec`` argument."""
+    return from_dlpack(x.to(torch.int32).contiguous(), assumed_align=4).mark_layout_dynamic(leading_dim=0)
 
 
 def gdpa_bwd_cute(
@@ -674,7 +685,7 @@ def gdpa_bwd_cute(
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     fn(
         _rows(q), _rows(k), _rows(v), _rows(do), _rows(dq_acc), _rows(dk), _rows(dv),
-        *(from_dlpack(x.to(torch.int32), assumed_align=4) for x in (cu_q, cu_k, tiles, count)),
+        *(_vec(x) for x in (cu_q, cu_k, tiles, count)),
         Int32(max_seqlen_q), Int32(n_kv_tiles), Int32(H_kv), Int32(H // H_kv), Float32(scale), Int32(n_ctas),
         stream,
     )  # fmt: skip
