@@ -5,7 +5,9 @@ fp32 reference in its own process (a device fault poisons the CUDA context), the
 runs the default build if it failed, then the first good build runs the GPU case matrix of
 ``test_cute_bwd`` and the A/B timing against the Gluon backward (B=1152, H=4, D=128, max 2048,
 sparsity 1.0 and 0.5, fast_gelu, medians of ``ads_kernel_tools.bench.time_fn``).
-``python tests/cute_probe.py run VARIANT smoke|all [ACT]`` runs one build. Output lines start with
+``python tests/cute_probe.py run VARIANT smoke|all|ab [ACT]`` runs one build (``ab``: smoke cases and
+the A/B timing, no matrix). ``python tests/cute_probe.py compare VARIANT ...`` runs ``ab`` for each
+build in its own process (the compile cache does not key on the switches). Output lines start with
 the build's name.
 """
 
@@ -32,6 +34,13 @@ VARIANTS = {
     "atomic": {"DQ_MODE": "atomic"},
     "noreg": {"REGS": None},
     "nodq": {"DQ_MODE": "none"},
+    # what the step loop's SASS points to (tests/cute_sass.py): dSᵀ by stmatrix (no spills in the
+    # loop), dK reading dSᵀ from shared memory, Pᵀ packed before the wait for dPᵀ
+    "stsm": {"DS_STORE": "stsm"},
+    "dksmem": {"DK_SMEM": True},
+    "stsm_early": {"DS_STORE": "stsm", "P_EARLY": True},
+    "stsm_dksmem_early": {"DS_STORE": "stsm", "DK_SMEM": True, "P_EARLY": True},
+    "stages3": {"QDO_STAGES": 3},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),
@@ -70,6 +79,10 @@ def _run(name: str, what: str, act: int) -> int:
 
     ok = all([attempt(f"smoke{i}", act=act, **c) for i, c in enumerate(SMOKE)])
     if what == "smoke":
+        return 0 if ok else 1
+    if what == "ab":  # a wrong build's timing means nothing
+        if ok:
+            _ab(name, cb.gdpa_bwd_cute)
         return 0 if ok else 1
     passed = sum(attempt(f"case{i} {c}", **c) for i, c in enumerate(CASES))
     print(f"[{name}] matrix {passed}/{len(CASES)} passed", flush=True)
@@ -150,7 +163,23 @@ def _bisect() -> int:
     return 0
 
 
+def _compare(names: list[str]) -> int:
+    here = os.path.abspath(__file__)
+    for name in names:
+        try:
+            run = subprocess.run([sys.executable, here, "run", name, "ab"], capture_output=True, text=True,
+                                 timeout=120)  # fmt: skip
+            rc, text = run.returncode, run.stdout + run.stderr
+        except subprocess.TimeoutExpired:
+            rc, text = "timeout", ""
+        lines = [ln for ln in text.splitlines() if ln.startswith("[") or "Error" in ln]
+        print(f"== {name}: rc={rc}", *lines[-12:], sep="\n  ", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "bisect":
         sys.exit(_bisect())
+    if sys.argv[1] == "compare":
+        sys.exit(_compare(sys.argv[2:]))
     sys.exit(_run(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 3))

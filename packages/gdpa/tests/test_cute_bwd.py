@@ -58,6 +58,8 @@ for key, value in {switches}.items():
 for dtype, d, act in {configs}:
     bwd_sm90.compiled(getattr(torch, dtype), d, act)
 """
+# the build switches from the step loop's SASS (tests/cute_sass.py), all on
+STEP_SWITCHES = {"DS_STORE": "stsm", "DK_SMEM": True, "P_EARLY": True}
 _TENSOR_REDUCE = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
 _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
 
@@ -68,8 +70,10 @@ _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
         ([("bfloat16", 128, 3)], {}, _TENSOR_REDUCE),
         ([("float16", 64, 3), ("bfloat16", 128, 10)], {}, _TENSOR_REDUCE),
         ([("bfloat16", 128, 3)], {"DS_KMAJOR": True, "DQ_MODE": "bulk"}, _ROW_REDUCE),
+        ([("bfloat16", 128, 3), ("float16", 64, 10)], STEP_SWITCHES, _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3)], dict(STEP_SWITCHES, DS_KMAJOR=True), _TENSOR_REDUCE),
     ],
-    ids=["bf16-d128", "more", "fa4like"],
+    ids=["bf16-d128", "more", "fa4like", "step-switches", "step-switches-kmajor"],
 )
 def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
     """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, the dQ reduction
@@ -86,6 +90,32 @@ def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce
         assert "cp.async.bulk.tensor.2d.shared::cta.global" in text
     if any(act == 3 for _, _, act in configs):
         assert any("tanh.approx.f32" in t for t in ptx)
+    if switches.get("DS_STORE") == "stsm":
+        assert all("stmatrix.sync.aligned" in t for t in ptx)
+
+
+@pytest.mark.parametrize(
+    "switches",
+    [{"DS_STORE": "stsm"}, {"DS_STORE": "stsm", "P_EARLY": True}, STEP_SWITCHES],
+    ids=["stsm", "stsm-early", "all"],
+)
+def test_cute_step_loop_sass(switches):
+    """The query-step loop's SASS (offline sm_90a build, nvdisasm): every GEMM of the step inside it,
+    no local memory with dSᵀ stored by stmatrix (the default build's 16 swizzled store addresses
+    spill there), and with P_EARLY most of the activation issued while dPᵀ is in flight."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import cute_sass
+
+    try:
+        cute_sass.nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    (loop,) = cute_sass.step_loops(cute_sass.parse(cute_sass.build_sass(switches)))
+    f = cute_sass.figures(loop)
+    assert f["wgmma"] == 32 and f["tanh"] == 32, f
+    assert f["local"] == 0, f
+    if switches.get("P_EARLY"):
+        assert f["tanh_under_gemm"] >= 24, f
 
 
 def test_cute_runtime_tensors_match_the_compiled_signature():
