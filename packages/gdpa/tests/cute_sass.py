@@ -85,11 +85,13 @@ def step_loops(insns: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
 
 
 def figures(body: list[tuple[int, str]]) -> dict:
-    """Counts per kind (``KINDS``), all instructions, and the issue order of the wgmma groups, their
-    waits and the named barriers (``G`` a group of wgmma closed by ``gsb0``, ``W1`` a wait that leaves
-    one group in flight, ``B`` a barrier sync, ``A`` a barrier arrive, ``L`` local memory)."""
+    """Counts per kind (``KINDS``), all instructions and those a full tile's step runs (``full_tile``:
+    without the sequence mask's blocks), the activation's tanh issued under dPᵀ, and the issue order
+    of the wgmma groups, their waits and the named barriers (``G`` a group of wgmma closed by
+    ``gsb0``, ``W1`` a wait that leaves one group in flight, ``B`` a barrier sync, ``A`` a barrier
+    arrive, ``L`` local memory)."""
     ops = [_opcode(o) for _, o in body]
-    out = {"instructions": len(ops)}
+    out = {"instructions": len(ops), "full_tile": len(ops) - _mask_blocks(body)}
     for kind, prefixes in KINDS.items():
         out[kind] = sum(op.startswith(prefixes) for op in ops)
     order, run = [], 0
@@ -121,6 +123,19 @@ def figures(body: list[tuple[int, str]]) -> dict:
     out["tanh_under_gemm"] = under
     out["top"] = Counter(ops).most_common(8)
     return out
+
+
+def _mask_blocks(body: list[tuple[int, str]]) -> int:
+    """Instructions that a step whose tile needs no sequence mask jumps over: the blocks a forward
+    branch skips that hold the mask's selects (16 or more FSEL) and no wgmma."""
+    skipped = 0
+    for pc, op in body:
+        m = re.search(r"BRA (?:!?U?P\w+, )?@(\d+)", op)
+        if m and op.startswith("@") and int(m.group(1)) > pc:
+            block = [_opcode(o) for a, o in body if pc < a < int(m.group(1))]
+            if sum(o == "FSEL" for o in block) >= 16 and not any(o.startswith("HGMMA") for o in block):
+                skipped += len(block)
+    return skipped
 
 
 def nvdisasm() -> str:

@@ -14,6 +14,7 @@ GPU; ``tests/cute_probe.py bisect`` checks the build switches one process each.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -72,8 +73,9 @@ _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
         ([("bfloat16", 128, 3)], {"DS_KMAJOR": True, "DQ_MODE": "bulk"}, _ROW_REDUCE),
         ([("bfloat16", 128, 3), ("float16", 64, 10)], STEP_SWITCHES, _TENSOR_REDUCE),
         ([("bfloat16", 128, 3)], dict(STEP_SWITCHES, DS_KMAJOR=True), _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3)], dict(STEP_SWITCHES, DS_EXCHANGE="split", QDO_STAGES=3), _TENSOR_REDUCE),
     ],
-    ids=["bf16-d128", "more", "fa4like", "step-switches", "step-switches-kmajor"],
+    ids=["bf16-d128", "more", "fa4like", "step-switches", "step-switches-kmajor", "split-stages3"],
 )
 def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
     """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, the dQ reduction
@@ -96,13 +98,20 @@ def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce
 
 @pytest.mark.parametrize(
     "switches",
-    [{"DS_STORE": "stsm"}, {"DS_STORE": "stsm", "P_EARLY": True}, STEP_SWITCHES],
-    ids=["stsm", "stsm-early", "all"],
+    [
+        {"DS_STORE": "stsm"},
+        {"DS_STORE": "stsm", "P_EARLY": True},
+        STEP_SWITCHES,
+        {"DS_STORE": "stsm", "DS_EXCHANGE": "split"},
+        dict(STEP_SWITCHES, DS_EXCHANGE="split"),
+    ],
+    ids=["stsm", "stsm-early", "all", "stsm-split", "all-split"],
 )
 def test_cute_step_loop_sass(switches):
     """The query-step loop's SASS (offline sm_90a build, nvdisasm): every GEMM of the step inside it,
-    no local memory with dSᵀ stored by stmatrix (the default build's 16 swizzled store addresses
-    spill there), and with P_EARLY most of the activation issued while dPᵀ is in flight."""
+    no local memory with dSᵀ stored by stmatrix (the default build spills 21 STL/LDL per step there),
+    with P_EARLY most of the activation issued while dPᵀ is in flight, and with the split exchange
+    dK issued before the wait for the other warpgroup's dSᵀ half."""
     sys.path.insert(0, str(Path(__file__).parent))
     import cute_sass
 
@@ -116,6 +125,10 @@ def test_cute_step_loop_sass(switches):
     assert f["local"] == 0, f
     if switches.get("P_EARLY"):
         assert f["tanh_under_gemm"] >= 24, f
+    if switches.get("DS_EXCHANGE") == "split":
+        # dV, the arrive for this half, dK (after its own warpgroup's barrier with DK_SMEM), the wait
+        # for the other half, dQ, then one wait for all
+        assert re.search(r"G4 A (B )?G4 B G8 W0", f["order"]), f["order"]
 
 
 def test_cute_runtime_tensors_match_the_compiled_signature():

@@ -49,6 +49,10 @@ STAGES = 2  # Q/dO ring depth (the QDO_STAGES switch's default)
 _BAR_DS = 1  # both consumers wrote their dSᵀ halves
 _BAR_DQ_FULL = 2  # + warpgroup: its dQ partial is staged
 _BAR_DQ_EMPTY = 4  # + warpgroup: its staging buffer was read by the previous reduction
+# DS_EXCHANGE="split": + 2·buffer + warpgroup: that warpgroup wrote its dSᵀ half of that buffer (one
+# id per buffer, so a warpgroup a step ahead cannot arrive twice at a barrier the other still waits on)
+_BAR_DS_HALF = 6
+_BAR_DS_OWN = 10  # + warpgroup: its own half is written (DK_SMEM with the split exchange)
 
 
 @dsl_user_op
@@ -116,7 +120,11 @@ class GdpaBwdSm90:
     so the dSᵀ registers die at their store; ``P_EARLY`` masks and packs Pᵀ to the input dtype
     before the wait for dPᵀ (its fp32 registers die there), so that less of the activation has to
     wait for that GEMM; ``QDO_STAGES`` the Q/dO ring depth (3 fits at D=128: 230,400 bytes of shared
-    memory of the 232,448 an sm_90 CTA may have).
+    memory of the 232,448 an sm_90 CTA may have); ``DS_EXCHANGE`` "sync" (both warpgroups wait at one
+    barrier after writing their dSᵀ halves, then issue dQ and dK) or "split" (a warpgroup announces
+    its half, issues dK, which needs only its own half, and then waits for the other half before dQ,
+    as the Gluon kernel's mbarrier exchange does; dQ is then the step's last GEMM, so its staging no
+    longer runs under dK).
     """
 
     REGS: tuple[int, int] | None = (24, 240)
@@ -127,6 +135,7 @@ class GdpaBwdSm90:
     DK_SMEM = False
     P_EARLY = False
     QDO_STAGES = STAGES
+    DS_EXCHANGE = "sync"
 
     def __init__(self, dtype, head_dim: int, act: int):
         self.dtype = dtype
@@ -564,25 +573,30 @@ class GdpaBwdSm90:
                         warpgroup.fence()
                         self._gemm(mma_dkv, acc_dv, self._as_a(rP), tVrdOt[None, None, None, s], zero=False)
                         warpgroup.commit_group()
-                        cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=256)
+                        split = const_expr(self.DS_EXCHANGE == "split")
+                        if const_expr(split):
+                            cute.arch.barrier_arrive(
+                                barrier_id=_BAR_DS_HALF + 2 * buf + wg, number_of_threads=256
+                            )
+                            if const_expr(self.DK_SMEM):
+                                cute.arch.barrier(barrier_id=_BAR_DS_OWN + wg, number_of_threads=128)
+                            self._gemm_dk(
+                                mma_dkv, mma_dk, acc_dk, rdS, tKrdS if self.DK_SMEM else None, tKrQt, s, buf
+                            )
+                            cute.arch.barrier(
+                                barrier_id=_BAR_DS_HALF + 2 * buf + 1 - wg, number_of_threads=256
+                            )
+                        else:
+                            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=256)
                         acc_dq = cute.make_rmem_tensor(acc_dq_shape, Float32)
                         warpgroup.fence()
                         self._gemm(mma_dq, acc_dq, tQrdS[None, None, None, buf], tQrKt, zero=True)
                         warpgroup.commit_group()
-                        if const_expr(self.DK_SMEM):
-                            self._gemm(
-                                mma_dk,
-                                acc_dk,
-                                tKrdS[None, None, None, buf],
-                                tKrQt[None, None, None, s],
-                                zero=False,
+                        if const_expr(not split):
+                            self._gemm_dk(
+                                mma_dkv, mma_dk, acc_dk, rdS, tKrdS if self.DK_SMEM else None, tKrQt, s, buf
                             )
-                        else:
-                            self._gemm(
-                                mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False
-                            )
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(1)  # dV and dQ retired
+                        warpgroup.wait_group(0 if split else 1)  # dV and dQ retired
                         if const_expr(self.DQ_MODE in ("tma", "bulk")):
                             cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=160)
                             cute.autovec_copy(acc_dq, tQsdQ)
@@ -616,6 +630,15 @@ class GdpaBwdSm90:
 
     def _hint(self) -> dict:
         return {} if self.L2_HINT is None else {"cache_policy": cutlass.Int64(self.L2_HINT)}
+
+    @cute.jit
+    def _gemm_dk(self, mma_dkv, mma_dk, acc_dk, rdS, tKrdS, tKrQt, s, buf):
+        """dK += dSᵀ Q, dSᵀ from registers or (DK_SMEM) from shared memory; one wgmma group."""
+        if const_expr(self.DK_SMEM):
+            self._gemm(mma_dk, acc_dk, tKrdS[None, None, None, buf], tKrQt[None, None, None, s], zero=False)
+        else:
+            self._gemm(mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False)
+        warpgroup.commit_group()
 
     @cute.jit
     def _mask(self, tScS: cute.Tensor, kv_valid, q_valid, xs):
