@@ -44,6 +44,8 @@ VARIANTS = {
     "stages3": {"QDO_STAGES": 3},
     "split": {"DS_EXCHANGE": "split"},  # dK issued before waiting for the other dSᵀ half
     "stsm_split_early": {"DS_STORE": "stsm", "DS_EXCHANGE": "split", "P_EARLY": True},
+    # the Gluon backward's step structure: stmatrix, dK from shared memory, the split exchange
+    "gluonlike": {"DS_STORE": "stsm", "DS_EXCHANGE": "split", "DK_SMEM": True},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),
