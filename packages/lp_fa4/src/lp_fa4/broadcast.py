@@ -5,8 +5,8 @@ The Gluon Hopper kernels take no broadcast_q: their query rows come from one TMA
 A call runs one of three ways (``plan``; ``LP_FA4_BROADCAST_Q``, ``config.broadcast_q``, overrides it):
 
 - ``resident``: the op keeps broadcast_q. Its forward repeats the queries once per kv sequence
-  inside the op (B·Lq rows, the output's own layout) onto the Gluon forward (with
-  ``LP_FA4_BQ_SMALL_FWD=1`` a query block of at most 64 rows runs the Triton kernel's in-place
+  inside the op (B·Lq rows, the output's own layout) onto the Gluon forward (a query block of at
+  most ``config.bq_small_fwd_rows()`` rows, 32 by default, runs the Triton kernel's in-place
   broadcast at a 64-row tile instead, ``config.bq_fwd_tile``);
   its backward is the query-resident kernel (``triton._bwd_resident``: one program per (kv
   sequence, head) holds the query block and streams the keys), whose dQ is already summed over the
