@@ -23,18 +23,17 @@ restored afterwards. ``--json`` writes the rows and the environment. Without a G
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import statistics
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ads_kernel_tools.bench import environment, time_fn
+from ads_kernel_tools.bench.cli import env
 from ads_kernel_tools.capability import interpreter_active
 from ads_kernel_tools.testing import apply_interpreter_patches, jagged_lengths, lengths_to_offsets
 
@@ -59,24 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tiny", action="store_true", help="a small case (the CPU smoke test)")
     ap.add_argument("--json", type=Path, help="write the rows and the environment here")
     return ap
-
-
-@contextlib.contextmanager
-def _env(**values: str | None) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _inputs(args, lq: int, device) -> dict[str, Any]:
@@ -113,9 +94,9 @@ def _backward(x: dict[str, Any]):
     return grad, grad()
 
 
-def _variants(lq: int, tiles: Sequence[str]) -> list[tuple[str, str, dict[str, str | None]]]:
+def _variants(lq: int, tiles: Sequence[str]) -> list[tuple[str, str, dict[str, str]]]:
     """(pass, name, knob settings) of every timed variant for a query block of lq rows."""
-    rows: list[tuple[str, str, dict[str, str | None]]] = [
+    rows: list[tuple[str, str, dict[str, str]]] = [
         ("fwd", "repeat", dict(LP_FA4_BQ_SMALL_FWD="0", LP_FA4_BROADCAST_Q="repeat")),
     ]
     if lq <= cfg.BQ_SMALL_Q:
@@ -123,7 +104,7 @@ def _variants(lq: int, tiles: Sequence[str]) -> list[tuple[str, str, dict[str, s
     rows.append(("bwd", "repeat", dict(LP_FA4_BROADCAST_Q="repeat")))
     if lq <= cfg.RESIDENT_LQ:
         for tile in tiles:
-            raw = None if tile == "default" else tile
+            raw = "" if tile == "default" else tile  # empty: config.resident_tile's own pick
             rows.append(
                 ("bwd", f"resident {tile}", dict(LP_FA4_BROADCAST_Q="resident", LP_FA4_RESIDENT_TILE=raw))
             )
@@ -139,7 +120,7 @@ def run(args) -> list[dict[str, Any]]:
         first_grads = None
         for _ in range(args.rounds):
             for p, name, knobs in _variants(lq, args.tiles):
-                with _env(**knobs):
+                with env(**knobs):
                     if p == "fwd":
                         fn, flop = _forward(x), x["flop"]
                     else:

@@ -156,8 +156,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
     call (``lp_fa4.broadcast``'s ``resident`` plan) runs on its queries repeated once per kv
     sequence where the kernel takes the repeated call, but for the short query blocks of
     ``config.bq_small_fwd_rows``, which the Triton kernel's in-place broadcast runs faster."""
-    small = q.shape[0] <= cfg.bq_small_fwd_rows()
-    if pb.broadcast_q and not small and used_q is None and cu_k is not None and cfg.broadcast_q() != "kernel":
+    if (pb.broadcast_q and used_q is None and cu_k is not None and q.shape[0] > cfg.bq_small_fwd_rows()
+            and cfg.broadcast_q() != "kernel"):  # fmt: skip
         n_b = cu_k.shape[0] - 1
         rep = dataclasses.replace(pb, broadcast_q=False)
         if n_b * q.shape[0] < 2**31 and why_not(q, k, v, page_table, sink, rep, out) is None:
