@@ -14,14 +14,18 @@ import torch
 
 import ads_gdpa  # noqa: F401  (registers the ops)
 from ads_gdpa.activations import Activation
+from ads_gdpa.dispatch import cute_importable
 from ads_gdpa.problem import BIG, MaskMode
 
 ROWS = 1000
 CASES = [[0, 600, 300, 5000], [-300, 200, 700, 1000]]
 
 
-def run(backend: str, d: int, mask: MaskMode, deterministic: bool, fp8: bool, cu: list[int]) -> None:
+def run(
+    backend: str, d: int, mask: MaskMode, deterministic: bool, fp8: bool, cu: list[int], bwd: str = "auto"
+) -> None:
     os.environ["ADS_GDPA_BACKEND"] = backend
+    os.environ["ADS_GDPA_BWD_BACKEND"] = bwd
     g = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
     q = (torch.randn(ROWS, 4, d, device="cuda", generator=g) * 0.3).to(dt)
@@ -81,7 +85,11 @@ def main() -> None:
         run("triton", 128, MaskMode.TOP_LEFT, False, False, cu)
         run("triton", 128, MaskMode.BOTTOM_RIGHT, False, False, cu)
         run("auto", 128, MaskMode.NONE, False, True, cu)
+        if cute_importable():  # the opt-in CuTe DSL backward, where the extra is installed
+            run("auto", 128, MaskMode.NONE, False, False, cu, bwd="cute")
+            run("auto", 64, MaskMode.NONE, False, False, cu, bwd="cute")
         run_upstream_extras(cu)
+    os.environ.pop("ADS_GDPA_BWD_BACKEND", None)
     print("memcheck_bad_offsets: all paths ran")
 
 

@@ -1,12 +1,14 @@
 """Benchmark: ``python -m ads_gdpa.bench [--quick] [--json PATH] [--plot PATH] [--variants]``.
 
 Upstream shapes (B=1152, H=4, D=128, bf16, fast_gelu, scale 1): self attention at max length
-256..2048 and sparsity 1.0 / 0.5; short-KV cross attention (dense KV of 256 keys, Q up to 2048);
-dense (4, 16, 4096, 128). FLOPs = 4·H·D·Σ Lq·Lk forward, x2.5 backward (spec §4) for every provider,
-so padded peers are credited with useful work only.
+256..2048 and sparsity 1.0 / 0.5 (--quick: 2048 at 1.0 and 0.5, 1024 at 1.0, 512 at 0.5);
+short-KV cross attention (dense KV of 256 keys, Q up to 2048); dense (4, 16, 4096, 128).
+FLOPs = 4·H·D·Σ Lq·Lk forward, x2.5 backward (spec §4) for every provider, so padded peers are
+credited with useful work only.
 
 Providers: ours (default dispatch: the warp-specialised Gluon forward and backward on Hopper where
-they support the call, else Triton), ours[triton] (the portable Triton kernels); ours[fp8] and
+they support the call, else Triton), ours[cute-bwd] (backward only, where the CuTe DSL extra is
+installed: the opt-in CuTe sm_90 backward), ours[triton] (the portable Triton kernels); ours[fp8] and
 ours[fp8,triton] (self-attention rows, forward only: e4m3 inputs quantised with per-head amax
 descales, bf16 out, scale 1/max_len as upstream; the note gives the relative error against the fp32
 GDPA of the dequantised inputs on the first sequences); naive
@@ -70,12 +72,14 @@ class Bench:
         extra = {"max_len": self._max_len}
         self.report.add(Row(op, provider, mode, shape, ms, tf, note=note, extra=extra))
 
-    def _fwd_bwd(self, op, provider, shape, fwd, flop, make_grad=True):
-        """Time fwd, then bwd alone (autograd.grad with a retained graph)."""
+    def _fwd_bwd(self, op, provider, shape, fwd, flop, make_grad=True, time_fwd=True):
+        """Time fwd (unless ``time_fwd`` is False: a backend switch that leaves the forward alone),
+        then bwd alone (autograd.grad with a retained graph)."""
         from ads_kernel_tools.bench import peers
 
         with peers.skip_on_error(provider):
-            self._add(op, provider, "fwd", shape, self._time(lambda: fwd()), flop)
+            if time_fwd:
+                self._add(op, provider, "fwd", shape, self._time(lambda: fwd()), flop)
             if make_grad:
                 out, leaves = fwd(grad=True)
                 do = torch.randn_like(out)
@@ -89,6 +93,7 @@ class Bench:
         from ads_kernel_tools.testing import lengths_to_offsets
 
         from . import gdpa_varlen
+        from .dispatch import cute_importable
 
         dev, dt = "cuda", torch.bfloat16
         b = len(lq)
@@ -112,6 +117,9 @@ class Bench:
             return (out, leaves) if grad else out
 
         self._fwd_bwd(op, "ours", shape, ours, flop)
+        if cute_importable():  # the opt-in CuTe DSL backward (extra [cute]) beside the default one
+            with cli_env(ADS_GDPA_BWD_BACKEND="cute"):
+                self._fwd_bwd(op, "ours[cute-bwd]", shape, ours, flop, time_fwd=False)
         with cli_env(ADS_GDPA_BACKEND="triton"):
             self._fwd_bwd(op, "ours[triton]", shape, ours, flop)
         if op.startswith("self"):
@@ -241,7 +249,7 @@ def measure(args) -> int:
 
     bench = Bench(args)
     batch, heads, d = 1152, 4, 128
-    self_lens = [(2048, 1.0), (2048, 0.5), (1024, 1.0)] if args.quick else [
+    self_lens = [(2048, 1.0), (2048, 0.5), (1024, 1.0), (512, 0.5)] if args.quick else [
         (n, s) for n in (256, 512, 1024, 2048) for s in (1.0, 0.5)]  # fmt: skip
     for n, s in self_lens:
         lens = _lengths(batch, n, s, seed=n)

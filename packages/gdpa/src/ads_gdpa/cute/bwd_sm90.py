@@ -15,7 +15,7 @@ one CTA of three warpgroups:
   written to shared memory so that dQ[:, half] = dS K spans all 128 keys, each warpgroup computing
   half of the head dim.
 
-Persistent CTAs walk the device-built tile list heaviest-first (``kernels.tile_list.schedule``).
+Persistent CTAs walk the device-built tile list heaviest-first (``ads_gdpa.bwd_plan``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-import triton
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
@@ -36,9 +35,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ads_kernel_tools.capability import num_sms as sm_count
-from ads_kernel_tools.kernels.tile_list import schedule
-
+from ..bwd_plan import plan_kv_tiles
 from ._act import act_and_grad
 
 BLOCK_M = 64  # query rows per step
@@ -742,29 +739,17 @@ def gdpa_bwd_cute(
     """Jagged GDPA backward, the contract of ``ads_gdpa.gluon.bwd_sm90.gdpa_bwd_gluon``: q, do (Tq, H, D);
     k, v (Tk, H_kv, D); dq_acc fp32 (Tq, H, D), zeroed, receives dQ by bulk reductions; dk, dv get every
     row inside a sequence. Query rows at or past min(Lq_b, max_seqlen_q) contribute nothing."""
-    total_q, H, D = q.shape
-    total_k, H_kv, _ = k.shape
-    B = cu_seqlens_q.numel() - 1
-    if B <= 0 or total_k == 0:
+    p = plan_kv_tiles(
+        do, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dq_acc, dk, dv,
+        block_n=BLOCK_N, dtypes=_DTYPES,
+    )  # fmt: skip
+    if p is None:
         return
-    max_seqlen_q = max(int(max_seqlen_q), 0)
-    assert D in (64, 128) and H % H_kv == 0 and q.dtype in _DTYPES and v.shape == k.shape
-    assert (
-        dq_acc.dtype == torch.float32 and dq_acc.is_contiguous() and dk.is_contiguous() and dv.is_contiguous()
-    )
-    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
-    cu_q = cu_seqlens_q.to(torch.int32).contiguous()
-    cu_k = cu_seqlens_k.to(torch.int32).contiguous()
-    n_kv_tiles = max(triton.cdiv(max_seqlen_k, BLOCK_N), 1)
-    tiles, count = schedule(
-        cu_q, cu_k, max_seqlen_q, tile_q=False, block=BLOCK_N, slots=n_kv_tiles, heads=H_kv
-    )
-    n_ctas = min(B * H_kv * n_kv_tiles, sm_count(q.device))
-    fn = compiled(q.dtype, D, int(activation_id))
+    fn = compiled(q.dtype, p.head_dim, int(activation_id))
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     fn(
-        _rows(q), _rows(k), _rows(v), _rows(do), _rows(dq_acc), _rows(dk), _rows(dv),
-        *(_vec(x) for x in (cu_q, cu_k, tiles, count)),
-        Int32(max_seqlen_q), Int32(n_kv_tiles), Int32(H_kv), Int32(H // H_kv), Float32(scale), Int32(n_ctas),
-        stream,
+        _rows(p.q), _rows(p.k), _rows(p.v), _rows(p.do), _rows(dq_acc), _rows(dk), _rows(dv),
+        *(_vec(x) for x in (p.cu_q, p.cu_k, p.tiles, p.count)),
+        Int32(p.max_seqlen_q), Int32(p.n_kv_tiles), Int32(p.kv_heads), Int32(p.group), Float32(scale),
+        Int32(p.programs), stream,
     )  # fmt: skip

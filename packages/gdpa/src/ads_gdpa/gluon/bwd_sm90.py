@@ -24,7 +24,6 @@ Programs are persistent and walk the tile list heaviest-first (tiles facing the 
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -35,7 +34,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ads_kernel_tools.capability import num_sms as sm_count
 from ads_kernel_tools.kernels.gluon_hopper import (
     bwd_buffers,
     bwd_grad_step,
@@ -46,8 +44,8 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     tma_reduce_add,
 )
 from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords
-from ads_kernel_tools.kernels.tile_list import schedule
 
+from ..bwd_plan import plan_kv_tiles
 from ._act import act_and_grad_scaled
 
 BLOCK_M = 64  # query rows per step
@@ -346,29 +344,21 @@ def gdpa_bwd_gluon(
     receives dQ by atomic reductions; dk, dv (Tk, H_kv, D) get every row inside a sequence (rows
     outside all sequences are not written). Query rows at or past min(Lq_b, max_seqlen_q) contribute
     nothing. ``_dq_mode`` picks how dQ is reduced (``DQ_MODES``)."""
-    total_q, H, D = q.shape
-    total_k, H_kv, _ = k.shape
-    B = cu_seqlens_q.numel() - 1
-    if B <= 0 or total_k == 0:
+    p = plan_kv_tiles(
+        do, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dq_acc, dk, dv,
+        block_n=BLOCK_N, dtypes=_GL_DTYPES,
+    )  # fmt: skip
+    if p is None:
         return
-    max_seqlen_q = max(int(max_seqlen_q), 0)  # 0: no query row counts, dK/dV still written (zeros)
-    assert D in (64, 128) and H % H_kv == 0 and q.dtype in _GL_DTYPES and v.shape == k.shape
-    assert dq_acc.dtype == torch.float32 and dq_acc.is_contiguous() and dk.is_contiguous()
-    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
-    cu_q = cu_seqlens_q.to(torch.int32).contiguous()
-    cu_k = cu_seqlens_k.to(torch.int32).contiguous()
     gdt = _GL_DTYPES[q.dtype]
-    BM, BN = BLOCK_M, BLOCK_N
-    q_desc, do_desc = rows_desc(q, BM, gdt), rows_desc(do, BM, gdt)
-    k_desc, v_desc = rows_desc(k, BN, gdt), rows_desc(v, BN, gdt)
+    BM, BN, D = BLOCK_M, BLOCK_N, p.head_dim
+    q_desc, do_desc = rows_desc(p.q, BM, gdt), rows_desc(p.do, BM, gdt)
+    k_desc, v_desc = rows_desc(p.k, BN, gdt), rows_desc(p.v, BN, gdt)
     dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=D // 2)
-    # Heaviest tiles first: a kv tile's work is the query rows it faces. Stays on the device.
-    n_kv_tiles = max(triton.cdiv(max_seqlen_k, BN), 1)
-    tiles, count = schedule(cu_q, cu_k, max_seqlen_q, tile_q=False, block=BN, slots=n_kv_tiles, heads=H_kv)
-    grid = (min(B * H_kv * n_kv_tiles, sm_count(q.device)),)
+    grid = (p.programs,)
     _gdpa_bwd_ws[grid](
-        q_desc, do_desc, k_desc, v_desc, dq_acc, dq_desc, dk, dv, tiles, cu_q, cu_k, max_seqlen_q,
-        count, n_kv_tiles, float(scale), H_kv, H // H_kv, D, BM, BN, STAGES, int(activation_id),
+        q_desc, do_desc, k_desc, v_desc, dq_acc, dq_desc, dk, dv, p.tiles, p.cu_q, p.cu_k, p.max_seqlen_q,
+        p.count, p.n_kv_tiles, float(scale), p.kv_heads, p.group, D, BM, BN, STAGES, int(activation_id),
         DQ_MODES[_dq_mode],
         240, 24, num_warps=4,
     )  # fmt: skip
