@@ -9,8 +9,9 @@ import torch
 from fa4_testlib import count_calls
 from test_bwd_broadcast import LK, _check
 
-from lp_fa4 import broadcast
+from lp_fa4 import broadcast, interface
 from lp_fa4 import config as cfg
+from lp_fa4.gluon import dispatch
 from lp_fa4.triton.launch import BIG
 
 
@@ -18,7 +19,7 @@ from lp_fa4.triton.launch import BIG
 def repeat_mode(monkeypatch):
     """Forces the repeat; the list counts the calls that took it."""
     monkeypatch.setenv("LP_FA4_BROADCAST_Q", "repeat")
-    return count_calls(monkeypatch, broadcast, "repeat")
+    return count_calls(monkeypatch, interface, "repeat_queries")
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
@@ -66,13 +67,28 @@ def test_auto_choice(monkeypatch):
 
 def test_repeat_offsets_without_sync():
     q = torch.arange(6.0).view(3, 1, 2)
-    rep, cu, host = broadcast.repeat(q, 4)
+    rep, cu = dispatch.repeat_queries(q, 4)
     assert rep.shape == (12, 1, 2) and torch.equal(rep[9:], q)
-    assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 6, 9, 12] and host.tolist() == cu.tolist()
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 6, 9, 12]
     # the cached dense offsets, which the Gluon forward trusts without a clamp
-    from lp_fa4.gluon import dispatch
+    assert dispatch.repeat_queries(q, 4)[1] is cu and dispatch.dense_length(cu, 12) == 3
 
-    assert broadcast.repeat(q, 4)[1] is cu and dispatch.dense_length(cu, 12) == 3
+
+def test_repeat_plan_host_offsets(repeat_mode, monkeypatch, device):
+    """The interface's repeat hands the op the repeated offsets' CPU copy (exact FLOP counts)."""
+    from ads_kernel_tools.testing import lengths_to_offsets
+    from lp_fa4 import _ops, jagged_attention
+
+    seen = []
+    real = _ops.attention
+    monkeypatch.setattr(_ops, "attention", lambda *a: seen.append(a) or real(*a))
+    q = torch.zeros(5, 1, 16, dtype=torch.bfloat16, device=device)
+    k = torch.zeros(7, 1, 16, dtype=torch.bfloat16, device=device)
+    cu_q = torch.tensor([0, 5], dtype=torch.int32, device=device)
+    jagged_attention(q, k, k, cu_q, lengths_to_offsets([3, 0, 4], device=device), 5, 4, broadcast_q=True)
+    inputs = seen[0]
+    assert repeat_mode and inputs[16] is False  # broadcast_q off: ordinary jagged attention
+    assert inputs[21].tolist() == inputs[3].tolist() == [0, 5, 10, 15]
 
 
 @pytest.mark.gpu
@@ -85,7 +101,7 @@ def test_pma_reaches_both_gluon_kernels(lq, monkeypatch, device):
     from lp_fa4.gluon import bwd_sm90, fwd_sm90
 
     monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
-    rep_calls = count_calls(monkeypatch, broadcast, "repeat")
+    rep_calls = count_calls(monkeypatch, interface, "repeat_queries")
     fwd_calls = count_calls(monkeypatch, fwd_sm90, "fwd")
     bwd_calls = count_calls(monkeypatch, bwd_sm90, "bwd")
     lk = (0, 1) + tuple(jagged_lengths(200, 512, 0.5, seed=lq))

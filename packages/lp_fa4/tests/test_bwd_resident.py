@@ -14,6 +14,7 @@ from test_bwd_broadcast import LK, _check, _grads, _inputs
 from ads_kernel_tools.testing import jagged_lengths, randn
 from lp_fa4 import broadcast, jagged_attention
 from lp_fa4 import config as cfg
+from lp_fa4.gluon import dispatch
 from lp_fa4.triton import launch_bwd
 from lp_fa4.triton.launch import BIG
 
@@ -109,6 +110,92 @@ def test_resident_plan(monkeypatch):
     assert broadcast.plan(q, k, k, 4, no_window, False) == "repeat"
     monkeypatch.setenv("LP_FA4_BROADCAST_Q", "kernel")
     assert broadcast.plan(q, k, k, 4, no_window, False) == "kernel"
+
+
+@pytest.mark.parametrize("fwd_mode,bwd_mode", [("resident", "kernel"), ("kernel", "resident")])
+def test_backward_takes_the_forwards_plan(fwd_mode, bwd_mode, monkeypatch, device):
+    """The interface plans once per call and the op carries the plan to its backward
+    (``resident_bwd``): the backward plans nothing and ignores an environment changed since."""
+    resident_calls = count_calls(monkeypatch, launch_bwd, "bwd_resident")
+    monkeypatch.setenv("LP_FA4_BROADCAST_Q", fwd_mode)
+    q, k, v, cu_q, cu_k = _inputs(9, LK, 2, 2, 32, device)
+    do = randn((len(LK) * 9, 2, 32), dtype=torch.bfloat16, device=device, seed=3)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, _ = jagged_attention(*leaves, cu_q, cu_k, 9, max(LK), broadcast_q=True)
+    plans = count_calls(monkeypatch, broadcast, "plan")
+    monkeypatch.setenv("LP_FA4_BROADCAST_Q", bwd_mode)
+    grads = torch.autograd.grad(out, leaves, do)
+    assert not plans and bool(resident_calls) == (fwd_mode == "resident")
+    monkeypatch.setenv("LP_FA4_BROADCAST_Q", fwd_mode)  # the same call planned one way throughout
+    want = _grads(q, k, v, cu_q, cu_k, 9, max(LK), do, deterministic=False)[1]
+    for a, b in zip(grads, want):  # dQ by atomics on a GPU: equal up to the order of its sums
+        torch.testing.assert_close(a, b)
+
+
+def _resident_op_args(q, k, v, cu_q, cu_k, lq, resident_bwd=True):
+    """lp_fa4::fwd's inputs for a broadcast_q call whose backward is the query-resident kernel."""
+    opts = (lq, int(cu_k.diff().max()), 0.2, 0.0, BIG, BIG, False, True, BIG, False, True, False)
+    return (q, k, v, cu_q, cu_k, None, None, None, None, *opts, None, None, None, None, None, resident_bwd)
+
+
+def test_op_carries_resident_plan(monkeypatch, device):
+    """The op's ``resident_bwd`` picks the backward whatever the environment says (default: auto,
+    which on a CPU plans ``kernel``); opcheck (fake, autograd, torch.compile) passes with it."""
+    monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
+    resident_calls = count_calls(monkeypatch, launch_bwd, "bwd_resident")
+    q, k, v, cu_q, cu_k = (t.requires_grad_(t.is_floating_point()) for t in _inputs(9, LK, 2, 2, 32, device))
+    args = _resident_op_args(q, k, v, cu_q, cu_k, 9)
+    out, _ = torch.ops.lp_fa4.fwd(*args)
+    torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert resident_calls
+    torch.library.opcheck(torch.ops.lp_fa4.fwd.default, args)
+
+
+def test_resident_flag_on_a_call_it_does_not_take_raises(device):
+    """``resident_bwd`` set by hand on a GQA call: the backward refuses instead of sending the MHA
+    kernel past K/V's heads."""
+    q, k, v, cu_q, cu_k = (t.requires_grad_(t.is_floating_point()) for t in _inputs(9, LK, 2, 1, 32, device))
+    out, _ = torch.ops.lp_fa4.fwd(*_resident_op_args(q, k, v, cu_q, cu_k, 9))
+    with pytest.raises(ValueError, match="GQA/MQA"):
+        torch.autograd.grad(out.float().sum(), (q, k, v))
+
+
+def test_resident_plan_through_compile(resident, device):
+    """The carried plan reaches the backward of a torch.compile(fullgraph=True) graph too."""
+    q, k, v, cu_q, cu_k = _inputs(9, LK, 2, 2, 32, device)
+    q.requires_grad_()
+
+    def f(q):
+        out, _ = jagged_attention(q, k, v, cu_q, cu_k, 9, max(LK), broadcast_q=True)
+        return out.float().square().sum()
+
+    eager = torch.autograd.grad(f(q), q)[0]
+    n_eager = len(resident)
+    got = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(q), q)[0]
+    assert n_eager == 1 and len(resident) > n_eager
+    torch.testing.assert_close(got, eager)
+
+
+def test_dense_keys_skip_the_clamp(resident, monkeypatch, device):
+    """Dense key offsets as built (``gluon.dispatch.batch_offsets``, trusted) reach the resident
+    kernel without a clamp launch; the same values in a tensor of the caller's, and lying offsets,
+    are clamped (one launch each); the first two give the same gradients."""
+    clamps = count_calls(monkeypatch, dispatch, "clamp_offsets")
+    n_b, s = 4, 12
+    q, k, v, cu_q, _ = _inputs(9, (s,) * n_b, 2, 2, 32, device)
+    do = randn((n_b * 9, 2, 32), dtype=torch.bfloat16, device=device, seed=3)
+    dense = dispatch.batch_offsets(n_b, s, device)
+    trusted = _grads(q, k, v, cu_q, dense, 9, s, do, deterministic=False)[1]
+    assert len(resident) == 1 and not clamps
+    own = torch.tensor(dense.tolist(), dtype=torch.int32, device=device)
+    clamped = _grads(q, k, v, cu_q, own, 9, s, do, deterministic=False)[1]
+    assert len(resident) == 2 and len(clamps) == 1
+    for a, b in zip(trusted, clamped):  # dQ by atomics on a GPU: equal up to the order of its sums
+        torch.testing.assert_close(a, b)
+    lying = torch.tensor([0, 40, 2, 1 << 30, -5], dtype=torch.int32, device=device)
+    grads = _grads(q, k, v, cu_q, lying, 9, s, do, deterministic=False)[1]
+    assert len(resident) == 3 and len(clamps) == 2
+    assert all(torch.isfinite(g).all() for g in grads)
 
 
 def test_resident_knobs(monkeypatch):

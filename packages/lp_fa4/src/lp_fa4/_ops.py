@@ -22,6 +22,7 @@ from .triton import launch
 
 Tensor = torch.Tensor
 _EMPTY = (0,)
+_RESIDENT_BWD = 26  # lp_fa4::fwd's input resident_bwd (plain eager calls may pass fewer inputs)
 
 
 def _batches(cu_q: Tensor, cu_k: Tensor | None, broadcast_q: bool) -> int:
@@ -84,13 +85,17 @@ def fwd_impl(
     q_descale: Tensor | None = None,
     k_descale: Tensor | None = None,
     v_descale: Tensor | None = None,
+    resident_bwd: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse): out like the query rows (broadcast_q: B·Lq rows), lse fp32 natural log, (B, H, S)
     when ``lse_dense`` else (H, rows). ``zero_fill`` pre-fills out 0 / lse -inf for rows no kernel
     program reaches (jagged rows past max_seqlen_q; the sink gradient reads every LSE row).
     ``deterministic`` is the backward's (the forward is always deterministic). ``host_q/k``: optional
     CPU copies of the offsets, read only by the FLOP formula (exact per-sequence counts).
-    FP8 (float8_e4m3fn q, k, v): ``q/k/v_descale`` contiguous fp32 (B, Hkv), all three; out bf16."""
+    FP8 (float8_e4m3fn q, k, v): ``q/k/v_descale`` contiguous fp32 (B, Hkv), all three; out bf16.
+    ``resident_bwd``: the backward's, like ``deterministic``: a broadcast_q call's backward runs the
+    query-resident kernel (``lp_fa4.broadcast.plan``'s ``resident``, planned once by the interface);
+    the backward raises if that kernel cannot take the call."""
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
     out_dtype = _out_dtype(q)
     if zero_fill:
@@ -137,6 +142,7 @@ def _(
     q_descale=None,
     k_descale=None,
     v_descale=None,
+    resident_bwd=False,
 ):
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
     return q.new_empty(out_shape, dtype=_out_dtype(q)), q.new_empty(lse_shape, dtype=torch.float32)
@@ -173,14 +179,15 @@ def bwd_impl(
     deterministic: bool,
     host_q: Tensor | None = None,
     host_k: Tensor | None = None,
+    resident_bwd: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dsink); dsink is empty when there is no sink."""
+    """(dq, dk, dv, dsink); dsink is empty when there is no sink. Options as ``fwd_impl``'s."""
     pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
     lse_f = _flat(lse, lse_dense).contiguous()
     dlse_f = _flat(dlse, lse_dense).float().contiguous() if dlse is not None else None
     do = do if do.stride(-1) == 1 else do.contiguous()
     dq, dk, dv, delta = bwd_dispatch.bwd(
-        do, q, k, v, out, lse_f, dlse_f, cu_q, cu_k, used_q, used_k, pb, deterministic
+        do, q, k, v, out, lse_f, dlse_f, cu_q, cu_k, used_q, used_k, pb, deterministic, resident=resident_bwd
     )
     if sink is None:
         return dq, dk, dv, q.new_empty(_EMPTY)
@@ -222,6 +229,7 @@ def _(
     deterministic,
     host_q=None,
     host_k=None,
+    resident_bwd=False,
 ):
     dsink = torch.empty_like(sink) if sink is not None else q.new_empty(_EMPTY)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsink
@@ -236,6 +244,7 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.opts = inputs[9:19]  # max_q .. lse_dense
     ctx.deterministic = inputs[20]
     ctx.host = tuple(inputs[21:23]) + (None,) * (23 - max(len(inputs), 21))
+    ctx.resident_bwd = len(inputs) > _RESIDENT_BWD and bool(inputs[_RESIDENT_BWD])
     ctx.n_inputs = len(inputs)
 
 
@@ -271,6 +280,7 @@ def bwd_call(ctx, dout, dlse, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sin
         lse_dense,
         ctx.deterministic,
         *ctx.host,
+        ctx.resident_bwd,
     )
 
 

@@ -10,9 +10,10 @@ A call runs one of three ways (``plan``; ``LP_FA4_BROADCAST_Q``, ``config.broadc
   broadcast at a 64-row tile instead, ``config.bq_fwd_tile``);
   its backward is the query-resident kernel (``triton._bwd_resident``: one program per (kv
   sequence, head) holds the query block and streams the keys), whose dQ is already summed over the
-  batch.
-- ``repeat``: the queries are repeated before the op, so forward and backward run as ordinary jagged
-  attention on the Gluon kernels and autograd's backward of the repeat sums dQ over the batch.
+  batch; the op carries the plan to its backward (``lp_fa4::fwd``'s ``resident_bwd``).
+- ``repeat``: the queries are repeated before the op (``gluon.dispatch.repeat_queries``), so forward
+  and backward run as ordinary jagged attention on the Gluon kernels and autograd's backward of the
+  repeat sums dQ over the batch.
 - ``kernel``: the Triton kernels read the one query block in place, both ways; also what
   ``deterministic=True`` takes where ``resident`` would run (its Triton backward is the
   bitwise-repeatable one).
@@ -25,7 +26,7 @@ import torch
 from ads_kernel_tools.capability import gluon_sm90_reason
 
 from . import config as cfg
-from .gluon.dispatch import batch_offsets, tile_reason
+from .gluon.dispatch import tile_reason
 from .triton.launch import BIG
 
 _INT32_MAX = 2**31 - 1
@@ -78,12 +79,3 @@ def _gluon_device(device: torch.device) -> bool:
     """Whether the Gluon kernels run on this device with this configuration: a constant of the
     machine and the environment, so torch.compile evaluates it once instead of tracing it."""
     return cfg.backend() == "auto" and gluon_sm90_reason(device) is None
-
-
-def repeat(q: torch.Tensor, n_b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q repeated n_b times along rows, its int32 device offsets b·Lq, their int64 CPU copy).
-    Built from shapes only: no host sync; the device offsets are the cached dense ones
-    (``gluon.dispatch.batch_offsets``) outside torch.compile."""
-    lq = q.shape[0]
-    host = torch.arange(n_b + 1, dtype=torch.int64) * lq
-    return q.repeat(n_b, 1, 1), batch_offsets(n_b, lq, q.device), host

@@ -27,7 +27,7 @@ from ._checks import (
     _scale,
     _score_options,
 )
-from .gluon.dispatch import batch_offsets
+from .gluon.dispatch import batch_offsets, repeat_queries
 from .triton.launch import BIG
 
 Tensor = torch.Tensor
@@ -78,11 +78,16 @@ def _run(
     sources=None,
 ):
     _check_runnable(q3)
+    resident_bwd = False
     if broadcast_q and _plain(used_q, page_table, sink, softcap, descale):
         n_b = cu_k.shape[0] - 1
-        if broadcast.plan(q3, k, v, n_b, (wl, wr), deterministic) == "repeat":
-            q3, cu_q, host_q = broadcast.repeat(q3, n_b)
+        plan = broadcast.plan(q3, k, v, n_b, (wl, wr), deterministic)
+        if plan == "repeat":
+            # the repeated offsets on the CPU, for exact FLOP counts without a device sync
+            host_q = torch.arange(n_b + 1, dtype=torch.int64) * q3.shape[0]
+            q3, cu_q = repeat_queries(q3, n_b)
             broadcast_q = False
+        resident_bwd = plan == "resident"
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
     zero_fill = zero_fill or sink is not None
     # FP8 tensors from quantize_fp8: gradients go to their bf16 sources (lp_fa4.fp8_bwd)
@@ -112,6 +117,7 @@ def _run(
         host_q,
         host_k,
         *(descale if descale is not None else (None, None, None)),
+        resident_bwd,
     )
 
 

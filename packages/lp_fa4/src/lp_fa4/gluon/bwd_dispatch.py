@@ -10,8 +10,10 @@ broadcast_q (its max_seqlen_q row cap included), and local and top-left windows 
 (``lp_fa4.triton.launch.bwd``): ``deterministic=True`` (the Gluon kernel adds dQ by fp32 atomics,
 so its bits depend on the order), softcap, broadcast_q, other head
 dims, fp32, strided tensors, the interpreter; broadcast_q calls that ``lp_fa4.broadcast.plan``s
-``resident`` run the query-resident Triton kernel (``triton._bwd_resident``). All compute delta
-with the same Triton preprocess.
+``resident`` run the query-resident Triton kernel (``triton._bwd_resident``): the interface plans
+once per call and the op carries the plan here (``resident``), so an environment changed between
+forward and backward cannot split one call over two plans. All compute delta with the same Triton
+preprocess.
 """
 
 from __future__ import annotations
@@ -47,11 +49,14 @@ def why_not(do, q, k, v, pb: launch.Problem, deterministic: bool) -> str | None:
 
 
 def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: launch.Problem,
-        deterministic: bool):  # fmt: skip
+        deterministic: bool, resident: bool = False):  # fmt: skip
     """``lp_fa4.triton.launch.bwd``'s contract: (dq, dk, dv, delta); the Gluon kernel where
-    ``why_not`` allows; a broadcast_q call the query-resident kernel where ``lp_fa4.broadcast``
-    plans it."""
-    if pb.broadcast_q and _resident(q, k, v, cu_k, used_q, pb, deterministic):
+    ``why_not`` allows; the query-resident kernel where ``resident`` (the forward's plan, see
+    ``lp_fa4.broadcast``) says so. Raises ValueError where ``resident`` names a call that kernel
+    does not take (``resident_why_not``)."""
+    if resident:
+        if (reason := resident_why_not(q, k, v, used_q, pb, deterministic)) is not None:
+            raise ValueError(f"lp_fa4: the resident backward does not take this call ({reason})")
         from ..triton.launch_bwd import bwd_resident
 
         delta = preprocess(out, do, dlse)
@@ -71,13 +76,18 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: launch.Prob
     return dq, dk, dv, delta
 
 
-def _resident(q, k, v, cu_k, used_q, pb: launch.Problem, deterministic: bool) -> bool:
-    """Whether a broadcast_q backward runs the query-resident kernel: the plan is ``resident``
-    (``lp_fa4.broadcast.plan``) and nothing the interface's plan does not see (softcap, seqused_q,
-    strided tensors) keeps it off."""
+def resident_why_not(q, k, v, used_q, pb: launch.Problem, deterministic: bool) -> str | None:
+    """None when the query-resident backward takes the call, else why not: a broadcast_q call with
+    none of the options the interface plans only without (softcap, seqused_q) and what
+    ``lp_fa4.broadcast.resident_reason`` asks. The op is public, so its ``resident_bwd`` may be set
+    by hand on any call; the kernel must not see one it was not built for (GQA would index K/V heads
+    past their tensors)."""
     from .. import broadcast
 
-    if pb.softcap > 0 or used_q is not None:
-        return False
-    n_b = cu_k.shape[0] - 1
-    return broadcast.plan(q, k, v, n_b, (pb.win_left, pb.win_right), deterministic) == "resident"
+    if not pb.broadcast_q:
+        return "not broadcast_q"
+    if pb.softcap > 0:
+        return "softcap"
+    if used_q is not None:
+        return "seqused_q"
+    return broadcast.resident_reason(q, k, v, (pb.win_left, pb.win_right), deterministic)

@@ -70,14 +70,27 @@ def dense_length(cu: torch.Tensor | None, rows: int) -> int | None:
     return entry[1]
 
 
-def kernel_offsets(cu_q: torch.Tensor, tq: int, cu_k: torch.Tensor, tk: int):
-    """(cu_q, cu_k, Lq, Lk) for a Gluon kernel: the dense batches' own offsets (``dense_offsets``,
-    in range by construction) as they are, with their length; any other offsets clamped into their
-    tensors (``clamp_offsets``, one launch for both), with length None."""
+def repeat_queries(q: torch.Tensor, n_b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q repeated n_b times along rows, its (B+1,) offsets b·Lq): a broadcast_q call's one query
+    block as B ordinary sequences, for the interface's ``repeat`` plan and ``fwd``'s repeat inside
+    the op alike. Built from shapes only (no host sync); the offsets are ``batch_offsets``', so the
+    Gluon kernels take them without a clamp launch outside torch.compile."""
+    return q.repeat(n_b, 1, 1), batch_offsets(n_b, q.shape[0], q.device)
+
+
+def kernel_offsets(
+    cu_q: torch.Tensor | None, tq: int, cu_k: torch.Tensor, tk: int
+) -> tuple[torch.Tensor | None, torch.Tensor, int | None, int | None]:
+    """(cu_q, cu_k, Lq, Lk) for a kernel that needs offsets inside their tensors (the Gluon
+    forward and backward, the query-resident backward): the dense batches' own offsets
+    (``dense_offsets``, in range by construction) as they are, with their length; any other offsets
+    clamped into their tensors (``clamp_offsets``, one launch for both), with length None.
+    ``cu_q`` None (a kernel that clamps its query offsets itself) gives None, Lq None."""
     lq, lk = dense_length(cu_q, tq), dense_length(cu_k, tk)
-    if lq is None and lk is None:
+    clamp_q = cu_q is not None and lq is None
+    if clamp_q and lk is None:
         cu_q, cu_k = clamp_offsets(cu_q, tq, cu_k, tk)
-    elif lq is None:
+    elif clamp_q:
         cu_q = clamp_offsets(cu_q, tq)[0]
     elif lk is None:
         cu_k = clamp_offsets(cu_k, tk)[0]
@@ -161,7 +174,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
         n_b = cu_k.shape[0] - 1
         rep = dataclasses.replace(pb, broadcast_q=False)
         if n_b * q.shape[0] < 2**31 and why_not(q, k, v, page_table, sink, rep, out) is None:
-            q, cu_q, pb = q.repeat(n_b, 1, 1), batch_offsets(n_b, q.shape[0], q.device), rep
+            q, cu_q = repeat_queries(q, n_b)
+            pb = rep
     if why_not(q, k, v, page_table, sink, pb, out) is not None:
         launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense,
                    descale=descale)  # fmt: skip

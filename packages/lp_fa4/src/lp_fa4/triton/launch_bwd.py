@@ -7,10 +7,10 @@ import functools
 import torch
 import triton
 
-from ads_kernel_tools.kernels.offsets import clamp_offsets
 from ads_kernel_tools.kernels.span_fill import zero_unwritten
 
 from .. import config as cfg
+from ..gluon.dispatch import kernel_offsets
 from ._bwd import dkdv_kernel, dq_kernel, preprocess_kernel, reduce_chunks_kernel
 from ._bwd_resident import bq_resident_bwd_kernel
 from .launch import LOG2E, Problem, _allocator, _pad, _tma_ok
@@ -86,7 +86,7 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
 def bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb: Problem):
     """(dq, dk, dv) of a broadcast_q call by the query-resident kernel (``_bwd_resident``): q (TQ, H,
     D) holding the one query block at rows [cu_q[0], cu_q[1]), do (B·Lq, H, D), k/v (TK, H, D)
-    (MHA), lse and delta (H, B·Lq) fp32. The caller checked ``lp_fa4.broadcast.resident_reason``.
+    (MHA), lse and delta (H, B·Lq) fp32. The caller checked ``gluon.bwd_dispatch.resident_why_not``.
     No host sync."""
     tq, h, d = q.shape
     tk = k.shape[0]
@@ -97,8 +97,10 @@ def bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb: Problem):
     rows_cap = pb.caps()[0]
     if n_b <= 0 or h == 0 or tq == 0 or rows_cap <= 0 or pb.max_k <= 0 or tk == 0 or do.shape[0] == 0:
         return dq.to(q.dtype), dk.zero_(), dv.zero_()
+    # the fill's spans must be the kernel's and lie inside k: both take these offsets, a dense
+    # batch's own as built, any others clamped (the kernel clamps the query block's itself)
+    cu_k = kernel_offsets(None, 0, cu_k, tk)[1]
     # the kernel stores every row of each sequence's computed keys; only the rest needs zeros
-    cu_k = clamp_offsets(cu_k, tk)[0]
     zero_unwritten((dk, dv), cu_k, pb.max_k, used_k)
     # sequences longest first: program order is roughly the order the GPU starts them in
     order = torch.argsort(cu_k[1:] - cu_k[:-1], descending=True).to(torch.int32)
