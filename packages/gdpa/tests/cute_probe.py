@@ -34,18 +34,6 @@ VARIANTS = {
     "atomic": {"DQ_MODE": "atomic"},
     "noreg": {"REGS": None},
     "nodq": {"DQ_MODE": "none"},
-    # what the step loop's SASS points to (tests/cute_sass.py): dSᵀ by stmatrix (no spills in the
-    # loop), dK reading dSᵀ from shared memory, Pᵀ packed before the wait for dPᵀ, a third Q/dO
-    # stage, the split dSᵀ exchange
-    "stsm": {"DS_STORE": "stsm"},
-    "dksmem": {"DK_SMEM": True},
-    "stsm_early": {"DS_STORE": "stsm", "P_EARLY": True},
-    "stsm_dksmem_early": {"DS_STORE": "stsm", "DK_SMEM": True, "P_EARLY": True},
-    "stages3": {"QDO_STAGES": 3},
-    "split": {"DS_EXCHANGE": "split"},  # dK issued before waiting for the other dSᵀ half
-    "stsm_split_early": {"DS_STORE": "stsm", "DS_EXCHANGE": "split", "P_EARLY": True},
-    # the Gluon backward's step structure: stmatrix, dK from shared memory, the split exchange
-    "gluonlike": {"DS_STORE": "stsm", "DS_EXCHANGE": "split", "DK_SMEM": True},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),

@@ -40,16 +40,12 @@ from ._act import act_and_grad
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
-STAGES = 2  # Q/dO ring depth (the QDO_STAGES switch's default)
+STAGES = 2  # Q/dO ring depth
 
 # named barriers (0 is the CTA-wide one)
 _BAR_DS = 1  # both consumers wrote their dSᵀ halves
 _BAR_DQ_FULL = 2  # + warpgroup: its dQ partial is staged
 _BAR_DQ_EMPTY = 4  # + warpgroup: its staging buffer was read by the previous reduction
-# DS_EXCHANGE="split": + 2·buffer + warpgroup: that warpgroup wrote its dSᵀ half of that buffer (one
-# id per buffer, so a warpgroup a step ahead cannot arrive twice at a barrier the other still waits on)
-_BAR_DS_HALF = 6
-_BAR_DS_OWN = 10  # + warpgroup: its own half is written (DK_SMEM with the split exchange)
 
 
 @dsl_user_op
@@ -110,36 +106,27 @@ class GdpaBwdSm90:
     (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for measuring);
     ``L2_HINT`` None (the DSL's default cache-policy operand, 0) or a policy word for every TMA
     instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000); ``DS_KMAJOR`` stores dS key-major
-    so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed;
-    ``DS_STORE`` "sts" (one 4-byte store per value pair, a swizzled address register each) or
-    "stsm" (dSᵀ by ``stmatrix``, four per thread and step, as the Gluon kernel stores it); ``DK_SMEM``
-    lets the dK GEMM read dSᵀ from shared memory (as the Gluon kernel does) instead of registers,
-    so the dSᵀ registers die at their store; ``P_EARLY`` masks and packs Pᵀ to the input dtype
-    before the wait for dPᵀ (its fp32 registers die there), so that less of the activation has to
-    wait for that GEMM; ``QDO_STAGES`` the Q/dO ring depth (3 fits at D=128: 230,400 bytes of shared
-    memory of the 232,448 an sm_90 CTA may have); ``DS_EXCHANGE`` "sync" (both warpgroups wait at one
-    barrier after writing their dSᵀ halves, then issue dQ and dK) or "split" (a warpgroup announces
-    its half, issues dK, which needs only its own half, and then waits for the other half before dQ,
-    as the Gluon kernel's mbarrier exchange does; dQ is then the step's last GEMM, so its staging no
-    longer runs under dK).
+    so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed.
+
+    dSᵀ goes to shared memory by ``stmatrix`` (four per thread and step): one 4-byte store per
+    value pair kept 16 swizzled addresses live across the step and spilled them inside the loop.
+    Both warpgroups meet at one barrier after writing their dSᵀ halves, then issue dQ and dK (dK
+    from registers), so the dQ staging runs under dK. Builds that read dSᵀ from shared memory for
+    dK, packed Pᵀ before the dPᵀ wait, split the dSᵀ exchange per warpgroup or ran a third Q/dO
+    stage were timed against this one and lost (BENCHMARKS.md).
     """
 
     REGS: tuple[int, int] | None = (24, 240)
     DQ_MODE = "tma"
     L2_HINT: int | None = None
     DS_KMAJOR = False
-    DS_STORE = "sts"
-    DK_SMEM = False
-    P_EARLY = False
-    QDO_STAGES = STAGES
-    DS_EXCHANGE = "sync"
 
     def __init__(self, dtype, head_dim: int, act: int):
         self.dtype = dtype
         self.d = head_dim
         self.dh = head_dim // 2
         self.act = act
-        self.bm, self.bn, self.stages = BLOCK_M, BLOCK_N, self.QDO_STAGES
+        self.bm, self.bn, self.stages = BLOCK_M, BLOCK_N, STAGES
         self.buffer_align = 1024
 
     @cute.jit
@@ -180,13 +167,6 @@ class GdpaBwdSm90:
             )
             for _ in range(2)
         )  # fmt: skip
-        # dK += dSᵀ Q with dSᵀ read from shared memory (K-major as stored, MN-major with DS_KMAJOR)
-        mma_dk = mma_dkv
-        if const_expr(self.DK_SMEM):
-            mma_dk = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, MN_MAJOR if self.DS_KMAJOR else K_MAJOR, MN_MAJOR, Float32, (2, 1, 1),
-                (64, d),
-            )  # fmt: skip
         # dQ = dS K: M = 64 query rows, N = D split over the warpgroups, K = 128 kv rows; K is read
         # N-major, dS M-major as stored (dSᵀ, query-contiguous) or K-major with DS_KMAJOR
         mma_dq = sm90_utils.make_trivial_tiled_mma(
@@ -240,7 +220,7 @@ class GdpaBwdSm90:
 
         self.kernel(
             tma_q, tQ, tma_do, tdO, tma_k, tK, tma_v, tV, tma_dq, tdQ, mdQ, mdK, mdV, mCuQ, mCuK, mTiles,
-            mCount, max_seqlen_q, n_slots, h_kv, group, scale, mma_sdp, mma_dkv, mma_dk, mma_dq, mma_epi,
+            mCount, max_seqlen_q, n_slots, h_kv, group, scale, mma_sdp, mma_dkv, mma_dq, mma_epi,
             sQ_layout, sK_layout, sdS_layout, sdQ_layout, qdo_bytes, kv_bytes, Storage,
         ).launch(grid=[n_ctas, 1, 1], block=[384, 1, 1], stream=stream, min_blocks_per_mp=1)  # fmt: skip
 
@@ -271,7 +251,6 @@ class GdpaBwdSm90:
         scale: Float32,
         mma_sdp: cute.TiledMma,
         mma_dkv: cute.TiledMma,
-        mma_dk: cute.TiledMma,
         mma_dq: cute.TiledMma,
         mma_epi: cute.TiledMma,
         sQ_layout: cute.ComposedLayout,
@@ -341,7 +320,7 @@ class GdpaBwdSm90:
             if const_expr(self.REGS is not None):
                 cute.arch.setmaxregister_increase(self.REGS[1])
             self._consume(
-                tidx - 128, mma_sdp, mma_dkv, mma_dk, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo,
+                tidx - 128, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo,
                 pipe_kv, mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv,
                 group, scale,
             )  # fmt: skip
@@ -467,7 +446,7 @@ class GdpaBwdSm90:
 
     @cute.jit
     def _consume(
-        self, tidx, mma_sdp, mma_dkv, mma_dk, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo, pipe_kv,
+        self, tidx, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo, pipe_kv,
         mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group, scale,
     ):  # fmt: skip
         bm, bn, d = self.bm, self.bn, self.d
@@ -490,8 +469,6 @@ class GdpaBwdSm90:
         tKrQt = mma_dkv.make_fragment_B(wg_dkv.partition_B(_swap01(sQ)))
         tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(_swap01(sdSt)))
         tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(_swap01(sK)))
-        if const_expr(self.DK_SMEM):
-            tKrdS = mma_dk.make_fragment_A(mma_dk.get_slice(wg_first).partition_A(sdSt))
 
         acc_s_shape = thr_sdp.partition_shape_C((bn, bm))
         acc_kv_shape = thr_dkv.partition_shape_C((bn, d))
@@ -500,13 +477,10 @@ class GdpaBwdSm90:
         acc_dv = cute.make_rmem_tensor(acc_kv_shape, Float32)
         # coordinates (kv row, query row) of this thread's Sᵀ elements, for the sequence mask
         tScS = thr_sdp.partition_C(cute.make_identity_tensor((bn, bm)))
-        tSsdS = thr_sdp.partition_C(sdSt)  # where this thread's dSᵀ values go
-        if const_expr(self.DS_STORE == "stsm"):
-            stsm = cute.make_copy_atom(
-                StMatrix8x8x16bOp(transpose=self.DS_KMAJOR, num_matrices=4), self.dtype
-            )
-            thr_stsm = cute.make_tiled_copy_C(stsm, mma_sdp).get_slice(tidx)
-            tRsdS = thr_stsm.partition_D(sdSt)
+        # where this thread's dSᵀ values go, by stmatrix
+        stsm = cute.make_copy_atom(StMatrix8x8x16bOp(transpose=self.DS_KMAJOR, num_matrices=4), self.dtype)
+        thr_stsm = cute.make_tiled_copy_C(stsm, mma_sdp).get_slice(tidx)
+        tRsdS = thr_stsm.partition_D(sdSt)
         tQsdQ = thr_dq.partition_C(sdQ)
         cDQ = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
         W = mdQ.shape[1]  # elements per token row of dQ
@@ -544,56 +518,30 @@ class GdpaBwdSm90:
                             p[i] = y
                             acc_s[i] = gr
                         # Pᵀ and dSᵀ as register A operands (in the input dtype)
-                        rP = cute.make_rmem_tensor(acc_s_shape, self.dtype)
-                        if const_expr(self.P_EARLY):
-                            if kv_valid < bn or q_valid < bm:
-                                self._mask(tScS, kv_valid, q_valid, p)
-                            rP.store(p.load().to(self.dtype))
                         warpgroup.wait_group(0)
                         for i in cutlass.range_constexpr(cute.size(acc_s)):
                             acc_dp[i] = acc_s[i] * acc_dp[i]
                         if kv_valid < bn or q_valid < bm:
                             # TMA brought the neighbouring sequences' rows (or zeros): they must not count
-                            self._mask(
-                                tScS, kv_valid, q_valid, acc_dp if const_expr(self.P_EARLY) else (p, acc_dp)
-                            )
-                        if const_expr(not self.P_EARLY):
-                            rP.store(p.load().to(self.dtype))
+                            self._mask(tScS, kv_valid, q_valid, (p, acc_dp))
+                        rP = cute.make_rmem_tensor(acc_s_shape, self.dtype)
+                        rP.store(p.load().to(self.dtype))
                         rdS = cute.make_rmem_tensor(acc_s_shape, self.dtype)
                         rdS.store(acc_dp.load().to(self.dtype))
                         buf = it % 2
-                        if const_expr(self.DS_STORE == "stsm"):
-                            cute.copy(thr_stsm, thr_stsm.retile(rdS), tRsdS[None, None, None, buf])
-                        else:
-                            cute.autovec_copy(rdS, tSsdS[None, None, None, buf])
+                        cute.copy(thr_stsm, thr_stsm.retile(rdS), tRsdS[None, None, None, buf])
                         cute.arch.fence_view_async_shared()
                         warpgroup.fence()
                         self._gemm(mma_dkv, acc_dv, self._as_a(rP), tVrdOt[None, None, None, s], zero=False)
                         warpgroup.commit_group()
-                        split = const_expr(self.DS_EXCHANGE == "split")
-                        if const_expr(split):
-                            cute.arch.barrier_arrive(
-                                barrier_id=_BAR_DS_HALF + 2 * buf + wg, number_of_threads=256
-                            )
-                            if const_expr(self.DK_SMEM):
-                                cute.arch.barrier(barrier_id=_BAR_DS_OWN + wg, number_of_threads=128)
-                            self._gemm_dk(
-                                mma_dkv, mma_dk, acc_dk, rdS, tKrdS if self.DK_SMEM else None, tKrQt, s, buf
-                            )
-                            cute.arch.barrier(
-                                barrier_id=_BAR_DS_HALF + 2 * buf + 1 - wg, number_of_threads=256
-                            )
-                        else:
-                            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=256)
+                        cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=256)
                         acc_dq = cute.make_rmem_tensor(acc_dq_shape, Float32)
                         warpgroup.fence()
                         self._gemm(mma_dq, acc_dq, tQrdS[None, None, None, buf], tQrKt, zero=True)
                         warpgroup.commit_group()
-                        if const_expr(not split):
-                            self._gemm_dk(
-                                mma_dkv, mma_dk, acc_dk, rdS, tKrdS if self.DK_SMEM else None, tKrQt, s, buf
-                            )
-                        warpgroup.wait_group(0 if split else 1)  # dV and dQ retired
+                        self._gemm(mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)  # dV and dQ retired
                         if const_expr(self.DQ_MODE in ("tma", "bulk")):
                             cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=160)
                             cute.autovec_copy(acc_dq, tQsdQ)
@@ -627,15 +575,6 @@ class GdpaBwdSm90:
 
     def _hint(self) -> dict:
         return {} if self.L2_HINT is None else {"cache_policy": cutlass.Int64(self.L2_HINT)}
-
-    @cute.jit
-    def _gemm_dk(self, mma_dkv, mma_dk, acc_dk, rdS, tKrdS, tKrQt, s, buf):
-        """dK += dSᵀ Q, dSᵀ from registers or (DK_SMEM) from shared memory; one wgmma group."""
-        if const_expr(self.DK_SMEM):
-            self._gemm(mma_dk, acc_dk, tKrdS[None, None, None, buf], tKrQt[None, None, None, s], zero=False)
-        else:
-            self._gemm(mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False)
-        warpgroup.commit_group()
 
     @cute.jit
     def _mask(self, tScS: cute.Tensor, kv_valid, q_valid, xs):
@@ -708,7 +647,9 @@ def compiled(dtype: torch.dtype, head_dim: int, act: int):
 # the two), so the TMA descriptors would be encoded from whatever follows it in host memory and the
 # first TMA load faults with an illegal instruction.
 def _rows(x: torch.Tensor, assumed_align: int = 16):
-    """(T, H, D) -> the (T, H*D) runtime tensor of a ``_fake_rows`` argument."""
+    """(T, H, D) -> the (T, H*D) runtime tensor of a ``_fake_rows`` argument. Detached: inside
+    autograd's backward the saved inputs still require grad, and DLPack refuses to export those."""
+    x = x.detach()
     t, h, d = x.shape
     if t == 0:  # TMA descriptors need a row; the kernel never reads or writes it
         x = x.new_zeros(1, h, d)
