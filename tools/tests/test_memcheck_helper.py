@@ -10,7 +10,8 @@ import pytest
 from ads_kernel_tools.testing import assert_memcheck_clean
 
 FAKE = """#!/bin/sh
-shift 4  # --tool memcheck --error-exitcode 3
+[ "$1 $2 $3 $4 $5 $6" = "--tool memcheck --report-api-errors no --error-exitcode 3" ] || exit 9
+shift 6
 "$@"; rc=$?
 echo "========= ERROR SUMMARY: ${ERRORS:-0} errors"
 exit $rc
