@@ -34,6 +34,9 @@ VARIANTS = {
     "atomic": {"DQ_MODE": "atomic"},
     "noreg": {"REGS": None},
     "nodq": {"DQ_MODE": "none"},
+    # FA3/FA4's 80-row step at D=128 (dQ computed transposed), and the transposed dQ alone at 64 rows
+    "m80": {"BLOCK_M": 80},
+    "swap64": {"DQ_SWAPAB": True},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),

@@ -70,8 +70,11 @@ _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
         ([("bfloat16", 128, 3)], {}, _TENSOR_REDUCE),
         ([("float16", 64, 3), ("bfloat16", 128, 10)], {}, _TENSOR_REDUCE),
         ([("bfloat16", 128, 3)], {"DS_KMAJOR": True, "DQ_MODE": "bulk"}, _ROW_REDUCE),
+        ([("bfloat16", 128, 3), ("float16", 128, 10)], {"BLOCK_M": 80}, _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3)], {"BLOCK_M": 80, "DQ_MODE": "bulk"}, _ROW_REDUCE),
+        ([("bfloat16", 128, 3)], {"DQ_SWAPAB": True}, _TENSOR_REDUCE),
     ],
-    ids=["bf16-d128", "more", "fa4like"],
+    ids=["bf16-d128", "more", "fa4like", "m80", "m80-bulk", "swap64"],
 )
 def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
     """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, dSᵀ by stmatrix,
@@ -91,10 +94,14 @@ def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce
     assert all("stmatrix.sync.aligned" in t for t in ptx)
 
 
-def test_cute_step_loop_sass():
+@pytest.mark.parametrize(
+    "switches, wgmma, tanh", [({}, 32, 32), ({"BLOCK_M": 80}, 34, 40)], ids=["m64", "m80"]
+)
+def test_cute_step_loop_sass(switches, wgmma, tanh):
     """The query-step loop's SASS (offline sm_90a build, nvdisasm): every GEMM of the step inside it,
     no local memory (dSᵀ by stmatrix; one 4-byte store per value pair spilled 21 STL/LDL per step
-    there), and dQ issued before dK after the dSᵀ barrier, so the dQ staging runs under dK."""
+    there), and dQ issued before dK after the dSᵀ barrier, so the dQ staging runs under dK; at 80
+    rows too (dV and dK take five k-steps, the transposed dQ eight)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import cute_sass
 
@@ -102,11 +109,12 @@ def test_cute_step_loop_sass():
         cute_sass.nvdisasm()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    (loop,) = cute_sass.step_loops(cute_sass.parse(cute_sass.build_sass({})))
+    (loop,) = cute_sass.step_loops(cute_sass.parse(cute_sass.build_sass(switches)))
     f = cute_sass.figures(loop)
-    assert f["wgmma"] == 32 and f["tanh"] == 32, f
+    assert f["wgmma"] == wgmma and f["tanh"] == tanh, f
     assert f["local"] == 0, f
-    assert re.search(r"G4 B G8 G4 W1", f["order"]), f["order"]
+    k_steps = switches.get("BLOCK_M", 64) // 16
+    assert re.search(rf"G{k_steps} B G8 G{k_steps} W1", f["order"]), f["order"]
 
 
 def test_cute_runtime_tensors_match_the_compiled_signature():
@@ -132,6 +140,20 @@ def test_cute_runtime_tensors_match_the_compiled_signature():
         v = bwd_sm90._vec(torch.arange(n, dtype=torch.int64))
         assert (v.dynamic_shapes_mask, v.dynamic_strides_mask) == ((1,), (0,))
         assert (ctypes.c_uint32 * 3).from_address(v.__c_pointers__()[0])[2] == n
+
+
+@pytest.mark.parametrize("switches", [{"BLOCK_M": 72}, {"BLOCK_M": 80, "DQ_SWAPAB": False}])
+def test_cute_bad_step_switches_raise(switches, monkeypatch):
+    """A step that is not a multiple of 16 rows, or 80 rows without the transposed dQ (wgmma's M is
+    64 per warpgroup), is refused when the kernel is built, not compiled into something wrong."""
+    import torch
+
+    from ads_gdpa.cute import bwd_sm90
+
+    for key, value in switches.items():
+        monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, key, value)
+    with pytest.raises(ValueError):
+        bwd_sm90.GdpaBwdSm90(bwd_sm90._DTYPES[torch.bfloat16], 128, 3)
 
 
 def test_cute_runtime_tensors_accept_inputs_that_require_grad():

@@ -38,7 +38,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..bwd_plan import plan_kv_tiles
 from ._act import act_and_grad
 
-BLOCK_M = 64  # query rows per step
+BLOCK_M = 64  # query rows per step (the BLOCK_M switch's default)
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
 STAGES = 2  # Q/dO ring depth
 
@@ -106,7 +106,11 @@ class GdpaBwdSm90:
     (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for measuring);
     ``L2_HINT`` None (the DSL's default cache-policy operand, 0) or a policy word for every TMA
     instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000); ``DS_KMAJOR`` stores dS key-major
-    so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed.
+    so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed;
+    ``BLOCK_M`` the query rows per step (64, or 80 at D=128: FA3/FA4's sm90 step; any multiple of 16
+    that fits), and ``DQ_SWAPAB`` whether dQ is computed transposed, dQᵀ = Kᵀ dSᵀ (M = D split over
+    the warpgroups, N = the step's query rows), which a step that is not a multiple of 64 rows needs
+    (wgmma's M is 64 per warpgroup); None picks it exactly then.
 
     dSᵀ goes to shared memory by ``stmatrix`` (four per thread and step): one 4-byte store per
     value pair kept 16 swizzled addresses live across the step and spilled them inside the loop.
@@ -120,13 +124,22 @@ class GdpaBwdSm90:
     DQ_MODE = "tma"
     L2_HINT: int | None = None
     DS_KMAJOR = False
+    BLOCK_M = BLOCK_M
+    DQ_SWAPAB: bool | None = None
 
     def __init__(self, dtype, head_dim: int, act: int):
         self.dtype = dtype
         self.d = head_dim
         self.dh = head_dim // 2
         self.act = act
-        self.bm, self.bn, self.stages = BLOCK_M, BLOCK_N, STAGES
+        self.bm, self.bn, self.stages = self.BLOCK_M, BLOCK_N, STAGES
+        self.dq_swap = self.bm % 64 != 0 if self.DQ_SWAPAB is None else self.DQ_SWAPAB
+        if self.bm % 16 or not 16 <= self.bm <= 128:
+            raise ValueError(f"BLOCK_M={self.bm}: the step must be a multiple of 16 rows, 16 to 128")
+        if not self.dq_swap and self.bm % 64:
+            raise ValueError(f"BLOCK_M={self.bm}: dQ = dS K needs M a multiple of 64 (set DQ_SWAPAB)")
+        if self.dq_swap and head_dim != 128:
+            raise ValueError("the transposed dQ GEMM splits D = 128 over the two warpgroups (64 each)")
         self.buffer_align = 1024
 
     @cute.jit
@@ -155,7 +168,7 @@ class GdpaBwdSm90:
         K_MAJOR = OperandMajorMode.K
         RMEM = warpgroup.OperandSource.RMEM
         MN_MAJOR = OperandMajorMode.MN
-        # Sᵀ = K Qᵀ, dPᵀ = V dOᵀ: M = 128 kv rows over the two warpgroups, N = 64 query rows
+        # Sᵀ = K Qᵀ, dPᵀ = V dOᵀ: M = 128 kv rows over the two warpgroups, N = the step's query rows
         mma_sdp = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_MAJOR, K_MAJOR, Float32, (2, 1, 1), (64, bm)
         )
@@ -167,17 +180,18 @@ class GdpaBwdSm90:
             )
             for _ in range(2)
         )  # fmt: skip
-        # dQ = dS K: M = 64 query rows, N = D split over the warpgroups, K = 128 kv rows; K is read
-        # N-major, dS M-major as stored (dSᵀ, query-contiguous) or K-major with DS_KMAJOR
-        mma_dq = sm90_utils.make_trivial_tiled_mma(
-            self.dtype,
-            self.dtype,
-            K_MAJOR if self.DS_KMAJOR else MN_MAJOR,
-            MN_MAJOR,
-            Float32,
-            (1, 2, 1),
-            (64, dh),
-        )
+        # dQ = dS K: M = the step's query rows, N = D split over the warpgroups, K = 128 kv rows; K is
+        # read N-major, dS M-major as stored (dSᵀ, query-contiguous) or K-major with DS_KMAJOR. With
+        # the swap, dQᵀ = Kᵀ dSᵀ: M = D split over the warpgroups (Kᵀ M-major), N = the query rows.
+        ds_major = K_MAJOR if self.DS_KMAJOR else MN_MAJOR
+        if const_expr(self.dq_swap):
+            mma_dq = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, MN_MAJOR, ds_major, Float32, (2, 1, 1), (64, bm)
+            )
+        else:
+            mma_dq = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, ds_major, MN_MAJOR, Float32, (1, 2, 1), (64, dh)
+            )
 
         sQ_layout = _row_major_smem(self.dtype, bm, d, self.stages)
         sK_layout = _row_major_smem(self.dtype, bn, d, None)
@@ -431,10 +445,10 @@ class GdpaBwdSm90:
                                 )
                                 cute.copy(tma_dq, tS, tG, **self._hint())
                             else:
-                                for rr in cutlass.range_constexpr(bm // 32):
+                                for rr in cutlass.range_constexpr((bm + 31) // 32):
                                     r = lane + 32 * rr
                                     row = q0 + m * bm + r
-                                    if row < total_q:  # no tensor map clips these rows
+                                    if r < bm and row < total_q:  # no tensor map clips these rows
                                         off = row.to(cutlass.Int64) * W + (h * 2 + w) * dh
                                         _bulk_add_f32(
                                             mdQ.iterator + off, sdQ_boxes[r, None, w].iterator, dh * 4
@@ -467,12 +481,18 @@ class GdpaBwdSm90:
         tSrdO = mma_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         tVrdOt = mma_dkv.make_fragment_B(wg_dkv.partition_B(_swap01(sdO)))
         tKrQt = mma_dkv.make_fragment_B(wg_dkv.partition_B(_swap01(sQ)))
-        tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(_swap01(sdSt)))
-        tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(_swap01(sK)))
+        # dS (q, kv) and Kᵀ (d, kv) views of shared memory, the dQ GEMM's operands either way round
+        if const_expr(self.dq_swap):
+            tQrKt = mma_dq.make_fragment_A(wg_dq.partition_A(_swap01(sK)))
+            tQrdS = mma_dq.make_fragment_B(wg_dq.partition_B(_swap01(sdSt)))
+        else:
+            tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(_swap01(sdSt)))
+            tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(_swap01(sK)))
 
         acc_s_shape = thr_sdp.partition_shape_C((bn, bm))
         acc_kv_shape = thr_dkv.partition_shape_C((bn, d))
-        acc_dq_shape = thr_dq.partition_shape_C((bm, d))
+        dq_tile = (d, bm) if const_expr(self.dq_swap) else (bm, d)
+        acc_dq_shape = thr_dq.partition_shape_C(dq_tile)
         acc_dk = cute.make_rmem_tensor(acc_kv_shape, Float32)
         acc_dv = cute.make_rmem_tensor(acc_kv_shape, Float32)
         # coordinates (kv row, query row) of this thread's Sᵀ elements, for the sequence mask
@@ -481,8 +501,9 @@ class GdpaBwdSm90:
         stsm = cute.make_copy_atom(StMatrix8x8x16bOp(transpose=self.DS_KMAJOR, num_matrices=4), self.dtype)
         thr_stsm = cute.make_tiled_copy_C(stsm, mma_sdp).get_slice(tidx)
         tRsdS = thr_stsm.partition_D(sdSt)
-        tQsdQ = thr_dq.partition_C(sdQ)
-        cDQ = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
+        # the staging tile (q, d) as the accumulator sees it: (d, q) with the swap
+        tQsdQ = thr_dq.partition_C(_swap01(sdQ) if const_expr(self.dq_swap) else sdQ)
+        cDQ = thr_dq.partition_C(cute.make_identity_tensor(dq_tile))
         W = mdQ.shape[1]  # elements per token row of dQ
         cKV = thr_epi.partition_C(cute.make_identity_tensor((bn, d)))
 
@@ -537,7 +558,10 @@ class GdpaBwdSm90:
                         cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=256)
                         acc_dq = cute.make_rmem_tensor(acc_dq_shape, Float32)
                         warpgroup.fence()
-                        self._gemm(mma_dq, acc_dq, tQrdS[None, None, None, buf], tQrKt, zero=True)
+                        if const_expr(self.dq_swap):
+                            self._gemm(mma_dq, acc_dq, tQrKt, tQrdS[None, None, None, buf], zero=True)
+                        else:
+                            self._gemm(mma_dq, acc_dq, tQrdS[None, None, None, buf], tQrKt, zero=True)
                         warpgroup.commit_group()
                         self._gemm(mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False)
                         warpgroup.commit_group()
@@ -552,6 +576,8 @@ class GdpaBwdSm90:
                             col0 = (hk * group + g) * d
                             for i in cutlass.range_constexpr(cute.size(acc_dq)):
                                 r, c = cDQ[i]
+                                if const_expr(self.dq_swap):
+                                    r, c = c, r
                                 if r < q_valid:
                                     off = (row0 + r).to(cutlass.Int64) * W + col0 + c
                                     cute.arch.red(
