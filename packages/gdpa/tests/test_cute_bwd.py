@@ -168,3 +168,19 @@ def test_cute_runtime_tensors_accept_inputs_that_require_grad():
     x = torch.zeros(64, 2, 64, dtype=torch.bfloat16, requires_grad=True)
     r = bwd_sm90._rows(x)
     assert ctypes.c_uint64.from_address(r.__c_pointers__()[0]).value == x.data_ptr()
+
+
+def test_compile_cache_keys_on_the_build_switches(monkeypatch):
+    """A switch changed in the process builds anew instead of returning the kernel built before."""
+    import torch
+
+    from ads_gdpa.cute import bwd_sm90
+
+    builds = []
+    monkeypatch.setattr(bwd_sm90, "_COMPILED", {})
+    monkeypatch.setattr(bwd_sm90.cute, "compile", lambda kernel, *a: builds.append(kernel.bm) or object())
+    first = bwd_sm90.compiled(torch.bfloat16, 128, 3)
+    assert bwd_sm90.compiled(torch.bfloat16, 128, 3) is first
+    monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "BLOCK_M", 80)
+    assert bwd_sm90.compiled(torch.bfloat16, 128, 3) is not first
+    assert builds == [64, 80]

@@ -650,9 +650,17 @@ def _fake_vec():
     return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
 
 
+_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "BLOCK_M", "DQ_SWAPAB")
+
+
+def _switches() -> tuple:
+    return tuple(getattr(GdpaBwdSm90, name) for name in _SWITCHES)
+
+
 def compiled(dtype: torch.dtype, head_dim: int, act: int):
-    """The kernel for one configuration, compiled on first use (explicit key: dtype, D, activation)."""
-    key = (dtype, head_dim, act)
+    """The kernel for one configuration, compiled on first use (explicit key: dtype, D, activation
+    and the build switches' values, so a switch changed in the process builds anew)."""
+    key = (dtype, head_dim, act, _switches())
     fn = _COMPILED.get(key)
     if fn is None:
         cdt = _DTYPES[dtype]
