@@ -7,8 +7,10 @@ runs the default build if it failed, then the first good build runs the GPU case
 sparsity 1.0 and 0.5, fast_gelu, medians of ``ads_kernel_tools.bench.time_fn``).
 ``python tests/cute_probe.py run VARIANT smoke|all|ab [ACT]`` runs one build (``ab``: smoke cases and
 the A/B timing, no matrix). ``python tests/cute_probe.py compare VARIANT ...`` runs ``ab`` for each
-build in its own process (the compile cache does not key on the switches). Output lines start with
-the build's name.
+build in its own process. ``python tests/cute_probe.py profile [VARIANT]`` launches the Gluon and the
+CuTe backward once each on the A/B shape at B=264 (after compiling), for a profiler:
+``ncu --set full -k regex:"gdpa_bwd_ws|GdpaBwdSm90" -c 2 -o bwd python tests/cute_probe.py profile``.
+Output lines start with the build's name.
 """
 
 from __future__ import annotations
@@ -127,6 +129,29 @@ def _ab_one(name: str, cute_bwd, sparsity: float) -> None:
           f"max |cute - gluon| / max |gluon| dq/dk/dv {rel}", flush=True)  # fmt: skip
 
 
+def _profile(name: str) -> int:
+    from ads_gdpa.cute import bwd_sm90 as cb
+    from ads_gdpa.gluon.bwd_sm90 import gdpa_bwd_gluon
+    from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
+
+    for key, value in VARIANTS[name].items():
+        setattr(cb.GdpaBwdSm90, key, value)
+    B, H, D = 264, 4, 128
+    lens = jagged_lengths(B, 2048, 1.0, seed=0)
+    cu = lengths_to_offsets(lens, device="cuda")
+    T = sum(lens)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k = ((torch.randn(T, H, D, generator=g, device="cuda") * D**-0.25).to(torch.bfloat16) for _ in "qk")
+    v, do = (torch.randn(T, H, D, generator=g, device="cuda").to(torch.bfloat16) for _ in "vo")
+    cb.compiled(torch.bfloat16, D, 3)
+    for fn in (gdpa_bwd_gluon, cb.gdpa_bwd_cute):
+        dq = torch.zeros(T, H, D, dtype=torch.float32, device="cuda")
+        fn(do, q, k, v, cu, cu, 2048, 2048, 3, 1.0, dq, torch.empty_like(k), torch.empty_like(v))
+        torch.cuda.synchronize()
+    print(f"[{name}] profile: one launch of each backward done", flush=True)
+    return 0
+
+
 def _bisect() -> int:
     here = os.path.abspath(__file__)
     good = None
@@ -179,4 +204,6 @@ if __name__ == "__main__":
         sys.exit(_bisect())
     if sys.argv[1] == "compare":
         sys.exit(_compare(sys.argv[2:]))
+    if sys.argv[1] == "profile":
+        sys.exit(_profile(sys.argv[2] if len(sys.argv) > 2 else "default"))
     sys.exit(_run(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 3))
