@@ -39,6 +39,10 @@ VARIANTS = {
     # FA3/FA4's 80-row step at D=128 (dQ computed transposed), and the transposed dQ alone at 64 rows
     "m80": {"BLOCK_M": 80},
     "swap64": {"DQ_SWAPAB": True},
+    # dQ reductions issued by each consumer warpgroup itself (no dQ warp, no coupling of the two
+    # warpgroups' staging through it), at 64 and 80 rows
+    "wgdq": {"DQ_MODE": "wg"},
+    "m80_wgdq": {"BLOCK_M": 80, "DQ_MODE": "wg"},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),

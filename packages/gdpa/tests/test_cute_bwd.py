@@ -73,8 +73,10 @@ _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
         ([("bfloat16", 128, 3), ("float16", 128, 10)], {"BLOCK_M": 80}, _TENSOR_REDUCE),
         ([("bfloat16", 128, 3)], {"BLOCK_M": 80, "DQ_MODE": "bulk"}, _ROW_REDUCE),
         ([("bfloat16", 128, 3)], {"DQ_SWAPAB": True}, _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3), ("float16", 64, 3)], {"DQ_MODE": "wg"}, _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3)], {"BLOCK_M": 80, "DQ_MODE": "wg"}, _TENSOR_REDUCE),
     ],
-    ids=["bf16-d128", "more", "fa4like", "m80", "m80-bulk", "swap64"],
+    ids=["bf16-d128", "more", "fa4like", "m80", "m80-bulk", "swap64", "wgdq", "m80-wgdq"],
 )
 def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
     """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, dSᵀ by stmatrix,
@@ -95,13 +97,16 @@ def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce
 
 
 @pytest.mark.parametrize(
-    "switches, wgmma, tanh", [({}, 32, 32), ({"BLOCK_M": 80}, 34, 40)], ids=["m64", "m80"]
+    "switches, wgmma, tanh",
+    [({}, 32, 32), ({"BLOCK_M": 80}, 34, 40), ({"DQ_MODE": "wg"}, 32, 32)],
+    ids=["m64", "m80", "wgdq"],
 )
 def test_cute_step_loop_sass(switches, wgmma, tanh):
     """The query-step loop's SASS (offline sm_90a build, nvdisasm): every GEMM of the step inside it,
     no local memory (dSᵀ by stmatrix; one 4-byte store per value pair spilled 21 STL/LDL per step
     there), and dQ issued before dK after the dSᵀ barrier, so the dQ staging runs under dK; at 80
-    rows too (dV and dK take five k-steps, the transposed dQ eight)."""
+    rows too (dV and dK take five k-steps, the transposed dQ eight), and with the warpgroups issuing
+    their own dQ reductions."""
     sys.path.insert(0, str(Path(__file__).parent))
     import cute_sass
 
@@ -115,6 +120,8 @@ def test_cute_step_loop_sass(switches, wgmma, tanh):
     assert f["local"] == 0, f
     k_steps = switches.get("BLOCK_M", 64) // 16
     assert re.search(rf"G{k_steps} B G8 G{k_steps} W1", f["order"]), f["order"]
+    if switches.get("DQ_MODE") == "wg":  # no arrive for a dQ warp: the warpgroup's own two barriers
+        assert f["order"].endswith("W1 B B W0"), f["order"]
 
 
 def test_cute_runtime_tensors_match_the_compiled_signature():

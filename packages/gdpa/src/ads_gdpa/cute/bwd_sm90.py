@@ -101,8 +101,11 @@ class GdpaBwdSm90:
     """One compiled configuration: dtype, head dim, activation (compile-time constants).
 
     Class attributes are build switches for bisecting on the GPU: ``REGS`` the (producer, consumer)
-    register split or None for none; ``DQ_MODE`` "tma" (bulk tensor reductions by the dQ warp), "bulk"
-    (the dQ warp's lanes add the staged rows one plain bulk reduction each, no tensor map), "atomic"
+    register split or None for none; ``DQ_MODE`` "tma" (bulk tensor reductions by the dQ warp), "wg"
+    (the same reductions issued by one thread of each consumer warpgroup, no dQ warp: a warpgroup
+    waits only for its own previous reduction, never for the other warpgroup's staging, as in the
+    Gluon kernel), "bulk" (the dQ warp's lanes add the staged rows one plain bulk reduction each,
+    no tensor map), "atomic"
     (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for measuring);
     ``L2_HINT`` None (the DSL's default cache-policy operand, 0) or a policy word for every TMA
     instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000); ``DS_KMAJOR`` stores dS key-major
@@ -336,7 +339,7 @@ class GdpaBwdSm90:
             self._consume(
                 tidx - 128, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo,
                 pipe_kv, mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv,
-                group, scale,
+                group, scale, tma_dq, tdQ,
             )  # fmt: skip
 
     @cute.jit
@@ -430,7 +433,6 @@ class GdpaBwdSm90:
             while n * bn < lk:
                 for g in cutlass.range(group, unroll=1):
                     h = hk * group + g
-                    gdQ = cute.local_tile(cute.domain_offset((q0, 0), tdQ), (bm, dh), (None, None))
                     for m in cutlass.range(n_m, unroll=1):
                         for w in cutlass.range_constexpr(2):
                             # the buffer of warpgroup w is free once the older of the two reductions in
@@ -440,10 +442,7 @@ class GdpaBwdSm90:
                         for w in cutlass.range_constexpr(2):
                             cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                             if const_expr(self.DQ_MODE == "tma"):
-                                tS, tG = _tma_tiles(
-                                    tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w]
-                                )
-                                cute.copy(tma_dq, tS, tG, **self._hint())
+                                self._reduce_dq(tma_dq, tdQ, sdQ_boxes, q0, m, h, w)
                             else:
                                 for rr in cutlass.range_constexpr((bm + 31) // 32):
                                     r = lane + 32 * rr
@@ -462,9 +461,14 @@ class GdpaBwdSm90:
     def _consume(
         self, tidx, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo, pipe_kv,
         mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group, scale,
+        tma_dq, tdQ,
     ):  # fmt: skip
-        bm, bn, d = self.bm, self.bn, self.d
+        bm, bn, d, dh = self.bm, self.bn, self.d, self.dh
         wg = cute.arch.make_warp_uniform(tidx // 128)
+        # the warp that issues and waits for this warpgroup's dQ reductions (DQ_MODE "wg"): a whole
+        # warp, since the DSL's TMA copy elects its issuing lane with a full-warp elect.sync
+        wg_lead = tidx % 128 < 32
+        sdQ_boxes = cute.make_tensor(sdQ.iterator, cute.make_layout((bm, dh, 2), stride=(dh, 1, bm * dh)))
         wg_first = cute.make_layout(2, stride=128)(wg)  # first thread of this warpgroup
         thr_sdp = mma_sdp.get_slice(tidx)
         wg_sdp = mma_sdp.get_slice(wg_first)
@@ -571,6 +575,18 @@ class GdpaBwdSm90:
                             cute.autovec_copy(acc_dq, tQsdQ)
                             cute.arch.fence_view_async_shared()
                             cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=160)
+                        elif const_expr(self.DQ_MODE == "wg"):
+                            # the lead warp's previous reduction has read this warpgroup's buffer
+                            if wg_lead:
+                                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                            cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=128)
+                            cute.autovec_copy(acc_dq, tQsdQ)
+                            cute.arch.fence_view_async_shared()
+                            cute.arch.barrier(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=128)
+                            if wg_lead:
+                                h = hk * group + g
+                                self._reduce_dq(tma_dq, tdQ, sdQ_boxes, q0, m, h, wg)
+                                cute.arch.cp_async_bulk_commit_group()
                         elif const_expr(self.DQ_MODE == "atomic"):
                             row0 = q0 + m * bm
                             col0 = (hk * group + g) * d
@@ -598,6 +614,17 @@ class GdpaBwdSm90:
                 self._store_kv(thr_epi, acc_dv, mdV, cKV, k0 + n * bn, kv_valid, hk)
                 n += n_slots
             t += n_ctas
+        if const_expr(self.DQ_MODE == "wg"):
+            if wg_lead:  # shared memory must outlive the last reduction's read
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _reduce_dq(self, tma_dq, tdQ, sdQ_boxes, q0, m, h, w):
+        """Add warpgroup w's staged dQ box (query step m, head h, D half w) to the fp32 accumulator
+        with one bulk tensor reduction (the calling thread's bulk group tracks it)."""
+        gdQ = cute.local_tile(cute.domain_offset((q0, 0), tdQ), (self.bm, self.dh), (None, None))
+        tS, tG = _tma_tiles(tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w])
+        cute.copy(tma_dq, tS, tG, **self._hint())
 
     def _hint(self) -> dict:
         return {} if self.L2_HINT is None else {"cache_policy": cutlass.Int64(self.L2_HINT)}
