@@ -43,6 +43,9 @@ VARIANTS = {
     # warpgroups' staging through it), at 64 and 80 rows
     "wgdq": {"DQ_MODE": "wg"},
     "m80_wgdq": {"BLOCK_M": 80, "DQ_MODE": "wg"},
+    # dK/dV stored as 4-byte column pairs (the per-tile epilogue), alone and with the others
+    "pairs": {"EPI_PAIRS": True},
+    "m80_wgdq_pairs": {"BLOCK_M": 80, "DQ_MODE": "wg", "EPI_PAIRS": True},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),

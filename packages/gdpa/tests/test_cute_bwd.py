@@ -75,8 +75,9 @@ _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
         ([("bfloat16", 128, 3)], {"DQ_SWAPAB": True}, _TENSOR_REDUCE),
         ([("bfloat16", 128, 3), ("float16", 64, 3)], {"DQ_MODE": "wg"}, _TENSOR_REDUCE),
         ([("bfloat16", 128, 3)], {"BLOCK_M": 80, "DQ_MODE": "wg"}, _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3), ("float16", 64, 10)], {"EPI_PAIRS": True}, _TENSOR_REDUCE),
     ],
-    ids=["bf16-d128", "more", "fa4like", "m80", "m80-bulk", "swap64", "wgdq", "m80-wgdq"],
+    ids=["bf16-d128", "more", "fa4like", "m80", "m80-bulk", "swap64", "wgdq", "m80-wgdq", "pairs"],
 )
 def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
     """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, dSᵀ by stmatrix,
@@ -122,6 +123,27 @@ def test_cute_step_loop_sass(switches, wgmma, tanh):
     assert re.search(rf"G{k_steps} B G8 G{k_steps} W1", f["order"]), f["order"]
     if switches.get("DQ_MODE") == "wg":  # no arrive for a dQ warp: the warpgroup's own two barriers
         assert f["order"].endswith("W1 B B W0"), f["order"]
+
+
+def test_cute_dkdv_store_sass():
+    """The dK/dV epilogue's global stores (offline sm_90a builds): 128 two-byte stores per thread and
+    tile by default, each under its own branch; 64 four-byte ones with ``EPI_PAIRS``, under one
+    bound check per row."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import cute_sass
+
+    try:
+        cute_sass.nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    ops = {}
+    for name, switches in (("default", {}), ("pairs", {"EPI_PAIRS": True})):
+        ins = cute_sass.parse(cute_sass.build_sass(switches))
+        ops[name] = [re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for _, i in ins]
+    stores = {name: sorted({op for op in o if op.startswith("STG")}) for name, o in ops.items()}
+    assert stores == {"default": ["STG.E.U16"], "pairs": ["STG.E"]}, stores
+    assert ops["default"].count("STG.E.U16") == 128 and ops["pairs"].count("STG.E") == 64
+    assert ops["default"].count("BRA") - ops["pairs"].count("BRA") >= 60
 
 
 def test_cute_runtime_tensors_match_the_compiled_signature():

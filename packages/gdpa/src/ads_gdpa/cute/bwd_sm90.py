@@ -113,7 +113,10 @@ class GdpaBwdSm90:
     ``BLOCK_M`` the query rows per step (64, or 80 at D=128: FA3/FA4's sm90 step; any multiple of 16
     that fits), and ``DQ_SWAPAB`` whether dQ is computed transposed, dQᵀ = Kᵀ dSᵀ (M = D split over
     the warpgroups, N = the step's query rows), which a step that is not a multiple of 64 rows needs
-    (wgmma's M is 64 per warpgroup); None picks it exactly then.
+    (wgmma's M is 64 per warpgroup); None picks it exactly then; ``EPI_PAIRS`` stores dK and dV
+    with one bound check per row and two adjacent columns per 4-byte store, instead of a bound check
+    and a 2-byte store per element (128 per thread and tile, about 1,500 instructions per warp: two
+    64-row steps' worth).
 
     dSᵀ goes to shared memory by ``stmatrix`` (four per thread and step): one 4-byte store per
     value pair kept 16 swizzled addresses live across the step and spilled them inside the loop.
@@ -129,6 +132,7 @@ class GdpaBwdSm90:
     DS_KMAJOR = False
     BLOCK_M = BLOCK_M
     DQ_SWAPAB: bool | None = None
+    EPI_PAIRS = False
 
     def __init__(self, dtype, head_dim: int, act: int):
         self.dtype = dtype
@@ -657,9 +661,19 @@ class GdpaBwdSm90:
         tOut = thr_dkv.partition_C(gOut)
         r_out = cute.make_rmem_tensor(acc.shape, self.dtype)
         r_out.store(acc.load().to(self.dtype))
-        for i in cutlass.range(cute.size(r_out), unroll_full=True):
-            if cKV[i][0] < kv_valid:
-                tOut[i] = r_out[i]
+        if const_expr(self.EPI_PAIRS):
+            # A thread's fragment ((2, 2, D/8), 1, 1) holds two rows (the middle mode), each as D/8
+            # pairs of adjacent columns: one bound check per row, one 4-byte store per pair.
+            r_pairs = cute.recast_tensor(r_out, Int32)
+            o_pairs = cute.recast_tensor(tOut, Int32)
+            for ri in cutlass.range_constexpr(2):
+                if cKV[(0, ri, 0), 0, 0][0] < kv_valid:
+                    for j in cutlass.range_constexpr(self.d // 8):
+                        o_pairs[(0, ri, j), 0, 0] = r_pairs[(0, ri, j), 0, 0]
+        else:
+            for i in cutlass.range(cute.size(r_out), unroll_full=True):
+                if cKV[i][0] < kv_valid:
+                    tOut[i] = r_out[i]
 
 
 _DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
@@ -677,7 +691,7 @@ def _fake_vec():
     return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
 
 
-_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "BLOCK_M", "DQ_SWAPAB")
+_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "BLOCK_M", "DQ_SWAPAB", "EPI_PAIRS")
 
 
 def _switches() -> tuple:
