@@ -102,7 +102,7 @@ class GdpaBwdSm90:
 
     Class attributes are build switches for bisecting on the GPU: ``REGS`` the (producer, consumer)
     register split or None for none; ``DQ_MODE`` "tma" (bulk tensor reductions by the dQ warp), "wg"
-    (the same reductions issued by one thread of each consumer warpgroup, no dQ warp: a warpgroup
+    (the same reductions issued by one warp of each consumer warpgroup, no dQ warp: a warpgroup
     waits only for its own previous reduction, never for the other warpgroup's staging, as in the
     Gluon kernel), "bulk" (the dQ warp's lanes add the staged rows one plain bulk reduction each,
     no tensor map), "atomic"
