@@ -102,18 +102,26 @@ def _ab(name: str, cute_bwd) -> None:
         torch.cuda.empty_cache()
 
 
-def _ab_one(name: str, cute_bwd, sparsity: float) -> None:
-    from ads_gdpa.gluon.bwd_sm90 import gdpa_bwd_gluon
-    from ads_kernel_tools.bench.timing import time_fn
+def _ab_inputs(B: int, sparsity: float):
+    """The A/B problem (H=4, D=128, max 2048, bf16): lengths, offsets and q, k, v, dO."""
     from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
 
-    B, H, D = 1152, 4, 128
+    H, D = 4, 128
     lens = jagged_lengths(B, 2048, sparsity, seed=0)
     cu = lengths_to_offsets(lens, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     T = sum(lens)
     q, k = ((torch.randn(T, H, D, generator=g, device="cuda") * D**-0.25).to(torch.bfloat16) for _ in "qk")
     v, do = (torch.randn(T, H, D, generator=g, device="cuda").to(torch.bfloat16) for _ in "vo")
+    return lens, cu, q, k, v, do
+
+
+def _ab_one(name: str, cute_bwd, sparsity: float) -> None:
+    from ads_gdpa.gluon.bwd_sm90 import gdpa_bwd_gluon
+    from ads_kernel_tools.bench.timing import time_fn
+
+    lens, cu, q, k, v, do = _ab_inputs(1152, sparsity)
+    T, H, D = q.shape
     flop = 2.5 * 4 * H * D * sum(n * n for n in lens)
     ms, grads = {}, {}
     for kname, fn in (("gluon", gdpa_bwd_gluon), ("cute", cute_bwd)):
@@ -139,17 +147,11 @@ def _ab_one(name: str, cute_bwd, sparsity: float) -> None:
 def _profile(name: str) -> int:
     from ads_gdpa.cute import bwd_sm90 as cb
     from ads_gdpa.gluon.bwd_sm90 import gdpa_bwd_gluon
-    from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
 
     for key, value in VARIANTS[name].items():
         setattr(cb.GdpaBwdSm90, key, value)
-    B, H, D = 264, 4, 128
-    lens = jagged_lengths(B, 2048, 1.0, seed=0)
-    cu = lengths_to_offsets(lens, device="cuda")
-    T = sum(lens)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k = ((torch.randn(T, H, D, generator=g, device="cuda") * D**-0.25).to(torch.bfloat16) for _ in "qk")
-    v, do = (torch.randn(T, H, D, generator=g, device="cuda").to(torch.bfloat16) for _ in "vo")
+    _, cu, q, k, v, do = _ab_inputs(264, 1.0)
+    T, H, D = q.shape
     cb.compiled(torch.bfloat16, D, 3)
     for fn in (gdpa_bwd_gluon, cb.gdpa_bwd_cute):
         dq = torch.zeros(T, H, D, dtype=torch.float32, device="cuda")

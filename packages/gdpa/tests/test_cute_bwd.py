@@ -61,6 +61,21 @@ for dtype, d, act in {configs}:
     bwd_sm90.compiled(getattr(torch, dtype), d, act)
 """
 _TENSOR_REDUCE = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
+
+
+@pytest.fixture
+def cute_sass():
+    """``tests/cute_sass.py`` (offline SASS of a build), or a skip where nvdisasm is missing."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import cute_sass
+
+    try:
+        cute_sass.nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return cute_sass
+
+
 _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
 
 
@@ -102,19 +117,12 @@ def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce
     [({}, 32, 32), ({"BLOCK_M": 80}, 34, 40), ({"DQ_MODE": "wg"}, 32, 32)],
     ids=["m64", "m80", "wgdq"],
 )
-def test_cute_step_loop_sass(switches, wgmma, tanh):
+def test_cute_step_loop_sass(cute_sass, switches, wgmma, tanh):
     """The query-step loop's SASS (offline sm_90a build, nvdisasm): every GEMM of the step inside it,
     no local memory (dSᵀ by stmatrix; one 4-byte store per value pair spilled 21 STL/LDL per step
     there), and dQ issued before dK after the dSᵀ barrier, so the dQ staging runs under dK; at 80
     rows too (dV and dK take five k-steps, the transposed dQ eight), and with the warpgroups issuing
     their own dQ reductions."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import cute_sass
-
-    try:
-        cute_sass.nvdisasm()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
     (loop,) = cute_sass.step_loops(cute_sass.parse(cute_sass.build_sass(switches)))
     f = cute_sass.figures(loop)
     assert f["wgmma"] == wgmma and f["tanh"] == tanh, f
@@ -125,17 +133,10 @@ def test_cute_step_loop_sass(switches, wgmma, tanh):
         assert f["order"].endswith("W1 B B W0"), f["order"]
 
 
-def test_cute_dkdv_store_sass():
+def test_cute_dkdv_store_sass(cute_sass):
     """The dK/dV epilogue's global stores (offline sm_90a builds): 128 two-byte stores per thread and
     tile by default, each under its own branch; 64 four-byte ones with ``EPI_PAIRS``, under one
     bound check per row."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import cute_sass
-
-    try:
-        cute_sass.nvdisasm()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
     ops = {}
     for name, switches in (("default", {}), ("pairs", {"EPI_PAIRS": True})):
         ins = cute_sass.parse(cute_sass.build_sass(switches))

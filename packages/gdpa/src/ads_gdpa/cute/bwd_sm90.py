@@ -428,7 +428,7 @@ class GdpaBwdSm90:
         bm, bn, dh = self.bm, self.bn, self.dh
         lane = cute.arch.lane_idx()
         total_q, W = mdQ.shape
-        sdQ_boxes = cute.make_tensor(sdQ.iterator, cute.make_layout((bm, dh, 2), stride=(dh, 1, bm * dh)))
+        sdQ_boxes = self._dq_boxes(sdQ)
         t = block
         while t < count:
             hk, slot, q0, lq_eff, k0, lk = self._tile(mTiles, mCuQ, mCuK, t, n_slots, h_kv, max_seqlen_q)
@@ -467,12 +467,12 @@ class GdpaBwdSm90:
         mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group, scale,
         tma_dq, tdQ,
     ):  # fmt: skip
-        bm, bn, d, dh = self.bm, self.bn, self.d, self.dh
+        bm, bn, d = self.bm, self.bn, self.d
         wg = cute.arch.make_warp_uniform(tidx // 128)
         # the warp that issues and waits for this warpgroup's dQ reductions (DQ_MODE "wg"): a whole
         # warp, since the DSL's TMA copy elects its issuing lane with a full-warp elect.sync
         wg_lead = tidx % 128 < 32
-        sdQ_boxes = cute.make_tensor(sdQ.iterator, cute.make_layout((bm, dh, 2), stride=(dh, 1, bm * dh)))
+        sdQ_boxes = self._dq_boxes(sdQ)
         wg_first = cute.make_layout(2, stride=128)(wg)  # first thread of this warpgroup
         thr_sdp = mma_sdp.get_slice(tidx)
         wg_sdp = mma_sdp.get_slice(wg_first)
@@ -621,6 +621,12 @@ class GdpaBwdSm90:
         if const_expr(self.DQ_MODE == "wg"):
             if wg_lead:  # shared memory must outlive the last reduction's read
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _dq_boxes(self, sdQ: cute.Tensor) -> cute.Tensor:
+        """The dQ staging tile as its two (rows, D/2) boxes, one per consumer warpgroup: (r, c, w)."""
+        bm, dh = self.bm, self.dh
+        return cute.make_tensor(sdQ.iterator, cute.make_layout((bm, dh, 2), stride=(dh, 1, bm * dh)))
 
     @cute.jit
     def _reduce_dq(self, tma_dq, tdQ, sdQ_boxes, q0, m, h, w):
