@@ -78,6 +78,8 @@ def _cases():
         dict(lens_q=[300, 0, 5, 700, 129], lens_k=[17, 50, 0, 900, 129], act=A.FAST_GELU, max_q=130),
         dict(lens_q=RAGGED, lens_k=RAGGED, act=A.FAST_GELU, D=64),
         dict(lens_q=RAGGED, lens_k=RAGGED_K, act=A.FAST_GELU, dtype=torch.float16),
+        # the scale users pass upstream, 1/max_seqlen, with inputs at unit magnitude
+        dict(lens_q=RAGGED, lens_k=RAGGED_K, act=A.FAST_GELU, scale=1.0 / max(RAGGED_K)),
     ]
     for a in (
         A.RAW,
