@@ -9,7 +9,7 @@ import torch
 from fa4_testlib import count_calls
 from test_bwd_broadcast import LK, _check
 
-from lp_fa4 import broadcast, interface
+from lp_fa4 import broadcast, interface, offsets
 from lp_fa4 import config as cfg
 from lp_fa4.gluon import dispatch
 from lp_fa4.triton.launch import BIG
@@ -71,7 +71,7 @@ def test_repeat_offsets_without_sync():
     assert rep.shape == (12, 1, 2) and torch.equal(rep[9:], q)
     assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 6, 9, 12]
     # the cached dense offsets, which the Gluon forward trusts without a clamp
-    assert dispatch.repeat_queries(q, 4)[1] is cu and dispatch.dense_length(cu, 12) == 3
+    assert dispatch.repeat_queries(q, 4)[1] is cu and offsets.dense_length(cu, 12) == 3
 
 
 def test_repeat_plan_host_offsets(repeat_mode, monkeypatch, device):

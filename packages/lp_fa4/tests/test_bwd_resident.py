@@ -12,9 +12,8 @@ from fa4_testlib import count_calls
 from test_bwd_broadcast import LK, _check, _grads, _inputs
 
 from ads_kernel_tools.testing import jagged_lengths, randn
-from lp_fa4 import broadcast, jagged_attention
+from lp_fa4 import broadcast, jagged_attention, offsets
 from lp_fa4 import config as cfg
-from lp_fa4.gluon import dispatch
 from lp_fa4.triton import launch_bwd
 from lp_fa4.triton.launch import BIG
 
@@ -177,14 +176,14 @@ def test_resident_plan_through_compile(resident, device):
 
 
 def test_dense_keys_skip_the_clamp(resident, monkeypatch, device):
-    """Dense key offsets as built (``gluon.dispatch.batch_offsets``, trusted) reach the resident
+    """Dense key offsets as built (``offsets.batch_offsets``, trusted) reach the resident
     kernel without a clamp launch; the same values in a tensor of the caller's, and lying offsets,
     are clamped (one launch each); the first two give the same gradients."""
-    clamps = count_calls(monkeypatch, dispatch, "clamp_offsets")
+    clamps = count_calls(monkeypatch, offsets, "clamp_offsets")
     n_b, s = 4, 12
     q, k, v, cu_q, _ = _inputs(9, (s,) * n_b, 2, 2, 32, device)
     do = randn((n_b * 9, 2, 32), dtype=torch.bfloat16, device=device, seed=3)
-    dense = dispatch.batch_offsets(n_b, s, device)
+    dense = offsets.batch_offsets(n_b, s, device)
     trusted = _grads(q, k, v, cu_q, dense, 9, s, do, deterministic=False)[1]
     assert len(resident) == 1 and not clamps
     own = torch.tensor(dense.tolist(), dtype=torch.int32, device=device)

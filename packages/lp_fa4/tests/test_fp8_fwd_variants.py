@@ -18,7 +18,7 @@ from test_fp8 import (
 
 from ads_kernel_tools.compile_check import ptx_counts_batch
 from ads_kernel_tools.testing import randn
-from lp_fa4.gluon import dispatch
+from lp_fa4 import offsets
 
 VARIANTS = {
     "wg3": dict(FP8_WARPGROUPS=3),
@@ -46,7 +46,7 @@ def _launch(monkeypatch, device, fp8, b=2, s=256, h=4, d=128):
     monkeypatch.setattr(fwd_sm90, "attn_fwd_ws", Launch())
     dt = E4M3 if fp8 else torch.bfloat16
     q, k, v = (randn((b * s, h, d), dtype=torch.bfloat16, device=device, seed=i).to(dt) for i in range(3))
-    cu = dispatch.dense_offsets(b, s, device)
+    cu = offsets.dense_offsets(b, s, device)
     out = torch.empty(q.shape, dtype=torch.bfloat16, device=device)
     lse = torch.empty(b, h, s, device=device)
     descale = tuple(torch.ones(b, h, device=device) for _ in range(3)) if fp8 else None
@@ -75,7 +75,7 @@ def test_bad_warpgroups(device):
 
     q = torch.zeros(64, 2, 128, device=device).to(E4M3)
     one = torch.ones(1, 2, device=device)
-    cu = dispatch.dense_offsets(1, 64, device)
+    cu = offsets.dense_offsets(1, 64, device)
     with pytest.raises(ValueError, match="warpgroups"):
         fwd_sm90.fwd(q, q, q, cu, cu, None, None, 64, 64, 0.1, False, q.to(torch.bfloat16),
                      torch.empty(1, 2, 64, device=device), True, descale=(one, one, one),

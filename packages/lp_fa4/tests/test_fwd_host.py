@@ -10,8 +10,7 @@ import torch
 
 from ads_kernel_tools.kernels.transpose import kv_cols, v_kmajor_relabel
 from ads_kernel_tools.testing import lengths_to_offsets, randn
-from lp_fa4 import _ops, flash_attn_func
-from lp_fa4.gluon import dispatch
+from lp_fa4 import _ops, flash_attn_func, offsets
 
 E4M3 = torch.float8_e4m3fn
 
@@ -19,28 +18,28 @@ E4M3 = torch.float8_e4m3fn
 def test_dense_offsets_are_cached_and_trusted_only_as_built(device):
     """dense_offsets returns one tensor per (B, L, device) holding b·L; dense_length trusts exactly
     that tensor, unmodified, and only for a tensor of B·L rows."""
-    cu = dispatch.dense_offsets(3, 40, device)
-    assert cu is dispatch.dense_offsets(3, 40, device)
+    cu = offsets.dense_offsets(3, 40, device)
+    assert cu is offsets.dense_offsets(3, 40, device)
     assert cu.dtype == torch.int32 and cu.tolist() == [0, 40, 80, 120]
-    assert dispatch.dense_length(cu, 120) == 40
-    assert dispatch.dense_length(cu, 119) is None  # other rows: clamped like any offsets
-    assert dispatch.dense_length(cu.clone(), 120) is None  # equal values, not the built tensor
-    assert dispatch.dense_length(lengths_to_offsets([40] * 3, device=device), 120) is None
-    assert dispatch.dense_length(None, 0) is None
-    other = dispatch.dense_offsets(2, 7, device)
+    assert offsets.dense_length(cu, 120) == 40
+    assert offsets.dense_length(cu, 119) is None  # other rows: clamped like any offsets
+    assert offsets.dense_length(cu.clone(), 120) is None  # equal values, not the built tensor
+    assert offsets.dense_length(lengths_to_offsets([40] * 3, device=device), 120) is None
+    assert offsets.dense_length(None, 0) is None
+    other = offsets.dense_offsets(2, 7, device)
     other.add_(0)  # an in-place write (even a no-op) bumps the version: no longer trusted
-    assert dispatch.dense_length(other, 14) is None
+    assert offsets.dense_length(other, 14) is None
 
 
 def test_dense_offsets_cache_is_bounded(device, monkeypatch):
-    monkeypatch.setattr(dispatch, "_DENSE_MAX", 4)
-    monkeypatch.setattr(dispatch, "_DENSE", {})
-    monkeypatch.setattr(dispatch, "_DENSE_IDS", {})
-    first = dispatch.dense_offsets(1, 1, device)
+    monkeypatch.setattr(offsets, "_DENSE_MAX", 4)
+    monkeypatch.setattr(offsets, "_DENSE", {})
+    monkeypatch.setattr(offsets, "_DENSE_IDS", {})
+    first = offsets.dense_offsets(1, 1, device)
     for s in range(2, 10):
-        dispatch.dense_offsets(1, s, device)
-    assert len(dispatch._DENSE) == 4 and len(dispatch._DENSE_IDS) == 4
-    assert dispatch.dense_length(first, 1) is None  # evicted: clamped from then on
+        offsets.dense_offsets(1, s, device)
+    assert len(offsets._DENSE) == 4 and len(offsets._DENSE_IDS) == 4
+    assert offsets.dense_length(first, 1) is None  # evicted: clamped from then on
 
 
 @pytest.mark.parametrize("length", [64, 40, 1])
@@ -114,14 +113,14 @@ def _launch_args(monkeypatch, device, *, b, s, h, hkv, causal, trusted, fp8=Fals
         return run
 
     monkeypatch.setattr(fwd_sm90, "attn_fwd_ws", Launch())
-    monkeypatch.setattr(dispatch, "clamp_offsets", spy("clamp", dispatch.clamp_offsets))
+    monkeypatch.setattr(offsets, "clamp_offsets", spy("clamp", offsets.clamp_offsets))
     monkeypatch.setattr(fwd_sm90, "schedule", spy("schedule", fwd_sm90.schedule))
     d = 128
     dt = E4M3 if fp8 else torch.bfloat16
     q = randn((b * s, h, d), dtype=torch.bfloat16, device=device, seed=1).to(dt)
     k = randn((b * s, hkv, d), dtype=torch.bfloat16, device=device, seed=2).to(dt)
     v = randn((b * s, hkv, d), dtype=torch.bfloat16, device=device, seed=3).to(dt)
-    cu = dispatch.dense_offsets(b, s, device)
+    cu = offsets.dense_offsets(b, s, device)
     cu = cu if trusted else cu.clone()
     out = torch.empty(q.shape, dtype=torch.bfloat16, device=device)
     lse = torch.empty(b, h, s, device=device)
@@ -246,7 +245,7 @@ def test_dense_call_launches_less_and_matches_the_general_path(dtype, s, causal,
     else:
         q, k, v = src
     with monkeypatch.context() as mp:
-        _forbid(mp, dispatch, "clamp_offsets")
+        _forbid(mp, offsets, "clamp_offsets")
         _forbid(mp, fwd_sm90, "schedule")
         import ads_kernel_tools.kernels.transpose as tr
 

@@ -8,6 +8,7 @@ Options travel as plain ints/floats/bools; window sides are resolved (launch.BIG
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -22,7 +23,6 @@ from .triton import launch
 
 Tensor = torch.Tensor
 _EMPTY = (0,)
-_RESIDENT_BWD = 26  # lp_fa4::fwd's input resident_bwd (plain eager calls may pass fewer inputs)
 
 
 def _batches(cu_q: Tensor, cu_k: Tensor | None, broadcast_q: bool) -> int:
@@ -235,16 +235,31 @@ def _(
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsink
 
 
+# lp_fa4::fwd's inputs by name: positions and defaults from fwd_impl's signature (plain eager calls
+# may leave out the trailing defaulted ones)
+_FWD_PARAMS = tuple(inspect.signature(fwd_impl).parameters.values())
+_FWD_AT = {p.name: i for i, p in enumerate(_FWD_PARAMS)}
+_OPTS = ("max_q", "max_k", "scale", "softcap", "win_left", "win_right", "top_left", "broadcast_q",
+         "rows_cap", "lse_dense")  # fmt: skip
+_DESCALES = ("q_descale", "k_descale", "v_descale")
+
+
+def fwd_input(inputs, name: str):
+    """lp_fa4::fwd's input ``name`` from a call's positional ``inputs``."""
+    i = _FWD_AT[name]
+    return inputs[i] if i < len(inputs) else _FWD_PARAMS[i].default
+
+
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink = inputs[:9]
     out, lse = output
     ctx.paged = page_table is not None
-    descale = tuple(inputs[23:26]) + (None,) * (26 - max(len(inputs), 23))  # FP8 only
+    descale = tuple(fwd_input(inputs, n) for n in _DESCALES)  # FP8 only
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink, *descale)
-    ctx.opts = inputs[9:19]  # max_q .. lse_dense
-    ctx.deterministic = inputs[20]
-    ctx.host = tuple(inputs[21:23]) + (None,) * (23 - max(len(inputs), 21))
-    ctx.resident_bwd = len(inputs) > _RESIDENT_BWD and bool(inputs[_RESIDENT_BWD])
+    ctx.opts = tuple(fwd_input(inputs, n) for n in _OPTS)
+    ctx.deterministic = fwd_input(inputs, "deterministic")
+    ctx.host = (fwd_input(inputs, "host_q"), fwd_input(inputs, "host_k"))
+    ctx.resident_bwd = bool(fwd_input(inputs, "resident_bwd"))
     ctx.n_inputs = len(inputs)
 
 
@@ -312,7 +327,7 @@ def _needs_grad(inputs) -> bool:
     the sink, the FP8 descales) that requires grad."""
     if not torch.is_grad_enabled():
         return False
-    for t in inputs[:3] + (inputs[8],) + inputs[23:26]:  # a loop, not any(<genexpr>): every call
+    for t in inputs[:3] + (inputs[8],) + tuple(fwd_input(inputs, n) for n in _DESCALES):
         if t is not None and t.requires_grad:
             return True
     return False

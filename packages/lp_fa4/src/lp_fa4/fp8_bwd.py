@@ -39,8 +39,6 @@ Tensor = torch.Tensor
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 _SOURCE = "_lp_fa4_fp8_source"
-# lp_fa4::fwd's inputs: q, k, v at 0-2, the descales at 23-25
-_DESCALE_SLOTS = (23, 24, 25)
 
 
 def _row_batch(cu: Tensor, rows: int) -> Tensor:
@@ -152,11 +150,13 @@ def _dequantised_grads(ctx, dout, dlse):
 def _input_grads(needs, grads, fp8, descales, cus):
     """Gradients for lp_fa4::fwd's inputs (``needs`` = their needs_input_grad): the float8 leaves'
     chain rule dX·descale (autograd casts it to float8) and the descales' Σ dX·x8."""
+    from . import _ops
+
     res = [None] * len(needs)
     for i, (dx, x8, sc, cu) in enumerate(zip(grads, fp8, descales, cus)):
         if needs[i]:
             res[i] = dx.float() * _row_scales(sc, cu, x8.shape[0], x8.shape[1])[..., None]
-        j = _DESCALE_SLOTS[i]
+        j = _ops._FWD_AT[_ops._DESCALES[i]]
         if j < len(needs) and needs[j]:
             res[j] = _descale_grad(dx, x8, cu, sc.shape[1])
     return tuple(res)

@@ -27,7 +27,8 @@ from ._checks import (
     _scale,
     _score_options,
 )
-from .gluon.dispatch import batch_offsets, repeat_queries
+from .gluon.dispatch import repeat_queries
+from .offsets import batch_offsets
 from .triton.launch import BIG
 
 Tensor = torch.Tensor

@@ -65,7 +65,7 @@ from ads_kernel_tools.kernels.span_fill import zero_unwritten
 from ads_kernel_tools.kernels.tile_list import schedule
 
 from .. import config
-from .dispatch import kernel_offsets
+from ..offsets import kernel_offsets
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # keys per work item: 64 per consumer warpgroup

@@ -18,7 +18,7 @@ and with balanced groups at 8192 too, on the H200, BENCHMARKS.md) take no list: 
 walked in groups of (batch, head) pairs whose K/V fit in L2 and whose work spreads evenly over the
 programs (``lpt_group``), heaviest rank first across the group (``fwd``'s ``lpt``). Dense
 non-causal batches (all tiles equal) take no list either: the same walk with one pair per group is
-the list's order. The offsets of dense batches (``dispatch.dense_offsets``) are in range by
+the list's order. The offsets of dense batches (``offsets.dense_offsets``) are in range by
 construction and skip the clamp launch; a dense call then launches only the attention kernel (FP8:
 and V's copy).
 
@@ -75,7 +75,7 @@ from ads_kernel_tools.kernels.tile_list import schedule
 from ads_kernel_tools.kernels.transpose import v_kmajor_relabel
 
 from .. import config
-from .dispatch import dense_offsets, kernel_offsets
+from ..offsets import dense_offsets, kernel_offsets
 
 BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
 BLOCK_N = 128  # keys per step

@@ -10,7 +10,7 @@ import triton
 from ads_kernel_tools.kernels.span_fill import zero_unwritten
 
 from .. import config as cfg
-from ..gluon.dispatch import kernel_offsets
+from ..offsets import kernel_offsets
 from ._bwd import dkdv_kernel, dq_kernel, preprocess_kernel, reduce_chunks_kernel
 from ._bwd_resident import bq_resident_bwd_kernel
 from .launch import LOG2E, Problem, _allocator, _pad, _tma_ok
