@@ -36,16 +36,6 @@ VARIANTS = {
     "atomic": {"DQ_MODE": "atomic"},
     "noreg": {"REGS": None},
     "nodq": {"DQ_MODE": "none"},
-    # FA3/FA4's 80-row step at D=128 (dQ computed transposed), and the transposed dQ alone at 64 rows
-    "m80": {"BLOCK_M": 80},
-    "swap64": {"DQ_SWAPAB": True},
-    # dQ reductions issued by each consumer warpgroup itself (no dQ warp, no coupling of the two
-    # warpgroups' staging through it), at 64 and 80 rows
-    "wgdq": {"DQ_MODE": "wg"},
-    "m80_wgdq": {"BLOCK_M": 80, "DQ_MODE": "wg"},
-    # dK/dV stored as 4-byte column pairs (the per-tile epilogue), alone and with the others
-    "pairs": {"EPI_PAIRS": True},
-    "m80_wgdq_pairs": {"BLOCK_M": 80, "DQ_MODE": "wg", "EPI_PAIRS": True},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),
@@ -102,12 +92,12 @@ def _ab(name: str, cute_bwd) -> None:
         torch.cuda.empty_cache()
 
 
-def _ab_inputs(B: int, sparsity: float):
-    """The A/B problem (H=4, D=128, max 2048, bf16): lengths, offsets and q, k, v, dO."""
+def _ab_inputs(B: int, sparsity: float, max_len: int = 2048):
+    """The A/B problem (H=4, D=128, max 2048 unless said, bf16): lengths, offsets and q, k, v, dO."""
     from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
 
     H, D = 4, 128
-    lens = jagged_lengths(B, 2048, sparsity, seed=0)
+    lens = jagged_lengths(B, max_len, sparsity, seed=0)
     cu = lengths_to_offsets(lens, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     T = sum(lens)
@@ -144,18 +134,18 @@ def _ab_one(name: str, cute_bwd, sparsity: float) -> None:
           f"max |cute - gluon| / max |gluon| dq/dk/dv {rel}", flush=True)  # fmt: skip
 
 
-def _profile(name: str) -> int:
+def _profile(name: str, max_len: int = 2048) -> int:
     from ads_gdpa.cute import bwd_sm90 as cb
     from ads_gdpa.gluon.bwd_sm90 import gdpa_bwd_gluon
 
     for key, value in VARIANTS[name].items():
         setattr(cb.GdpaBwdSm90, key, value)
-    _, cu, q, k, v, do = _ab_inputs(264, 1.0)
+    _, cu, q, k, v, do = _ab_inputs(264 * 2048 // max_len, 1.0, max_len)
     T, H, D = q.shape
     cb.compiled(torch.bfloat16, D, 3)
     for fn in (gdpa_bwd_gluon, cb.gdpa_bwd_cute):
         dq = torch.zeros(T, H, D, dtype=torch.float32, device="cuda")
-        fn(do, q, k, v, cu, cu, 2048, 2048, 3, 1.0, dq, torch.empty_like(k), torch.empty_like(v))
+        fn(do, q, k, v, cu, cu, max_len, max_len, 3, 1.0, dq, torch.empty_like(k), torch.empty_like(v))
         torch.cuda.synchronize()
     print(f"[{name}] profile: one launch of each backward done", flush=True)
     return 0
@@ -214,5 +204,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "compare":
         sys.exit(_compare(sys.argv[2:]))
     if sys.argv[1] == "profile":
-        sys.exit(_profile(sys.argv[2] if len(sys.argv) > 2 else "default"))
+        sys.exit(_profile(sys.argv[2] if len(sys.argv) > 2 else "default", *map(int, sys.argv[3:4])))
     sys.exit(_run(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 3))

@@ -38,7 +38,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..bwd_plan import plan_kv_tiles
 from ._act import act_and_grad
 
-BLOCK_M = 64  # query rows per step (the BLOCK_M switch's default)
+BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
 STAGES = 2  # Q/dO ring depth
 
@@ -101,52 +101,36 @@ class GdpaBwdSm90:
     """One compiled configuration: dtype, head dim, activation (compile-time constants).
 
     Class attributes are build switches for bisecting on the GPU: ``REGS`` the (producer, consumer)
-    register split or None for none; ``DQ_MODE`` "tma" (bulk tensor reductions by the dQ warp), "wg"
-    (the same reductions issued by one warp of each consumer warpgroup, no dQ warp: a warpgroup
-    waits only for its own previous reduction, never for the other warpgroup's staging, as in the
-    Gluon kernel), "bulk" (the dQ warp's lanes add the staged rows one plain bulk reduction each,
-    no tensor map), "atomic"
-    (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for measuring);
-    ``L2_HINT`` None (the DSL's default cache-policy operand, 0) or a policy word for every TMA
-    instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000); ``DS_KMAJOR`` stores dS key-major
-    so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed;
-    ``BLOCK_M`` the query rows per step (64, or 80 at D=128: FA3/FA4's sm90 step; any multiple of 16
-    that fits), and ``DQ_SWAPAB`` whether dQ is computed transposed, dQᵀ = Kᵀ dSᵀ (M = D split over
-    the warpgroups, N = the step's query rows), which a step that is not a multiple of 64 rows needs
-    (wgmma's M is 64 per warpgroup); None picks it exactly then; ``EPI_PAIRS`` stores dK and dV
-    with one bound check per row and two adjacent columns per 4-byte store, instead of a bound check
-    and a 2-byte store per element (128 per thread and tile, about 1,500 instructions per warp: two
-    64-row steps' worth).
+    register split or None for none; ``DQ_MODE`` "tma" (bulk tensor reductions by the dQ warp),
+    "bulk" (the dQ warp's lanes add the staged rows one plain bulk reduction each, no tensor map),
+    "atomic" (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for
+    measuring); ``L2_HINT`` None (the DSL's default cache-policy operand, 0) or a policy word for
+    every TMA instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000); ``DS_KMAJOR`` stores dS
+    key-major so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed.
 
     dSᵀ goes to shared memory by ``stmatrix`` (four per thread and step): one 4-byte store per
     value pair kept 16 swizzled addresses live across the step and spilled them inside the loop.
     Both warpgroups meet at one barrier after writing their dSᵀ halves, then issue dQ and dK (dK
-    from registers), so the dQ staging runs under dK. Builds that read dSᵀ from shared memory for
-    dK, packed Pᵀ before the dPᵀ wait, split the dSᵀ exchange per warpgroup or ran a third Q/dO
-    stage were timed against this one and lost (BENCHMARKS.md).
+    from registers), so the dQ staging runs under dK. dK and dV leave registers with one bound
+    check per row and one 4-byte store per column pair: a check and a 2-byte store per element cost
+    about 1,500 instructions per warp and tile, two query steps' worth. Builds that read dSᵀ from
+    shared memory for dK, packed Pᵀ before the dPᵀ wait, split the dSᵀ exchange per warpgroup, ran
+    a third Q/dO stage, stepped 80 query rows (FA3/FA4's sm90 step at D=128, dQ computed
+    transposed) or issued the dQ reductions from the consumer warpgroups were timed against this
+    one and lost (BENCHMARKS.md).
     """
 
     REGS: tuple[int, int] | None = (24, 240)
     DQ_MODE = "tma"
     L2_HINT: int | None = None
     DS_KMAJOR = False
-    BLOCK_M = BLOCK_M
-    DQ_SWAPAB: bool | None = None
-    EPI_PAIRS = False
 
     def __init__(self, dtype, head_dim: int, act: int):
         self.dtype = dtype
         self.d = head_dim
         self.dh = head_dim // 2
         self.act = act
-        self.bm, self.bn, self.stages = self.BLOCK_M, BLOCK_N, STAGES
-        self.dq_swap = self.bm % 64 != 0 if self.DQ_SWAPAB is None else self.DQ_SWAPAB
-        if self.bm % 16 or not 16 <= self.bm <= 128:
-            raise ValueError(f"BLOCK_M={self.bm}: the step must be a multiple of 16 rows, 16 to 128")
-        if not self.dq_swap and self.bm % 64:
-            raise ValueError(f"BLOCK_M={self.bm}: dQ = dS K needs M a multiple of 64 (set DQ_SWAPAB)")
-        if self.dq_swap and head_dim != 128:
-            raise ValueError("the transposed dQ GEMM splits D = 128 over the two warpgroups (64 each)")
+        self.bm, self.bn, self.stages = BLOCK_M, BLOCK_N, STAGES
         self.buffer_align = 1024
 
     @cute.jit
@@ -188,17 +172,11 @@ class GdpaBwdSm90:
             for _ in range(2)
         )  # fmt: skip
         # dQ = dS K: M = the step's query rows, N = D split over the warpgroups, K = 128 kv rows; K is
-        # read N-major, dS M-major as stored (dSᵀ, query-contiguous) or K-major with DS_KMAJOR. With
-        # the swap, dQᵀ = Kᵀ dSᵀ: M = D split over the warpgroups (Kᵀ M-major), N = the query rows.
+        # read N-major, dS M-major as stored (dSᵀ, query-contiguous) or K-major with DS_KMAJOR
         ds_major = K_MAJOR if self.DS_KMAJOR else MN_MAJOR
-        if const_expr(self.dq_swap):
-            mma_dq = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, MN_MAJOR, ds_major, Float32, (2, 1, 1), (64, bm)
-            )
-        else:
-            mma_dq = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, ds_major, MN_MAJOR, Float32, (1, 2, 1), (64, dh)
-            )
+        mma_dq = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, ds_major, MN_MAJOR, Float32, (1, 2, 1), (64, dh)
+        )
 
         sQ_layout = _row_major_smem(self.dtype, bm, d, self.stages)
         sK_layout = _row_major_smem(self.dtype, bn, d, None)
@@ -343,7 +321,7 @@ class GdpaBwdSm90:
             self._consume(
                 tidx - 128, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo,
                 pipe_kv, mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv,
-                group, scale, tma_dq, tdQ,
+                group, scale,
             )  # fmt: skip
 
     @cute.jit
@@ -465,14 +443,9 @@ class GdpaBwdSm90:
     def _consume(
         self, tidx, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo, pipe_kv,
         mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group, scale,
-        tma_dq, tdQ,
     ):  # fmt: skip
         bm, bn, d = self.bm, self.bn, self.d
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        # the warp that issues and waits for this warpgroup's dQ reductions (DQ_MODE "wg"): a whole
-        # warp, since the DSL's TMA copy elects its issuing lane with a full-warp elect.sync
-        wg_lead = tidx % 128 < 32
-        sdQ_boxes = self._dq_boxes(sdQ)
         wg_first = cute.make_layout(2, stride=128)(wg)  # first thread of this warpgroup
         thr_sdp = mma_sdp.get_slice(tidx)
         wg_sdp = mma_sdp.get_slice(wg_first)
@@ -489,18 +462,13 @@ class GdpaBwdSm90:
         tSrdO = mma_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         tVrdOt = mma_dkv.make_fragment_B(wg_dkv.partition_B(_swap01(sdO)))
         tKrQt = mma_dkv.make_fragment_B(wg_dkv.partition_B(_swap01(sQ)))
-        # dS (q, kv) and Kᵀ (d, kv) views of shared memory, the dQ GEMM's operands either way round
-        if const_expr(self.dq_swap):
-            tQrKt = mma_dq.make_fragment_A(wg_dq.partition_A(_swap01(sK)))
-            tQrdS = mma_dq.make_fragment_B(wg_dq.partition_B(_swap01(sdSt)))
-        else:
-            tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(_swap01(sdSt)))
-            tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(_swap01(sK)))
+        # dS (q, kv) and Kᵀ (d, kv) views of shared memory, the dQ GEMM's operands
+        tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(_swap01(sdSt)))
+        tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(_swap01(sK)))
 
         acc_s_shape = thr_sdp.partition_shape_C((bn, bm))
         acc_kv_shape = thr_dkv.partition_shape_C((bn, d))
-        dq_tile = (d, bm) if const_expr(self.dq_swap) else (bm, d)
-        acc_dq_shape = thr_dq.partition_shape_C(dq_tile)
+        acc_dq_shape = thr_dq.partition_shape_C((bm, d))
         acc_dk = cute.make_rmem_tensor(acc_kv_shape, Float32)
         acc_dv = cute.make_rmem_tensor(acc_kv_shape, Float32)
         # coordinates (kv row, query row) of this thread's Sᵀ elements, for the sequence mask
@@ -509,9 +477,8 @@ class GdpaBwdSm90:
         stsm = cute.make_copy_atom(StMatrix8x8x16bOp(transpose=self.DS_KMAJOR, num_matrices=4), self.dtype)
         thr_stsm = cute.make_tiled_copy_C(stsm, mma_sdp).get_slice(tidx)
         tRsdS = thr_stsm.partition_D(sdSt)
-        # the staging tile (q, d) as the accumulator sees it: (d, q) with the swap
-        tQsdQ = thr_dq.partition_C(_swap01(sdQ) if const_expr(self.dq_swap) else sdQ)
-        cDQ = thr_dq.partition_C(cute.make_identity_tensor(dq_tile))
+        tQsdQ = thr_dq.partition_C(sdQ)
+        cDQ = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
         W = mdQ.shape[1]  # elements per token row of dQ
         cKV = thr_epi.partition_C(cute.make_identity_tensor((bn, d)))
 
@@ -566,10 +533,7 @@ class GdpaBwdSm90:
                         cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=256)
                         acc_dq = cute.make_rmem_tensor(acc_dq_shape, Float32)
                         warpgroup.fence()
-                        if const_expr(self.dq_swap):
-                            self._gemm(mma_dq, acc_dq, tQrKt, tQrdS[None, None, None, buf], zero=True)
-                        else:
-                            self._gemm(mma_dq, acc_dq, tQrdS[None, None, None, buf], tQrKt, zero=True)
+                        self._gemm(mma_dq, acc_dq, tQrdS[None, None, None, buf], tQrKt, zero=True)
                         warpgroup.commit_group()
                         self._gemm(mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False)
                         warpgroup.commit_group()
@@ -579,25 +543,11 @@ class GdpaBwdSm90:
                             cute.autovec_copy(acc_dq, tQsdQ)
                             cute.arch.fence_view_async_shared()
                             cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=160)
-                        elif const_expr(self.DQ_MODE == "wg"):
-                            # the lead warp's previous reduction has read this warpgroup's buffer
-                            if wg_lead:
-                                cute.arch.cp_async_bulk_wait_group(0, read=True)
-                            cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=128)
-                            cute.autovec_copy(acc_dq, tQsdQ)
-                            cute.arch.fence_view_async_shared()
-                            cute.arch.barrier(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=128)
-                            if wg_lead:
-                                h = hk * group + g
-                                self._reduce_dq(tma_dq, tdQ, sdQ_boxes, q0, m, h, wg)
-                                cute.arch.cp_async_bulk_commit_group()
                         elif const_expr(self.DQ_MODE == "atomic"):
                             row0 = q0 + m * bm
                             col0 = (hk * group + g) * d
                             for i in cutlass.range_constexpr(cute.size(acc_dq)):
                                 r, c = cDQ[i]
-                                if const_expr(self.dq_swap):
-                                    r, c = c, r
                                 if r < q_valid:
                                     off = (row0 + r).to(cutlass.Int64) * W + col0 + c
                                     cute.arch.red(
@@ -618,9 +568,6 @@ class GdpaBwdSm90:
                 self._store_kv(thr_epi, acc_dv, mdV, cKV, k0 + n * bn, kv_valid, hk)
                 n += n_slots
             t += n_ctas
-        if const_expr(self.DQ_MODE == "wg"):
-            if wg_lead:  # shared memory must outlive the last reduction's read
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def _dq_boxes(self, sdQ: cute.Tensor) -> cute.Tensor:
@@ -662,24 +609,19 @@ class GdpaBwdSm90:
 
     @cute.jit
     def _store_kv(self, thr_dkv, acc, mOut, cKV, row0, kv_valid, hk):
-        """The tile's rows inside the sequence, from registers, in the output dtype."""
+        """The tile's rows inside the sequence, from registers, in the output dtype. A thread's
+        fragment ((2, 2, D/8), 1, 1) holds two rows (the middle mode), each as D/8 pairs of adjacent
+        columns: one bound check per row, one 4-byte store per pair."""
         gOut = cute.local_tile(cute.domain_offset((row0, 0), mOut), (self.bn, self.d), (0, hk))
         tOut = thr_dkv.partition_C(gOut)
         r_out = cute.make_rmem_tensor(acc.shape, self.dtype)
         r_out.store(acc.load().to(self.dtype))
-        if const_expr(self.EPI_PAIRS):
-            # A thread's fragment ((2, 2, D/8), 1, 1) holds two rows (the middle mode), each as D/8
-            # pairs of adjacent columns: one bound check per row, one 4-byte store per pair.
-            r_pairs = cute.recast_tensor(r_out, Int32)
-            o_pairs = cute.recast_tensor(tOut, Int32)
-            for ri in cutlass.range_constexpr(2):
-                if cKV[(0, ri, 0), 0, 0][0] < kv_valid:
-                    for j in cutlass.range_constexpr(self.d // 8):
-                        o_pairs[(0, ri, j), 0, 0] = r_pairs[(0, ri, j), 0, 0]
-        else:
-            for i in cutlass.range(cute.size(r_out), unroll_full=True):
-                if cKV[i][0] < kv_valid:
-                    tOut[i] = r_out[i]
+        r_pairs = cute.recast_tensor(r_out, Int32)
+        o_pairs = cute.recast_tensor(tOut, Int32)
+        for ri in cutlass.range_constexpr(2):
+            if cKV[(0, ri, 0), 0, 0][0] < kv_valid:
+                for j in cutlass.range_constexpr(self.d // 8):
+                    o_pairs[(0, ri, j), 0, 0] = r_pairs[(0, ri, j), 0, 0]
 
 
 _DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
@@ -697,7 +639,7 @@ def _fake_vec():
     return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
 
 
-_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "BLOCK_M", "DQ_SWAPAB", "EPI_PAIRS")
+_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR")
 
 
 def _switches() -> tuple:
