@@ -36,6 +36,8 @@ VARIANTS = {
     "atomic": {"DQ_MODE": "atomic"},
     "noreg": {"REGS": None},
     "nodq": {"DQ_MODE": "none"},
+    # dQ staged column-block-major: no 8-way bank conflicts on the staging stores
+    "col8": {"DQ_COL8": True},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),

@@ -61,6 +61,7 @@ for dtype, d, act in {configs}:
     bwd_sm90.compiled(getattr(torch, dtype), d, act)
 """
 _TENSOR_REDUCE = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
+_TENSOR_REDUCE_3D = "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add"  # DQ_COL8's one box
 
 
 @pytest.fixture
@@ -85,8 +86,9 @@ _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
         ([("bfloat16", 128, 3)], {}, _TENSOR_REDUCE),
         ([("float16", 64, 3), ("bfloat16", 128, 10)], {}, _TENSOR_REDUCE),
         ([("bfloat16", 128, 3)], {"DS_KMAJOR": True, "DQ_MODE": "bulk"}, _ROW_REDUCE),
+        ([("bfloat16", 128, 3), ("float16", 64, 10)], {"DQ_COL8": True}, _TENSOR_REDUCE_3D),
     ],
-    ids=["bf16-d128", "more", "fa4like"],
+    ids=["bf16-d128", "more", "fa4like", "col8"],
 )
 def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
     """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, dSᵀ by stmatrix,
@@ -151,6 +153,31 @@ def test_cute_runtime_tensors_match_the_compiled_signature():
         v = bwd_sm90._vec(torch.arange(n, dtype=torch.int64))
         assert (v.dynamic_shapes_mask, v.dynamic_strides_mask) == ((1,), (0,))
         assert (ctypes.c_uint32 * 3).from_address(v.__c_pointers__()[0])[2] == n
+
+
+def test_cute_dq_col8_staging_sass(cute_sass):
+    """``DQ_COL8`` (offline sm_90a build): the sixteen 8-byte dQ staging stores of a step sit 256
+    bytes apart for a row's neighbour eight rows down (the row-major box: 2,048), so the eight rows
+    one store instruction covers are contiguous, and the step loop keeps the default's figures."""
+    (loop,) = cute_sass.step_loops(cute_sass.parse(cute_sass.build_sass({"DQ_COL8": True})))
+    offsets = [int(m.group(1), 16) for _, i in loop if (m := re.match(r"STS\.64 \[R\d+\+0x([0-9a-f]+)\]", i))]
+    assert len(offsets) == 16, offsets
+    assert offsets[1] - offsets[0] == 256 and offsets[2] - offsets[0] == 2048, offsets
+    f = cute_sass.figures(loop)
+    assert f["wgmma"] == 32 and f["local"] == 0, f
+
+
+def test_cute_col8_refuses_row_reductions(monkeypatch):
+    """Column-block-major staging cannot feed the row-wise bulk reductions of ``DQ_MODE="bulk"``:
+    refused when the kernel is built."""
+    import torch
+
+    from ads_gdpa.cute import bwd_sm90
+
+    monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "DQ_COL8", True)
+    monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "DQ_MODE", "bulk")
+    with pytest.raises(ValueError, match="DQ_COL8"):
+        bwd_sm90.GdpaBwdSm90(bwd_sm90._DTYPES[torch.bfloat16], 128, 3)
 
 
 def test_cute_runtime_tensors_accept_inputs_that_require_grad():

@@ -106,7 +106,9 @@ class GdpaBwdSm90:
     "atomic" (fp32 reductions from the consumers' registers) or "none" (dQ left out: wrong dQ, for
     measuring); ``L2_HINT`` None (the DSL's default cache-policy operand, 0) or a policy word for
     every TMA instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000); ``DS_KMAJOR`` stores dS
-    key-major so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed.
+    key-major so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed;
+    ``DQ_COL8`` stages dQ column-block-major (``_sdq_layouts``): the row-major box's 256-byte rows
+    put the eight rows of one accumulator store in the same banks (8-way conflicts).
 
     dSᵀ goes to shared memory by ``stmatrix`` (four per thread and step): one 4-byte store per
     value pair kept 16 swizzled addresses live across the step and spilled them inside the loop.
@@ -124,6 +126,7 @@ class GdpaBwdSm90:
     DQ_MODE = "tma"
     L2_HINT: int | None = None
     DS_KMAJOR = False
+    DQ_COL8 = False
 
     def __init__(self, dtype, head_dim: int, act: int):
         self.dtype = dtype
@@ -131,6 +134,10 @@ class GdpaBwdSm90:
         self.dh = head_dim // 2
         self.act = act
         self.bm, self.bn, self.stages = BLOCK_M, BLOCK_N, STAGES
+        if self.DQ_COL8 and self.DQ_MODE == "bulk":
+            raise ValueError(
+                "DQ_COL8 stages dQ column-block-major, which row-wise bulk reductions cannot read"
+            )
         self.buffer_align = 1024
 
     @cute.jit
@@ -182,10 +189,7 @@ class GdpaBwdSm90:
         sK_layout = _row_major_smem(self.dtype, bn, d, None)
         # dSᵀ (kv, q) double-buffered; DS_KMAJOR stores dS (q, kv) instead
         sdS_layout = _row_major_smem(self.dtype, *((bm, bn) if self.DS_KMAJOR else (bn, bm)), 2)
-        # dQ staging, one (64, D/2) fp32 box per consumer: the (64, D) tile whose column halves are
-        # the two boxes
-        sdQ_layout = cute.make_layout((bm, (dh, 2)), stride=(dh, (1, bm * dh)))
-        sdQ_box = cute.make_layout((bm, dh), stride=(dh, 1))
+        sdQ_layout, sdQ_box = self._sdq_layouts()
 
         tma_q, tQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, cute.slice_(sQ_layout, (None, None, 0)), (bm, d)
@@ -196,7 +200,10 @@ class GdpaBwdSm90:
         tma_k, tK = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mK, sK_layout, (bn, d))
         tma_v, tV = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mV, sK_layout, (bn, d))
         tma_dq, tdQ = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQ, sdQ_box, (bm, dh)
+            cpasync.CopyReduceBulkTensorTileS2GOp(),
+            self._dq_gmem(mdQ),
+            sdQ_box,
+            cute.product_each(sdQ_box.shape),
         )
 
         qdo_bytes = 2 * cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
@@ -215,12 +222,12 @@ class GdpaBwdSm90:
             sdS: cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], self.buffer_align
             ]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 128]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], self.buffer_align]
 
         self.kernel(
             tma_q, tQ, tma_do, tdO, tma_k, tK, tma_v, tV, tma_dq, tdQ, mdQ, mdK, mdV, mCuQ, mCuK, mTiles,
             mCount, max_seqlen_q, n_slots, h_kv, group, scale, mma_sdp, mma_dkv, mma_dq, mma_epi,
-            sQ_layout, sK_layout, sdS_layout, sdQ_layout, qdo_bytes, kv_bytes, Storage,
+            sQ_layout, sK_layout, sdS_layout, qdo_bytes, kv_bytes, Storage,
         ).launch(grid=[n_ctas, 1, 1], block=[384, 1, 1], stream=stream, min_blocks_per_mp=1)  # fmt: skip
 
     @cute.kernel
@@ -255,7 +262,6 @@ class GdpaBwdSm90:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
-        sdQ_layout: cute.Layout,
         qdo_bytes: cutlass.Constexpr[int],
         kv_bytes: cutlass.Constexpr[int],
         Storage: cutlass.Constexpr,
@@ -285,7 +291,7 @@ class GdpaBwdSm90:
         sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sdSt = _swap01(sdS) if const_expr(self.DS_KMAJOR) else sdS  # (kv, q) either way
-        sdQ = st.sdQ.get_tensor(sdQ_layout)
+        sdQ = st.sdQ.get_tensor(self._sdq_layouts()[0])
         count = mCount[0]
         n_ctas = cute.arch.grid_dim()[0]
         block = cute.arch.block_idx()[0]
@@ -573,15 +579,56 @@ class GdpaBwdSm90:
     def _dq_boxes(self, sdQ: cute.Tensor) -> cute.Tensor:
         """The dQ staging tile as its two (rows, D/2) boxes, one per consumer warpgroup: (r, c, w)."""
         bm, dh = self.bm, self.dh
-        return cute.make_tensor(sdQ.iterator, cute.make_layout((bm, dh, 2), stride=(dh, 1, bm * dh)))
+        if const_expr(self.DQ_COL8):
+            box = cute.make_layout((bm, (8, dh // 8), 2), stride=(8, (1, bm * 8), bm * dh))
+        else:
+            box = cute.make_layout((bm, dh, 2), stride=(dh, 1, bm * dh))
+        return cute.make_tensor(sdQ.iterator, box)
 
     @cute.jit
     def _reduce_dq(self, tma_dq, tdQ, sdQ_boxes, q0, m, h, w):
         """Add warpgroup w's staged dQ box (query step m, head h, D half w) to the fp32 accumulator
         with one bulk tensor reduction (the calling thread's bulk group tracks it)."""
-        gdQ = cute.local_tile(cute.domain_offset((q0, 0), tdQ), (self.bm, self.dh), (None, None))
-        tS, tG = _tma_tiles(tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w])
+        if const_expr(self.DQ_COL8):
+            bm, dh = self.bm, self.dh
+            box = (bm, 8, dh // 8)
+            gdQ = cute.local_tile(cute.domain_offset((q0, 0, 0), tdQ), box, (None, None, None))
+            sbox = cute.make_tensor(sdQ_boxes[None, None, w].iterator, self._sdq_layouts()[1])
+            tS, tG = cpasync.tma_partition(
+                tma_dq, 0, cute.make_layout(1), cute.group_modes(sbox, 0, 3),
+                cute.group_modes(gdQ[None, None, None, m, 0, h * 2 + w], 0, 3),
+            )  # fmt: skip
+        else:
+            gdQ = cute.local_tile(cute.domain_offset((q0, 0), tdQ), (self.bm, self.dh), (None, None))
+            tS, tG = _tma_tiles(tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w])
         cute.copy(tma_dq, tS, tG, **self._hint())
+
+    def _dq_gmem(self, mdQ: cute.Tensor) -> cute.Tensor:
+        """The dQ accumulator as the reduction's tensor map sees it: (Tq, H*D) rows, or with
+        ``DQ_COL8`` (Tq, 8, H*D/8), so that one 3-D box covers a warpgroup's column-block-major
+        staging."""
+        if const_expr(self.DQ_COL8):
+            rows, width = mdQ.shape
+            return cute.make_tensor(
+                mdQ.iterator, cute.make_layout((rows, 8, width // 8), stride=(mdQ.layout.stride[0], 1, 8))
+            )
+        return mdQ
+
+    def _sdq_layouts(self):
+        """(the dQ staging tile (rows, D), one warpgroup's reduction box (rows, D/2)), fp32. By
+        default row-major per box: a warpgroup's column half is one box of D/2-float rows. With
+        ``DQ_COL8`` column-block-major: 8-float column blocks of all rows one after another, so the
+        eight rows of one accumulator store are 256 contiguous bytes (two wavefronts) instead of
+        sharing banks 256 bytes apart; the reduction's tensor map reads that box as a 3-D one."""
+        bm, dh = self.bm, self.dh
+        if const_expr(self.DQ_COL8):
+            return (
+                cute.make_layout((bm, (8, self.d // 8)), stride=(8, (1, bm * 8))),
+                cute.make_layout((bm, 8, dh // 8), stride=(8, 1, bm * 8)),
+            )
+        return cute.make_layout((bm, (dh, 2)), stride=(dh, (1, bm * dh))), cute.make_layout(
+            (bm, dh), stride=(dh, 1)
+        )
 
     def _hint(self) -> dict:
         return {} if self.L2_HINT is None else {"cache_policy": cutlass.Int64(self.L2_HINT)}
@@ -639,7 +686,7 @@ def _fake_vec():
     return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
 
 
-_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR")
+_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8")
 
 
 def _switches() -> tuple:
