@@ -38,6 +38,9 @@ VARIANTS = {
     "nodq": {"DQ_MODE": "none"},
     # dQ staged column-block-major: no 8-way bank conflicts on the staging stores
     "col8": {"DQ_COL8": True},
+    # dK/dV through shared memory, 16-byte global stores; alone and with col8
+    "staged": {"EPI_STAGED": True},
+    "col8_staged": {"DQ_COL8": True, "EPI_STAGED": True},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),

@@ -87,8 +87,9 @@ _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
         ([("float16", 64, 3), ("bfloat16", 128, 10)], {}, _TENSOR_REDUCE),
         ([("bfloat16", 128, 3)], {"DS_KMAJOR": True, "DQ_MODE": "bulk"}, _ROW_REDUCE),
         ([("bfloat16", 128, 3), ("float16", 64, 10)], {"DQ_COL8": True}, _TENSOR_REDUCE_3D),
+        ([("bfloat16", 128, 3), ("float16", 64, 10)], {"EPI_STAGED": True}, _TENSOR_REDUCE),
     ],
-    ids=["bf16-d128", "more", "fa4like", "col8"],
+    ids=["bf16-d128", "more", "fa4like", "col8", "staged"],
 )
 def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
     """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, dSᵀ by stmatrix,
@@ -153,6 +154,16 @@ def test_cute_runtime_tensors_match_the_compiled_signature():
         v = bwd_sm90._vec(torch.arange(n, dtype=torch.int64))
         assert (v.dynamic_shapes_mask, v.dynamic_strides_mask) == ((1,), (0,))
         assert (ctypes.c_uint32 * 3).from_address(v.__c_pointers__()[0])[2] == n
+
+
+def test_cute_staged_dkdv_store_sass(cute_sass):
+    """``EPI_STAGED`` (offline sm_90a build): dK and dV leave by 16 ``stmatrix`` into shared memory,
+    16 16-byte shared loads and 16 16-byte global stores per thread and tile, no 4-byte ones."""
+    ins = cute_sass.parse(cute_sass.build_sass({"EPI_STAGED": True}))
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for _, i in ins]
+    assert sorted({op for op in ops if op.startswith("STG")}) == ["STG.E.128"], ops
+    assert ops.count("STG.E.128") == 16 and ops.count("LDS.128") == 16
+    assert ops.count("STSM.16.M88.4") == 4 + 16  # dSᵀ in the step loop, then the epilogue's
 
 
 def test_cute_dq_col8_staging_sass(cute_sass):

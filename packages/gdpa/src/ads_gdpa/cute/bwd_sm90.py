@@ -108,7 +108,10 @@ class GdpaBwdSm90:
     every TMA instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000); ``DS_KMAJOR`` stores dS
     key-major so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed;
     ``DQ_COL8`` stages dQ column-block-major (``_sdq_layouts``): the row-major box's 256-byte rows
-    put the eight rows of one accumulator store in the same banks (8-way conflicts).
+    put the eight rows of one accumulator store in the same banks (8-way conflicts);
+    ``EPI_STAGED`` stores dK/dV through a warp-private shared-memory block (``stmatrix``, then
+    16-byte row chunks: a quarter of the pair stores' global store instructions, which queue on
+    the load/store unit at the end of every tile).
 
     dSᵀ goes to shared memory by ``stmatrix`` (four per thread and step): one 4-byte store per
     value pair kept 16 swizzled addresses live across the step and spilled them inside the loop.
@@ -127,6 +130,7 @@ class GdpaBwdSm90:
     L2_HINT: int | None = None
     DS_KMAJOR = False
     DQ_COL8 = False
+    EPI_STAGED = False
 
     def __init__(self, dtype, head_dim: int, act: int):
         self.dtype = dtype
@@ -209,20 +213,20 @@ class GdpaBwdSm90:
         qdo_bytes = 2 * cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
         kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
-        @cute.struct
-        class Storage:
-            bar_qdo: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            bar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], self.buffer_align]
-            sdO: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], self.buffer_align
-            ]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], self.buffer_align]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], self.buffer_align]
-            sdS: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], self.buffer_align
-            ]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], self.buffer_align]
+        Align, MemRange = cute.struct.Align, cute.struct.MemRange
+        fields = {
+            "bar_qdo": MemRange[cutlass.Int64, self.stages * 2],
+            "bar_kv": MemRange[cutlass.Int64, 2],
+            "sQ": Align[MemRange[self.dtype, cute.cosize(sQ_layout)], self.buffer_align],
+            "sdO": Align[MemRange[self.dtype, cute.cosize(sQ_layout)], self.buffer_align],
+            "sK": Align[MemRange[self.dtype, cute.cosize(sK_layout)], self.buffer_align],
+            "sV": Align[MemRange[self.dtype, cute.cosize(sK_layout)], self.buffer_align],
+            "sdS": Align[MemRange[self.dtype, cute.cosize(sdS_layout)], self.buffer_align],
+            "sdQ": Align[MemRange[Float32, cute.cosize(sdQ_layout)], self.buffer_align],
+        }
+        if const_expr(self.EPI_STAGED):  # dK/dV staging, one 16-row block per consumer warp
+            fields["sE"] = Align[MemRange[self.dtype, bn * d], self.buffer_align]
+        Storage = cute.struct(type("Storage", (), {"__annotations__": fields}))
 
         self.kernel(
             tma_q, tQ, tma_do, tdO, tma_k, tK, tma_v, tV, tma_dq, tdQ, mdQ, mdK, mdV, mCuQ, mCuK, mTiles,
@@ -292,6 +296,10 @@ class GdpaBwdSm90:
         sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sdSt = _swap01(sdS) if const_expr(self.DS_KMAJOR) else sdS  # (kv, q) either way
         sdQ = st.sdQ.get_tensor(self._sdq_layouts()[0])
+        sE = None
+        if const_expr(self.EPI_STAGED):
+            sE_layout = _row_major_smem(self.dtype, self.bn, self.d, None)
+            sE = st.sE.get_tensor(sE_layout.outer, swizzle=sE_layout.inner)
         count = mCount[0]
         n_ctas = cute.arch.grid_dim()[0]
         block = cute.arch.block_idx()[0]
@@ -327,7 +335,7 @@ class GdpaBwdSm90:
             self._consume(
                 tidx - 128, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo,
                 pipe_kv, mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv,
-                group, scale,
+                group, scale, sE,
             )  # fmt: skip
 
     @cute.jit
@@ -449,6 +457,7 @@ class GdpaBwdSm90:
     def _consume(
         self, tidx, mma_sdp, mma_dkv, mma_dq, mma_epi, sQ, sdO, sK, sV, sdSt, sdQ, pipe_qdo, pipe_kv,
         mdK, mdV, mdQ, mCuQ, mCuK, mTiles, count, block, n_ctas, max_seqlen_q, n_slots, h_kv, group, scale,
+        sE,
     ):  # fmt: skip
         bm, bn, d = self.bm, self.bn, self.d
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -487,6 +496,10 @@ class GdpaBwdSm90:
         cDQ = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
         W = mdQ.shape[1]  # elements per token row of dQ
         cKV = thr_epi.partition_C(cute.make_identity_tensor((bn, d)))
+        if const_expr(self.EPI_STAGED):
+            thr_epi = cute.make_tiled_copy_C(
+                cute.make_copy_atom(StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), mma_epi
+            ).get_slice(tidx)
 
         qdo_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -570,8 +583,12 @@ class GdpaBwdSm90:
                         it += 1
                 pipe_kv.consumer_release(kv_state)
                 kv_state.advance()
-                self._store_kv(thr_epi, acc_dk, mdK, cKV, k0 + n * bn, kv_valid, hk)
-                self._store_kv(thr_epi, acc_dv, mdV, cKV, k0 + n * bn, kv_valid, hk)
+                if const_expr(self.EPI_STAGED):
+                    self._store_kv_staged(thr_epi, sE, tidx, acc_dk, mdK, k0 + n * bn, kv_valid, hk)
+                    self._store_kv_staged(thr_epi, sE, tidx, acc_dv, mdV, k0 + n * bn, kv_valid, hk)
+                else:
+                    self._store_kv(thr_epi, acc_dk, mdK, cKV, k0 + n * bn, kv_valid, hk)
+                    self._store_kv(thr_epi, acc_dv, mdV, cKV, k0 + n * bn, kv_valid, hk)
                 n += n_slots
             t += n_ctas
 
@@ -670,6 +687,29 @@ class GdpaBwdSm90:
                 for j in cutlass.range_constexpr(self.d // 8):
                     o_pairs[(0, ri, j), 0, 0] = r_pairs[(0, ri, j), 0, 0]
 
+    @cute.jit
+    def _store_kv_staged(self, thr_stsm, sE, tidx, acc, mOut, row0, kv_valid, hk):
+        """``EPI_STAGED``: the tile's rows inside the sequence through shared memory, 16 bytes per
+        global store. Each consumer warp writes its own 16 rows of the fragment by ``stmatrix`` and
+        reads them back as 16-byte row chunks, so only the warp itself synchronises."""
+        d = self.d
+        r_out = cute.make_rmem_tensor(acc.shape, self.dtype)
+        r_out.store(acc.load().to(self.dtype))
+        cute.copy(thr_stsm, thr_stsm.retile(r_out), thr_stsm.partition_D(sE))
+        cute.arch.sync_warp()
+        chunks = d // 8  # 16-byte chunks per row
+        rows_per_pass = 32 // chunks
+        lane = tidx % 32
+        first = (tidx // 32) * 16 + lane // chunks  # this warp's 16 rows of the 128-row tile
+        col = (lane % chunks) * 8
+        gOut = cute.local_tile(cute.domain_offset((row0, 0), mOut), (self.bn, d), (0, hk))
+        for i in cutlass.range_constexpr(16 // rows_per_pass):
+            r = first + rows_per_pass * i
+            v = cute.local_tile(sE, (1, 8), (r, col // 8)).load()
+            if r < kv_valid:
+                cute.local_tile(gOut, (1, 8), (r, col // 8)).store(v)
+        cute.arch.sync_warp()  # the next tensor's stmatrix overwrites these rows
+
 
 _DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 _COMPILED: dict[tuple, object] = {}  # compile key -> compiled kernel (the DSL also caches on disk)
@@ -686,7 +726,7 @@ def _fake_vec():
     return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
 
 
-_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8")
+_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8", "EPI_STAGED")
 
 
 def _switches() -> tuple:
