@@ -76,6 +76,25 @@ def run_upstream_extras(cu: list[int]) -> None:
     torch.cuda.synchronize()
 
 
+# the CuTe backward's opt-in build switches that change what it reads or writes (each its own build)
+CUTE_BUILDS = [{}, {"DQ_COL8": True}, {"EPI_STAGED": True}]
+
+
+def run_cute_builds(cu: list[int]) -> None:
+    from ads_gdpa.cute.bwd_sm90 import GdpaBwdSm90
+
+    for switches in CUTE_BUILDS:
+        saved = {key: getattr(GdpaBwdSm90, key) for key in switches}
+        for key, value in switches.items():
+            setattr(GdpaBwdSm90, key, value)
+        try:
+            run("auto", 128, MaskMode.NONE, False, False, cu, bwd="cute")
+            run("auto", 64, MaskMode.NONE, False, False, cu, bwd="cute")
+        finally:
+            for key, value in saved.items():
+                setattr(GdpaBwdSm90, key, value)
+
+
 def main() -> None:
     for cu in CASES:
         for backend in ("auto", "triton"):
@@ -86,8 +105,7 @@ def main() -> None:
         run("triton", 128, MaskMode.BOTTOM_RIGHT, False, False, cu)
         run("auto", 128, MaskMode.NONE, False, True, cu)
         if cute_importable():  # the opt-in CuTe DSL backward, where the extra is installed
-            run("auto", 128, MaskMode.NONE, False, False, cu, bwd="cute")
-            run("auto", 64, MaskMode.NONE, False, False, cu, bwd="cute")
+            run_cute_builds(cu)
         run_upstream_extras(cu)
     os.environ.pop("ADS_GDPA_BWD_BACKEND", None)
     print("memcheck_bad_offsets: all paths ran")
