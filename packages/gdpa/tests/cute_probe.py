@@ -4,11 +4,13 @@
 fp32 reference in its own process (a device fault poisons the CUDA context), then compute-sanitizer
 runs the default build if it failed, then the first good build runs the GPU case matrix of
 ``test_cute_bwd`` and the A/B timing against the Gluon backward (B=1152, H=4, D=128, max 2048,
-sparsity 1.0 and 0.5, fast_gelu, medians of ``ads_kernel_tools.bench.time_fn``).
+sparsity 1.0 and 0.5, fast_gelu, medians of ``ads_kernel_tools.bench.time_fn``; with
+``CUTE_PROBE_AB=short`` max 512 at sparsity 0.5 and the bench's short KV, 256 keys per sequence).
 ``python tests/cute_probe.py run VARIANT smoke|all|ab [ACT]`` runs one build (``ab``: smoke cases and
 the A/B timing, no matrix). ``python tests/cute_probe.py compare VARIANT ...`` runs ``ab`` for each
-build in its own process. ``python tests/cute_probe.py profile [VARIANT]`` launches the Gluon and the
-CuTe backward once each on the A/B shape at B=264 (after compiling), for a profiler:
+build in its own process. ``python tests/cute_probe.py profile [VARIANT [MAX_LEN]]`` launches the
+Gluon and the CuTe backward once each at sparsity 1.0, 264 x 2048 / MAX_LEN sequences (after
+compiling), for a profiler:
 ``ncu --set full -k regex:"gdpa_bwd_ws|GdpaBwdSm90" -c 2 -o bwd python tests/cute_probe.py profile``.
 Output lines start with the build's name.
 """
@@ -91,33 +93,47 @@ def _run(name: str, what: str, act: int) -> int:
     return 0
 
 
+# the A/B's shapes, (max query length, sparsity, key length or None for the query lengths), chosen
+# by CUTE_PROBE_AB: "long" (the issue's max 2048 rows) or "short" (max 512 and the bench's short KV)
+AB_SHAPES = {"long": [(2048, 1.0, None), (2048, 0.5, None)], "short": [(512, 0.5, None), (2048, 1.0, 256)]}
+
+
 def _ab(name: str, cute_bwd) -> None:
-    for sparsity in (1.0, 0.5):
-        _ab_one(name, cute_bwd, sparsity)
+    for shape in AB_SHAPES[os.environ.get("CUTE_PROBE_AB", "long")]:
+        _ab_one(name, cute_bwd, *shape)
         torch.cuda.empty_cache()
 
 
-def _ab_inputs(B: int, sparsity: float, max_len: int = 2048):
-    """The A/B problem (H=4, D=128, max 2048 unless said, bf16): lengths, offsets and q, k, v, dO."""
+def _ab_inputs(B: int, sparsity: float, max_len: int = 2048, key_len: int | None = None):
+    """The A/B problem (H=4, D=128, bf16): query lengths by the upstream rule up to ``max_len``, key
+    lengths the same or all ``key_len``; returns (query-key pairs, backward arguments up to the
+    activation: dO, q, k, v, cu_q, cu_k, max_q, max_k)."""
     from ads_kernel_tools.testing import jagged_lengths, lengths_to_offsets
 
     H, D = 4, 128
-    lens = jagged_lengths(B, max_len, sparsity, seed=0)
-    cu = lengths_to_offsets(lens, device="cuda")
+    lens_q = jagged_lengths(B, max_len, sparsity, seed=0)
+    lens_k = lens_q if key_len is None else [key_len] * B
     g = torch.Generator(device="cuda").manual_seed(0)
-    T = sum(lens)
-    q, k = ((torch.randn(T, H, D, generator=g, device="cuda") * D**-0.25).to(torch.bfloat16) for _ in "qk")
-    v, do = (torch.randn(T, H, D, generator=g, device="cuda").to(torch.bfloat16) for _ in "vo")
-    return lens, cu, q, k, v, do
+
+    def rows(n, scale):
+        return (torch.randn(n, H, D, generator=g, device="cuda") * scale).to(torch.bfloat16)
+
+    q, k = rows(sum(lens_q), D**-0.25), rows(sum(lens_k), D**-0.25)
+    v, do = rows(sum(lens_k), 1.0), rows(sum(lens_q), 1.0)
+    cu_q, cu_k = (lengths_to_offsets(n, device="cuda") for n in (lens_q, lens_k))
+    pairs = sum(a * b for a, b in zip(lens_q, lens_k))
+    return pairs, (do, q, k, v, cu_q, cu_k, max_len, max_len if key_len is None else key_len)
 
 
-def _ab_one(name: str, cute_bwd, sparsity: float) -> None:
+def _ab_one(name: str, cute_bwd, max_len: int, sparsity: float, key_len: int | None) -> None:
     from ads_gdpa.gluon.bwd_sm90 import gdpa_bwd_gluon
     from ads_kernel_tools.bench.timing import time_fn
 
-    lens, cu, q, k, v, do = _ab_inputs(1152, sparsity)
+    pairs, inputs = _ab_inputs(1152, sparsity, max_len, key_len)
+    q, k, v = inputs[1:4]
     T, H, D = q.shape
-    flop = 2.5 * 4 * H * D * sum(n * n for n in lens)
+    flop = 2.5 * 4 * H * D * pairs
+    shape = f"max{max_len}" + (f" kv{key_len}" if key_len else "")
     ms, grads = {}, {}
     for kname, fn in (("gluon", gdpa_bwd_gluon), ("cute", cute_bwd)):
         out = (
@@ -125,17 +141,17 @@ def _ab_one(name: str, cute_bwd, sparsity: float) -> None:
             torch.empty_like(k),
             torch.empty_like(v),
         )
-        args = (do, q, k, v, cu, cu, 2048, 2048, 3, 1.0, *out)
+        args = (*inputs, 3, 1.0, *out)
         fn(*args)
         torch.cuda.synchronize()
         grads[kname] = [t.clone() for t in out]
         r = time_fn(functools.partial(fn, *args), warmup_ms=300, rep_ms=2000)
         ms[kname] = r["ms"]
-        print(f"[{name}] max2048 s={sparsity} {kname}: {r['ms']:.3f} ms (p20 {r['p20']:.3f}, p80 "
+        print(f"[{name}] {shape} s={sparsity} {kname}: {r['ms']:.3f} ms (p20 {r['p20']:.3f}, p80 "
               f"{r['p80']:.3f}, n={r['n']}) {flop / r['ms'] / 1e9:.1f} TFLOP/s", flush=True)  # fmt: skip
     rel = [(a.float() - b.float()).abs().max().item() / b.float().abs().max().item()
            for a, b in zip(grads["cute"], grads["gluon"])]  # fmt: skip
-    print(f"[{name}] s={sparsity} cute/gluon speed {ms['gluon'] / ms['cute']:.3f}, "
+    print(f"[{name}] {shape} s={sparsity} cute/gluon speed {ms['gluon'] / ms['cute']:.3f}, "
           f"max |cute - gluon| / max |gluon| dq/dk/dv {rel}", flush=True)  # fmt: skip
 
 
@@ -145,12 +161,13 @@ def _profile(name: str, max_len: int = 2048) -> int:
 
     for key, value in VARIANTS[name].items():
         setattr(cb.GdpaBwdSm90, key, value)
-    _, cu, q, k, v, do = _ab_inputs(264 * 2048 // max_len, 1.0, max_len)
+    _, inputs = _ab_inputs(264 * 2048 // max_len, 1.0, max_len)
+    q, k, v = inputs[1:4]
     T, H, D = q.shape
     cb.compiled(torch.bfloat16, D, 3)
     for fn in (gdpa_bwd_gluon, cb.gdpa_bwd_cute):
         dq = torch.zeros(T, H, D, dtype=torch.float32, device="cuda")
-        fn(do, q, k, v, cu, cu, max_len, max_len, 3, 1.0, dq, torch.empty_like(k), torch.empty_like(v))
+        fn(*inputs, 3, 1.0, dq, torch.empty_like(k), torch.empty_like(v))
         torch.cuda.synchronize()
     print(f"[{name}] profile: one launch of each backward done", flush=True)
     return 0
