@@ -205,6 +205,15 @@ def test_cute_runtime_tensors_accept_inputs_that_require_grad():
     assert ctypes.c_uint64.from_address(r.__c_pointers__()[0]).value == x.data_ptr()
 
 
+def test_compile_key_names_every_build_switch():
+    """Every build switch of the kernel class (its upper-case attributes) is in the compile key, so a
+    switch added later cannot hand back a kernel built with another value."""
+    from ads_gdpa.cute import bwd_sm90
+
+    switches = {name for name in vars(bwd_sm90.GdpaBwdSm90) if name.isupper()}
+    assert switches == set(bwd_sm90._SWITCHES), switches ^ set(bwd_sm90._SWITCHES)
+
+
 def test_compile_cache_keys_on_the_build_switches(monkeypatch):
     """A switch changed in the process builds anew instead of returning the kernel built before."""
     import torch
