@@ -239,9 +239,19 @@ def _(
 # may leave out the trailing defaulted ones)
 _FWD_PARAMS = tuple(inspect.signature(fwd_impl).parameters.values())
 _FWD_AT = {p.name: i for i, p in enumerate(_FWD_PARAMS)}
-_OPTS = ("max_q", "max_k", "scale", "softcap", "win_left", "win_right", "top_left", "broadcast_q",
-         "rows_cap", "lse_dense")  # fmt: skip
-_DESCALES = ("q_descale", "k_descale", "v_descale")
+
+
+def _span(*names: str) -> slice:
+    """The slice of lp_fa4::fwd's inputs that holds ``names``, consecutive in its signature: computed
+    once, so the per-call paths below slice instead of looking names up."""
+    at = [_FWD_AT[n] for n in names]
+    assert at == list(range(at[0], at[0] + len(at))), names
+    return slice(at[0], at[-1] + 1)
+
+
+_OPTS = _span("max_q", "max_k", "scale", "softcap", "win_left", "win_right", "top_left", "broadcast_q",
+              "rows_cap", "lse_dense")  # fmt: skip
+_DESCALES = _span("q_descale", "k_descale", "v_descale")
 
 
 def fwd_input(inputs, name: str):
@@ -254,9 +264,9 @@ def _setup_context(ctx, inputs, output) -> None:
     q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink = inputs[:9]
     out, lse = output
     ctx.paged = page_table is not None
-    descale = tuple(fwd_input(inputs, n) for n in _DESCALES)  # FP8 only
+    descale = tuple(inputs[_DESCALES]) + (None,) * (3 - len(inputs[_DESCALES]))  # FP8 only
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink, *descale)
-    ctx.opts = tuple(fwd_input(inputs, n) for n in _OPTS)
+    ctx.opts = tuple(inputs[_OPTS])
     ctx.deterministic = fwd_input(inputs, "deterministic")
     ctx.host = (fwd_input(inputs, "host_q"), fwd_input(inputs, "host_k"))
     ctx.resident_bwd = bool(fwd_input(inputs, "resident_bwd"))
@@ -327,7 +337,7 @@ def _needs_grad(inputs) -> bool:
     the sink, the FP8 descales) that requires grad."""
     if not torch.is_grad_enabled():
         return False
-    for t in inputs[:3] + (inputs[8],) + tuple(fwd_input(inputs, n) for n in _DESCALES):
+    for t in inputs[:3] + (inputs[8],) + tuple(inputs[_DESCALES]):  # a loop, not any(<genexpr>)
         if t is not None and t.requires_grad:
             return True
     return False
