@@ -5,7 +5,8 @@ fp32 reference in its own process (a device fault poisons the CUDA context), the
 runs the default build if it failed, then the first good build runs the GPU case matrix of
 ``test_cute_bwd`` and the A/B timing against the Gluon backward (B=1152, H=4, D=128, max 2048,
 sparsity 1.0 and 0.5, fast_gelu, medians of ``ads_kernel_tools.bench.time_fn``; with
-``CUTE_PROBE_AB=short`` max 512 at sparsity 0.5 and the bench's short KV, 256 keys per sequence).
+``CUTE_PROBE_AB=short`` max 512 at sparsity 0.5 and the bench's short KV, 256 keys per sequence;
+``keys`` 512 and 1024 keys against max 2048 queries, and max 1024 and 512 self-attention).
 ``python tests/cute_probe.py run VARIANT smoke|all|ab [ACT]`` runs one build (``ab``: smoke cases and
 the A/B timing, no matrix). ``python tests/cute_probe.py compare VARIANT ...`` runs ``ab`` for each
 build in its own process. ``python tests/cute_probe.py profile [VARIANT [MAX_LEN]]`` launches the
@@ -38,11 +39,9 @@ VARIANTS = {
     "atomic": {"DQ_MODE": "atomic"},
     "noreg": {"REGS": None},
     "nodq": {"DQ_MODE": "none"},
-    # dQ staged column-block-major: no 8-way bank conflicts on the staging stores
+    # dQ staged column-block-major at every key length, or row-major at every one
     "col8": {"DQ_COL8": True},
-    # dK/dV through shared memory, 16-byte global stores; alone and with col8
-    "staged": {"EPI_STAGED": True},
-    "col8_staged": {"DQ_COL8": True, "EPI_STAGED": True},
+    "rowdq": {"DQ_COL8": False},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),
@@ -94,8 +93,14 @@ def _run(name: str, what: str, act: int) -> int:
 
 
 # the A/B's shapes, (max query length, sparsity, key length or None for the query lengths), chosen
-# by CUTE_PROBE_AB: "long" (the max 2048 rows) or "short" (max 512 and the bench's short KV)
-AB_SHAPES = {"long": [(2048, 1.0, None), (2048, 0.5, None)], "short": [(512, 0.5, None), (2048, 1.0, 256)]}
+# by CUTE_PROBE_AB: "long" (the max 2048 rows), "short" (max 512 and the bench's short KV) or
+# "keys"
+AB_SHAPES = {
+    "long": [(2048, 1.0, None), (2048, 0.5, None)],
+    "short": [(512, 0.5, None), (2048, 1.0, 256)],
+    # key length against query length, for a per-shape choice of a build
+    "keys": [(2048, 1.0, 512), (2048, 1.0, 1024), (1024, 1.0, None), (512, 1.0, None)],
+}
 
 
 def _ab(name: str, cute_bwd) -> None:

@@ -52,6 +52,16 @@ def test_dispatch_takes_cute_backward(monkeypatch):
     dispatch_check(monkeypatch, bwd_sm90, "gdpa_bwd_cute", "cute")
 
 
+@pytest.mark.gpu
+@pytest.mark.sm90
+def test_auto_takes_cute_backward(monkeypatch):
+    """Auto sends a D=128 backward with more than 256 keys per sequence to the CuTe kernel (300 here),
+    through the op and autograd, within the tolerance rule."""
+    from ads_gdpa.cute import bwd_sm90
+
+    dispatch_check(monkeypatch, bwd_sm90, "gdpa_bwd_cute", "auto")
+
+
 _BUILD = """
 import sys, torch
 from ads_gdpa.cute import bwd_sm90
@@ -61,7 +71,7 @@ for dtype, d, act in {configs}:
     bwd_sm90.compiled(getattr(torch, dtype), d, act)
 """
 _TENSOR_REDUCE = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
-_TENSOR_REDUCE_3D = "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add"  # DQ_COL8's one box
+_TENSOR_REDUCE_3D = "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add"  # column-block dQ box
 
 
 @pytest.fixture
@@ -83,13 +93,12 @@ _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
 @pytest.mark.parametrize(
     "configs, switches, reduce",
     [
-        ([("bfloat16", 128, 3)], {}, _TENSOR_REDUCE),
-        ([("float16", 64, 3), ("bfloat16", 128, 10)], {}, _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3)], {}, _TENSOR_REDUCE_3D),
+        ([("float16", 64, 3), ("bfloat16", 128, 10)], {}, _TENSOR_REDUCE_3D),
         ([("bfloat16", 128, 3)], {"DS_KMAJOR": True, "DQ_MODE": "bulk"}, _ROW_REDUCE),
-        ([("bfloat16", 128, 3), ("float16", 64, 10)], {"DQ_COL8": True}, _TENSOR_REDUCE_3D),
-        ([("bfloat16", 128, 3), ("float16", 64, 10)], {"EPI_STAGED": True}, _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3), ("float16", 64, 10)], {"DQ_COL8": False}, _TENSOR_REDUCE),
     ],
-    ids=["bf16-d128", "more", "fa4like", "col8", "staged"],
+    ids=["bf16-d128", "more", "fa4like", "rowdq"],
 )
 def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
     """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, dSᵀ by stmatrix,
@@ -120,17 +129,6 @@ def test_cute_step_loop_sass(cute_sass):
     assert re.search(r"G4 B G8 G4 W1", f["order"]), f["order"]
 
 
-def test_cute_dkdv_store_sass(cute_sass):
-    """The dK/dV epilogue's global stores (offline sm_90a build): 64 four-byte stores per thread and
-    tile, two column pairs' worth of bf16 each, under one bound check per row (two per tensor), not
-    a two-byte store under its own branch per element (128 of them, about 1,500 instructions per
-    warp and tile)."""
-    ins = cute_sass.parse(cute_sass.build_sass({}))
-    ops = [re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for _, i in ins]
-    assert sorted({op for op in ops if op.startswith("STG")}) == ["STG.E"], ops
-    assert ops.count("STG.E") == 64
-
-
 def test_cute_runtime_tensors_match_the_compiled_signature():
     """The wrapper's runtime tensors are dynamic where ``compiled``'s fake tensors are (CPU, no GPU):
     the compiled host code reads extents and row strides from the descriptor each tensor hands over,
@@ -156,10 +154,12 @@ def test_cute_runtime_tensors_match_the_compiled_signature():
         assert (ctypes.c_uint32 * 3).from_address(v.__c_pointers__()[0])[2] == n
 
 
-def test_cute_staged_dkdv_store_sass(cute_sass):
-    """``EPI_STAGED`` (offline sm_90a build): dK and dV leave by 16 ``stmatrix`` into shared memory,
-    16 16-byte shared loads and 16 16-byte global stores per thread and tile, no 4-byte ones."""
-    ins = cute_sass.parse(cute_sass.build_sass({"EPI_STAGED": True}))
+def test_cute_dkdv_store_sass(cute_sass):
+    """The dK/dV epilogue (offline sm_90a build): 16 ``stmatrix`` into shared memory, 16 16-byte
+    shared loads and 16 16-byte global stores per thread and tile, under one bound check per row
+    chunk; no 4-byte or 2-byte global stores (a 2-byte store under its own branch per element cost
+    about 1,500 instructions per warp and tile)."""
+    ins = cute_sass.parse(cute_sass.build_sass({}))
     ops = [re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for _, i in ins]
     assert sorted({op for op in ops if op.startswith("STG")}) == ["STG.E.128"], ops
     assert ops.count("STG.E.128") == 16 and ops.count("LDS.128") == 16
@@ -188,7 +188,22 @@ def test_cute_col8_refuses_row_reductions(monkeypatch):
     monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "DQ_COL8", True)
     monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "DQ_MODE", "bulk")
     with pytest.raises(ValueError, match="DQ_COL8"):
-        bwd_sm90.GdpaBwdSm90(bwd_sm90._DTYPES[torch.bfloat16], 128, 3)
+        bwd_sm90.GdpaBwdSm90(bwd_sm90._DTYPES[torch.bfloat16], 128, 3, bwd_sm90.use_dq_col8())
+
+
+@pytest.mark.parametrize(
+    "switch, mode, keys, expected",
+    [(None, "tma", 257, True), (None, "tma", 256, False), (None, "tma", None, True),
+     (None, "bulk", 2048, False), (False, "tma", 2048, False), (True, "tma", 16, True)],
+)  # fmt: skip
+def test_dq_staging_by_key_length(monkeypatch, switch, mode, keys, expected):
+    """Column-block-major dQ staging for calls with more than 256 keys per sequence, row-major at
+    256 or fewer (where it measured slower) and for row-wise bulk reductions; the switch overrides."""
+    from ads_gdpa.cute import bwd_sm90
+
+    monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "DQ_COL8", switch)
+    monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "DQ_MODE", mode)
+    assert bwd_sm90.use_dq_col8(keys) is expected
 
 
 def test_cute_runtime_tensors_accept_inputs_that_require_grad():

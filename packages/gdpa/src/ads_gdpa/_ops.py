@@ -208,7 +208,7 @@ def _call(a: FwdArgs | BwdArgs, dtype: torch.dtype) -> dispatch.Call:
     return dispatch.Call(
         act=a.act, d_qk=k.shape[2], d_v=v.shape[2], dtype=dtype, mask=MaskMode(a.mask_mode),
         broadcast_q=a.broadcast_q, per_head=a.act_per_head is not None, deterministic=a.deterministic,
-        upstream_extras=extras,
+        upstream_extras=extras, max_k=a.max_k,
     )  # fmt: skip
 
 

@@ -6,9 +6,10 @@ short-KV cross attention (dense KV of 256 keys, Q up to 2048); dense (4, 16, 409
 FLOPs = 4·H·D·Σ Lq·Lk forward, x2.5 backward (spec §4) for every provider, so padded peers are
 credited with useful work only.
 
-Providers: ours (default dispatch: the warp-specialised Gluon forward and backward on Hopper where
-they support the call, else Triton), ours[cute-bwd] (backward only, where the CuTe DSL extra is
-installed: the opt-in CuTe sm_90 backward), ours[triton] (the portable Triton kernels); ours[fp8] and
+Providers: ours (default dispatch: on Hopper the warp-specialised Gluon forward, and the CuTe DSL
+backward where the extra is installed and ``dispatch.PREFER`` takes it, else the Gluon one; Triton
+where neither supports the call); with the CuTe DSL installed, ours[cute-bwd] and ours[gluon-bwd]
+(backward only: the one backend at every row), ours[triton] (the portable Triton kernels); ours[fp8] and
 ours[fp8,triton] (self-attention rows, forward only: e4m3 inputs quantised with per-head amax
 descales, bf16 out, scale 1/max_len as upstream; the note gives the relative error against the fp32
 GDPA of the dequantised inputs on the first sequences); naive
@@ -117,17 +118,16 @@ class Bench:
             return (out, leaves) if grad else out
 
         self._fwd_bwd(op, "ours", shape, ours, flop)
-        if cute_importable():  # the opt-in CuTe DSL backward (extra [cute]) beside the default one
-            with cli_env(ADS_GDPA_BWD_BACKEND="cute"):
-                self._fwd_bwd(op, "ours[cute-bwd]", shape, ours, flop, time_fwd=False)
+        if cute_importable():  # each sm_90 backward at every row, beside the dispatch's choice
+            for backend in ("cute", "gluon"):
+                with cli_env(ADS_GDPA_BWD_BACKEND=backend):
+                    self._fwd_bwd(op, f"ours[{backend}-bwd]", shape, ours, flop, time_fwd=False)
         with cli_env(ADS_GDPA_BACKEND="triton"):
             self._fwd_bwd(op, "ours[triton]", shape, ours, flop)
         if op.startswith("self"):
             self._fp8_rows(op, shape, (q, k, v), (cu_q, cu_k, hq, hk), mq, mk, flop)
         if self.args.variants:
             self._fwd_bwd(op, "ours[det]", shape, lambda grad=False: ours(grad, deterministic=True), flop)
-            with cli_env(ADS_GDPA_BWD_BACKEND="gluon"):
-                self._fwd_bwd(op, "ours[gluon-bwd]", shape, ours, flop)
             with cli_env(ADS_GDPA_BWD_BACKEND="triton", ADS_GDPA_BWD_TMA="1"):
                 self._fwd_bwd(op, "ours[triton-bwd-tma-loads]", shape, ours, flop)
             with cli_env(ADS_GDPA_BACKEND="triton", ADS_GDPA_PERSISTENT="1"):
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     from ._demo import demo
 
     variants = (
-        "also time ours[det] (deterministic backward), ours[gluon-bwd] (the Gluon backward), "
+        "also time ours[det] (deterministic backward), "
         "ours[triton-bwd-tma-loads] (Triton backward with TMA Q/dO loads), ours[triton-persistent] "
         "(Triton forward, persistent grid)"
     )

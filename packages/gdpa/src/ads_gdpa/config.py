@@ -9,9 +9,11 @@ Env:
     ADS_GDPA_BACKEND=auto|triton|gluon  forward backend. auto: the fastest kernel whose support table
         covers the call (``ads_gdpa.dispatch``: the warp-specialised Gluon kernels on sm90), the
         portable Triton kernels everywhere else; ``triton`` forces Triton (forward and backward).
-    ADS_GDPA_BWD_BACKEND=auto|triton|gluon|cute  the same for the backward alone; ``cute`` (opt-in)
-        takes the CuTe DSL sm_90 kernel where its support table covers the call and the DSL is
-        installed (``pip install ads-gdpa[cute]``), otherwise what auto picks.
+    ADS_GDPA_BWD_BACKEND=auto|triton|gluon|cute  the same for the backward alone. With the CuTe DSL
+        installed (``pip install ads-gdpa[cute]``) auto takes its sm_90 kernel in the shape class
+        where it measured faster (``dispatch.PREFER``: D=128, more than 256 keys per sequence) and
+        Gluon elsewhere; ``cute`` takes it wherever its support table covers the call, ``gluon``
+        never; outside its table either goes where auto would.
     ADS_GDPA_DISABLE_AUTOTUNE=1  pin one config per Triton kernel (always on under the interpreter).
     ADS_GDPA_PERSISTENT=1  persistent Triton forward grid (2 programs per SM) when a tile map exists.
     ADS_GDPA_TMA=0|1  force the Triton kernels' TMA descriptor loads off or on (default: where the
@@ -75,12 +77,10 @@ def backend() -> str:
 
 
 def bwd_backend() -> str:
-    """Backward backend wanted (ADS_GDPA_BWD_BACKEND, auto = gluon; cute opt-in); ADS_GDPA_BACKEND=triton
-    forces Triton here too."""
+    """Backward backend wanted (ADS_GDPA_BWD_BACKEND: auto, gluon, cute or triton);
+    ADS_GDPA_BACKEND=triton forces Triton here too."""
     b = _choice("ADS_GDPA_BWD_BACKEND", "auto", ("auto", "triton", "gluon", "cute"))
-    if b == "triton" or backend() == "triton":
-        return "triton"
-    return "cute" if b == "cute" else "gluon"
+    return "triton" if backend() == "triton" else b
 
 
 def bwd_tma() -> bool:

@@ -72,6 +72,7 @@ class Call:
     per_head: bool
     deterministic: bool
     upstream_extras: bool = False
+    max_k: int = 0  # the call's max_seqlen_k (keys per sequence at most)
 
 
 _GLUON_ACTS = frozenset(
@@ -84,8 +85,8 @@ _FP8 = frozenset({torch.float8_e4m3fn})
 # FP8 through the Gluon forward: the activations its GPU tests cover against the dequantised reference
 _GLUON_FP8_ACTS = frozenset(int(a) for a in (A.RAW, A.GELU, A.FAST_GELU, A.RELU, A.SILU, A.RELU_SQUARE))
 
-# CuTe DSL backward (opt-in): the activations written in ``ads_gdpa.cute._act`` (kept here as data so
-# that the table does not import the DSL)
+# CuTe DSL backward: the activations written in ``ads_gdpa.cute._act`` (kept here as data so that the
+# table does not import the DSL)
 _CUTE_ACTS = frozenset(
     int(a)
     for a in (A.RAW, A.GELU_APPROX, A.FAST_GELU, A.LEAKY_RELU, A.RELU, A.SILU, A.FAST_SILU, A.HARDSWISH,
@@ -109,6 +110,26 @@ KERNELS: dict[tuple[str, int, str], tuple[str, str]] = {
 }
 
 
+@dataclass(frozen=True)
+class Prefer:
+    """Where auto takes a backend over the one below it in the order: the shape class in which it was
+    measured faster (BENCHMARKS.md)."""
+
+    head_dims: frozenset[tuple[int, int]]
+    min_keys: int  # the call's max_seqlen_k at least
+
+    def matches(self, call: Call) -> bool:
+        return (call.d_qk, call.d_v) in self.head_dims and call.max_k >= self.min_keys
+
+
+# (backend, arch major, direction) -> where auto prefers it to Gluon, given its table covers the call
+# and it is installed. The CuTe backward beat the Gluon one by 0.4-9.5 % at D=128 with 512 to 2,048
+# keys (same-process A/B, H100) and tied at 256 keys; D=64 was not timed.
+PREFER: dict[tuple[str, int, str], Prefer] = {
+    ("cute", 9, "bwd"): Prefer(frozenset({(128, 128)}), min_keys=257),
+}
+
+
 @functools.lru_cache(maxsize=1)
 def cute_importable() -> bool:
     """Whether the CuTe DSL (the optional ``cute`` extra) imports here; asked once."""
@@ -128,17 +149,18 @@ def _arch(device: torch.device) -> int | None:
 
 def backend_for(direction: str, device: torch.device, call: Call) -> str:
     """ "cute", "gluon" or "triton" for a call: the fast path where the backend switch allows it, the
-    GPU's architecture has a kernel and its support table covers the call; Triton otherwise. The
-    opt-in CuTe backend also needs the DSL installed; where it does not apply, the call goes where
-    auto would send it."""
+    GPU's architecture has a kernel and its support table covers the call; Triton otherwise. CuTe
+    also needs the DSL installed; auto takes it where ``PREFER`` says, ``cute`` wherever it covers
+    the call; where it does not apply, the call goes to Gluon or Triton as auto would send it."""
     wanted = cfg.backend() if direction == "fwd" else cfg.bwd_backend()
     if wanted == "triton":
         return "triton"
     arch = _arch(device)
-    if wanted == "cute":
-        key = ("cute", arch, direction)
-        if arch is not None and key in SUPPORT and SUPPORT[key].covers(call) and cute_importable():
-            return "cute"
+    key = ("cute", arch, direction)
+    cute_covers = arch is not None and key in SUPPORT and SUPPORT[key].covers(call)
+    preferred = wanted == "cute" or (wanted == "auto" and key in PREFER and PREFER[key].matches(call))
+    if cute_covers and preferred and cute_importable():
+        return "cute"
     key = ("gluon", arch, direction)
     if arch is None or key not in SUPPORT or not _gluon_importable():
         return "triton"

@@ -41,6 +41,9 @@ from ._act import act_and_grad
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
 STAGES = 2  # Q/dO ring depth
+# dQ staged column-block-major only for calls with more keys than this: at 256 keys per sequence
+# under up to 2,048 queries it ran slower than the row-major box (BENCHMARKS.md)
+COL8_MIN_KEYS = 257
 
 # named barriers (0 is the CTA-wide one)
 _BAR_DS = 1  # both consumers wrote their dSᵀ halves
@@ -107,18 +110,17 @@ class GdpaBwdSm90:
     measuring); ``L2_HINT`` None (the DSL's default cache-policy operand, 0) or a policy word for
     every TMA instruction (CUTLASS's EVICT_NORMAL is 0x1000000000000000); ``DS_KMAJOR`` stores dS
     key-major so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed;
-    ``DQ_COL8`` stages dQ column-block-major (``_sdq_layouts``): the row-major box's 256-byte rows
-    put the eight rows of one accumulator store in the same banks (8-way conflicts);
-    ``EPI_STAGED`` stores dK/dV through a warp-private shared-memory block (``stmatrix``, then
-    16-byte row chunks: a quarter of the pair stores' global store instructions, which queue on
-    the load/store unit at the end of every tile).
+    ``DQ_COL8`` None (by key length, ``use_dq_col8``), True or False: stage dQ column-block-major
+    (``_sdq_layouts``), since the row-major box's 256-byte rows put the eight rows of one
+    accumulator store in the same banks (8-way conflicts).
 
     dSᵀ goes to shared memory by ``stmatrix`` (four per thread and step): one 4-byte store per
     value pair kept 16 swizzled addresses live across the step and spilled them inside the loop.
     Both warpgroups meet at one barrier after writing their dSᵀ halves, then issue dQ and dK (dK
-    from registers), so the dQ staging runs under dK. dK and dV leave registers with one bound
-    check per row and one 4-byte store per column pair: a check and a 2-byte store per element cost
-    about 1,500 instructions per warp and tile, two query steps' worth. Builds that read dSᵀ from
+    from registers), so the dQ staging runs under dK. dK and dV leave through a warp-private block
+    of shared memory (``stmatrix`` in, 16-byte row chunks out, one bound check per chunk): per
+    element stores from registers cost about 1,500 instructions per warp and tile, two query
+    steps' worth, and 4-byte pair stores still queued on the load/store unit. Builds that read dSᵀ from
     shared memory for dK, packed Pᵀ before the dPᵀ wait, split the dSᵀ exchange per warpgroup, ran
     a third Q/dO stage, stepped 80 query rows (FA3/FA4's sm90 step at D=128, dQ computed
     transposed) or issued the dQ reductions from the consumer warpgroups were timed against this
@@ -129,16 +131,16 @@ class GdpaBwdSm90:
     DQ_MODE = "tma"
     L2_HINT: int | None = None
     DS_KMAJOR = False
-    DQ_COL8 = False
-    EPI_STAGED = False
+    DQ_COL8: bool | None = None
 
-    def __init__(self, dtype, head_dim: int, act: int):
+    def __init__(self, dtype, head_dim: int, act: int, dq_col8: bool = True):
         self.dtype = dtype
         self.d = head_dim
         self.dh = head_dim // 2
         self.act = act
         self.bm, self.bn, self.stages = BLOCK_M, BLOCK_N, STAGES
-        if self.DQ_COL8 and self.DQ_MODE == "bulk":
+        self.dq_col8 = dq_col8
+        if dq_col8 and self.DQ_MODE == "bulk":
             raise ValueError(
                 "DQ_COL8 stages dQ column-block-major, which row-wise bulk reductions cannot read"
             )
@@ -223,9 +225,9 @@ class GdpaBwdSm90:
             "sV": Align[MemRange[self.dtype, cute.cosize(sK_layout)], self.buffer_align],
             "sdS": Align[MemRange[self.dtype, cute.cosize(sdS_layout)], self.buffer_align],
             "sdQ": Align[MemRange[Float32, cute.cosize(sdQ_layout)], self.buffer_align],
+            # dK/dV on their way out, one 16-row block per consumer warp
+            "sE": Align[MemRange[self.dtype, bn * d], self.buffer_align],
         }
-        if const_expr(self.EPI_STAGED):  # dK/dV staging, one 16-row block per consumer warp
-            fields["sE"] = Align[MemRange[self.dtype, bn * d], self.buffer_align]
         Storage = cute.struct(type("Storage", (), {"__annotations__": fields}))
 
         self.kernel(
@@ -296,10 +298,8 @@ class GdpaBwdSm90:
         sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sdSt = _swap01(sdS) if const_expr(self.DS_KMAJOR) else sdS  # (kv, q) either way
         sdQ = st.sdQ.get_tensor(self._sdq_layouts()[0])
-        sE = None
-        if const_expr(self.EPI_STAGED):
-            sE_layout = _row_major_smem(self.dtype, self.bn, self.d, None)
-            sE = st.sE.get_tensor(sE_layout.outer, swizzle=sE_layout.inner)
+        sE_layout = _row_major_smem(self.dtype, self.bn, self.d, None)
+        sE = st.sE.get_tensor(sE_layout.outer, swizzle=sE_layout.inner)
         count = mCount[0]
         n_ctas = cute.arch.grid_dim()[0]
         block = cute.arch.block_idx()[0]
@@ -468,7 +468,6 @@ class GdpaBwdSm90:
         thr_dkv = mma_dkv.get_slice(tidx)
         wg_dq = mma_dq.get_slice(wg_first)
         thr_dq = mma_dq.get_slice(tidx)
-        thr_epi = mma_epi.get_slice(tidx)
 
         # operand fragments (shared-memory descriptors)
         tSrK = mma_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -495,11 +494,10 @@ class GdpaBwdSm90:
         tQsdQ = thr_dq.partition_C(sdQ)
         cDQ = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
         W = mdQ.shape[1]  # elements per token row of dQ
-        cKV = thr_epi.partition_C(cute.make_identity_tensor((bn, d)))
-        if const_expr(self.EPI_STAGED):
-            thr_epi = cute.make_tiled_copy_C(
-                cute.make_copy_atom(StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), mma_epi
-            ).get_slice(tidx)
+        # where this thread's dK/dV values go on their way out, by stmatrix
+        thr_epi = cute.make_tiled_copy_C(
+            cute.make_copy_atom(StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), mma_epi
+        ).get_slice(tidx)
 
         qdo_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -583,12 +581,8 @@ class GdpaBwdSm90:
                         it += 1
                 pipe_kv.consumer_release(kv_state)
                 kv_state.advance()
-                if const_expr(self.EPI_STAGED):
-                    self._store_kv_staged(thr_epi, sE, tidx, acc_dk, mdK, k0 + n * bn, kv_valid, hk)
-                    self._store_kv_staged(thr_epi, sE, tidx, acc_dv, mdV, k0 + n * bn, kv_valid, hk)
-                else:
-                    self._store_kv(thr_epi, acc_dk, mdK, cKV, k0 + n * bn, kv_valid, hk)
-                    self._store_kv(thr_epi, acc_dv, mdV, cKV, k0 + n * bn, kv_valid, hk)
+                self._store_kv(thr_epi, sE, tidx, acc_dk, mdK, k0 + n * bn, kv_valid, hk)
+                self._store_kv(thr_epi, sE, tidx, acc_dv, mdV, k0 + n * bn, kv_valid, hk)
                 n += n_slots
             t += n_ctas
 
@@ -596,7 +590,7 @@ class GdpaBwdSm90:
     def _dq_boxes(self, sdQ: cute.Tensor) -> cute.Tensor:
         """The dQ staging tile as its two (rows, D/2) boxes, one per consumer warpgroup: (r, c, w)."""
         bm, dh = self.bm, self.dh
-        if const_expr(self.DQ_COL8):
+        if const_expr(self.dq_col8):
             box = cute.make_layout((bm, (8, dh // 8), 2), stride=(8, (1, bm * 8), bm * dh))
         else:
             box = cute.make_layout((bm, dh, 2), stride=(dh, 1, bm * dh))
@@ -606,7 +600,7 @@ class GdpaBwdSm90:
     def _reduce_dq(self, tma_dq, tdQ, sdQ_boxes, q0, m, h, w):
         """Add warpgroup w's staged dQ box (query step m, head h, D half w) to the fp32 accumulator
         with one bulk tensor reduction (the calling thread's bulk group tracks it)."""
-        if const_expr(self.DQ_COL8):
+        if const_expr(self.dq_col8):
             bm, dh = self.bm, self.dh
             box = (bm, 8, dh // 8)
             gdQ = cute.local_tile(cute.domain_offset((q0, 0, 0), tdQ), box, (None, None, None))
@@ -624,7 +618,7 @@ class GdpaBwdSm90:
         """The dQ accumulator as the reduction's tensor map sees it: (Tq, H*D) rows, or with
         ``DQ_COL8`` (Tq, 8, H*D/8), so that one 3-D box covers a warpgroup's column-block-major
         staging."""
-        if const_expr(self.DQ_COL8):
+        if const_expr(self.dq_col8):
             rows, width = mdQ.shape
             return cute.make_tensor(
                 mdQ.iterator, cute.make_layout((rows, 8, width // 8), stride=(mdQ.layout.stride[0], 1, 8))
@@ -638,7 +632,7 @@ class GdpaBwdSm90:
         eight rows of one accumulator store are 256 contiguous bytes (two wavefronts) instead of
         sharing banks 256 bytes apart; the reduction's tensor map reads that box as a 3-D one."""
         bm, dh = self.bm, self.dh
-        if const_expr(self.DQ_COL8):
+        if const_expr(self.dq_col8):
             return (
                 cute.make_layout((bm, (8, self.d // 8)), stride=(8, (1, bm * 8))),
                 cute.make_layout((bm, 8, dh // 8), stride=(8, 1, bm * 8)),
@@ -672,26 +666,12 @@ class GdpaBwdSm90:
             cute.gemm(tiled_mma, acc, tA[None, None, k], tB[None, None, k], acc)
 
     @cute.jit
-    def _store_kv(self, thr_dkv, acc, mOut, cKV, row0, kv_valid, hk):
-        """The tile's rows inside the sequence, from registers, in the output dtype. A thread's
-        fragment ((2, 2, D/8), 1, 1) holds two rows (the middle mode), each as D/8 pairs of adjacent
-        columns: one bound check per row, one 4-byte store per pair."""
-        gOut = cute.local_tile(cute.domain_offset((row0, 0), mOut), (self.bn, self.d), (0, hk))
-        tOut = thr_dkv.partition_C(gOut)
-        r_out = cute.make_rmem_tensor(acc.shape, self.dtype)
-        r_out.store(acc.load().to(self.dtype))
-        r_pairs = cute.recast_tensor(r_out, Int32)
-        o_pairs = cute.recast_tensor(tOut, Int32)
-        for ri in cutlass.range_constexpr(2):
-            if cKV[(0, ri, 0), 0, 0][0] < kv_valid:
-                for j in cutlass.range_constexpr(self.d // 8):
-                    o_pairs[(0, ri, j), 0, 0] = r_pairs[(0, ri, j), 0, 0]
-
-    @cute.jit
-    def _store_kv_staged(self, thr_stsm, sE, tidx, acc, mOut, row0, kv_valid, hk):
-        """``EPI_STAGED``: the tile's rows inside the sequence through shared memory, 16 bytes per
-        global store. Each consumer warp writes its own 16 rows of the fragment by ``stmatrix`` and
-        reads them back as 16-byte row chunks, so only the warp itself synchronises."""
+    def _store_kv(self, thr_stsm, sE, tidx, acc, mOut, row0, kv_valid, hk):
+        """The tile's rows inside the sequence, in the output dtype, through shared memory, 16 bytes
+        per global store (a quarter of the global store instructions of 4-byte column-pair stores
+        from registers, which queued on the load/store unit at the end of every tile). Each consumer
+        warp writes its own 16 rows of the fragment by ``stmatrix`` and reads them back as 16-byte
+        row chunks, so only the warp itself synchronises."""
         d = self.d
         r_out = cute.make_rmem_tensor(acc.shape, self.dtype)
         r_out.store(acc.load().to(self.dtype))
@@ -726,17 +706,29 @@ def _fake_vec():
     return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
 
 
-_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8", "EPI_STAGED")
+_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8")
 
 
 def _switches() -> tuple:
     return tuple(getattr(GdpaBwdSm90, name) for name in _SWITCHES)
 
 
-def compiled(dtype: torch.dtype, head_dim: int, act: int):
-    """The kernel for one configuration, compiled on first use (explicit key: dtype, D, activation
-    and the build switches' values, so a switch changed in the process builds anew)."""
-    key = (dtype, head_dim, act, _switches())
+def use_dq_col8(max_seqlen_k: int | None = None) -> bool:
+    """Whether a call stages dQ column-block-major: the ``DQ_COL8`` switch where set, else when it
+    has more than ``COL8_MIN_KEYS - 1`` keys per sequence (None: as many as that) and the dQ mode is
+    a tensor-map one."""
+    if GdpaBwdSm90.DQ_COL8 is not None:
+        return GdpaBwdSm90.DQ_COL8
+    many_keys = max_seqlen_k is None or max_seqlen_k >= COL8_MIN_KEYS
+    return many_keys and GdpaBwdSm90.DQ_MODE != "bulk"
+
+
+def compiled(dtype: torch.dtype, head_dim: int, act: int, dq_col8: bool | None = None):
+    """The kernel for one configuration, compiled on first use (explicit key: dtype, D, activation,
+    dQ staging (None: ``use_dq_col8()``) and the build switches' values, so a switch changed in the
+    process builds anew)."""
+    dq_col8 = use_dq_col8() if dq_col8 is None else dq_col8
+    key = (dtype, head_dim, act, dq_col8, _switches())
     fn = _COMPILED.get(key)
     if fn is None:
         cdt = _DTYPES[dtype]
@@ -744,8 +736,8 @@ def compiled(dtype: torch.dtype, head_dim: int, act: int):
         outs = [_fake_rows(Float32), _fake_rows(cdt), _fake_rows(cdt)]
         scalars = [Int32(1)] * 4 + [Float32(1.0), Int32(1)]
         fn = cute.compile(
-            GdpaBwdSm90(cdt, head_dim, act), *rows, *outs, *[_fake_vec() for _ in range(4)], *scalars,
-            cuda.CUstream(0),
+            GdpaBwdSm90(cdt, head_dim, act, dq_col8), *rows, *outs, *[_fake_vec() for _ in range(4)],
+            *scalars, cuda.CUstream(0),
         )  # fmt: skip
         _COMPILED[key] = fn
     return fn
@@ -796,7 +788,7 @@ def gdpa_bwd_cute(
     )  # fmt: skip
     if p is None:
         return
-    fn = compiled(q.dtype, p.head_dim, int(activation_id))
+    fn = compiled(q.dtype, p.head_dim, int(activation_id), use_dq_col8(max_seqlen_k))
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     fn(
         _rows(p.q), _rows(p.k), _rows(p.v), _rows(p.do), _rows(dq_acc), _rows(dk), _rows(dv),
