@@ -42,6 +42,8 @@ VARIANTS = {
     # dQ staged column-block-major at every key length, or row-major at every one
     "col8": {"DQ_COL8": True},
     "rowdq": {"DQ_COL8": False},
+    # fast_gelu's act and act' in packed bf16x2 arithmetic (bf16 inputs)
+    "packed": {"ACT_PACKED": True},
 }
 SMOKE = [
     dict(lens_q=[128, 256], lens_k=[128, 256], H=2, H_kv=2),

@@ -42,6 +42,24 @@ def test_cute_bwd(case):
     _check(**CASES[case], kernel=gdpa_bwd_cute)
 
 
+# the matrix's bf16 fast_gelu cases, those the packed build changes
+PACKED_CASES = [
+    c for c in CASES if int(c.get("act", Activation.FAST_GELU)) == Activation.FAST_GELU and "dtype" not in c
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("case", range(len(PACKED_CASES)))
+def test_cute_bwd_packed_act(monkeypatch, case):
+    """``ACT_PACKED``: the same tolerance rule against the fp32 reference with act and act' in bf16x2
+    arithmetic (ragged, GQA, D 64/128, the scales 1, 0.37 and 1/max_seqlen of the matrix)."""
+    from ads_gdpa.cute import bwd_sm90
+
+    monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "ACT_PACKED", True)
+    _check(**PACKED_CASES[case], kernel=bwd_sm90.gdpa_bwd_cute)
+
+
 @pytest.mark.gpu
 @pytest.mark.sm90
 def test_dispatch_takes_cute_backward(monkeypatch):
@@ -97,8 +115,9 @@ _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
         ([("float16", 64, 3), ("bfloat16", 128, 10)], {}, _TENSOR_REDUCE_3D),
         ([("bfloat16", 128, 3)], {"DS_KMAJOR": True, "DQ_MODE": "bulk"}, _ROW_REDUCE),
         ([("bfloat16", 128, 3), ("float16", 64, 10)], {"DQ_COL8": False}, _TENSOR_REDUCE),
+        ([("bfloat16", 128, 3), ("float16", 128, 3)], {"ACT_PACKED": True}, _TENSOR_REDUCE_3D),
     ],
-    ids=["bf16-d128", "more", "fa4like", "rowdq"],
+    ids=["bf16-d128", "more", "fa4like", "rowdq", "packed"],
 )
 def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce):
     """Offline sm_90a build (no GPU needed): wgmma for the five GEMMs, TMA loads, dSᵀ by stmatrix,
@@ -115,6 +134,8 @@ def test_cute_backward_builds_for_sm90(tmp_path: Path, configs, switches, reduce
         assert "cp.async.bulk.tensor.2d.shared::cta.global" in text
     if any(act == 3 for _, _, act in configs):
         assert any("tanh.approx.f32" in t for t in ptx)
+    if switches.get("ACT_PACKED"):  # bf16 fast_gelu packed; fp16 keeps the fp32 path
+        assert sum("tanh.approx.bf16x2" in t for t in ptx) == 1, "one packed build of two"
     assert all("stmatrix.sync.aligned" in t for t in ptx)
 
 
@@ -176,6 +197,19 @@ def test_cute_dq_col8_staging_sass(cute_sass):
     assert offsets[1] - offsets[0] == 256 and offsets[2] - offsets[0] == 2048, offsets
     f = cute_sass.figures(loop)
     assert f["wgmma"] == 32 and f["local"] == 0, f
+
+
+def test_cute_packed_act_sass(cute_sass):
+    """``ACT_PACKED`` (offline sm_90a build, bf16 fast_gelu): the full tile's step loses about a sixth
+    of its instructions (623 -> 527 when written), act and act' in bf16x2 (``HFMA2.BF16``), no fp32
+    FFMA left in the loop, no local memory, the same GEMMs and waits in the same order."""
+    (default,) = cute_sass.step_loops(cute_sass.parse(cute_sass.build_sass({})))
+    (packed,) = cute_sass.step_loops(cute_sass.parse(cute_sass.build_sass({"ACT_PACKED": True})))
+    f, g = cute_sass.figures(default), cute_sass.figures(packed)
+    assert g["full_tile"] <= f["full_tile"] - 80, (f["full_tile"], g["full_tile"])
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for _, i in packed]
+    assert ops.count("HFMA2.BF16_V2") >= 80 and "FFMA" not in ops, ops
+    assert g["local"] == 0 and g["wgmma"] == f["wgmma"] and g["order"] == f["order"], (f, g)
 
 
 def test_cute_col8_refuses_row_reductions(monkeypatch):

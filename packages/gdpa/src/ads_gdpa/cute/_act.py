@@ -84,3 +84,91 @@ def act_and_grad(x: Float32, scale: Float32, act: cutlass.Constexpr[int]):
         mid = x * (scale / 3.0) + 0.5 * scale
         g = cutlass.select_(x <= -3.0, Float32(0.0), cutlass.select_(x >= 3.0, scale, mid))
     return Float32(y), Float32(g)
+
+
+# fast_gelu's constants as bf16x2 words (both halves the same), for the packed path below
+_BF16X2 = {
+    "b": "0x3F4C3F4C",
+    "bc": "0x3D123D12",
+    "dbc": "0x3DDB3DDB",
+    "half": "0x3F003F00",
+    "one": "0x3F803F80",
+}
+
+
+@dsl_user_op
+def pack_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None) -> cutlass.Int32:
+    """Two fp32 values rounded to bf16, ``lo`` in the low half (the order of a fragment's pair)."""
+    return cutlass.Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+            "cvt.rn.bf16x2.f32 $0, $1, $2;",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def fast_gelu_and_grad_bf16x2(s_lo: Float32, s_hi: Float32, *, loc=None, ip=None):
+    """(act, act') of fast_gelu for two scores in packed bf16x2 arithmetic, unscaled: two bf16x2
+    words, ``s_lo``'s results in the low halves. Each operation rounds to bf16, as PyTorch's bf16
+    GDPA does; the caller applies the scale in fp32 where the products are accumulated."""
+    k = _BF16X2
+    body = f"""{{
+        .reg .b32 x, xx, a, u, t, nt, hs, v, w, n, c_b, c_bc, c_dbc, c_half, c_one;
+        mov.b32 c_b, {k["b"]};
+        mov.b32 c_bc, {k["bc"]};
+        mov.b32 c_dbc, {k["dbc"]};
+        mov.b32 c_half, {k["half"]};
+        mov.b32 c_one, {k["one"]};
+        cvt.rn.bf16x2.f32 x, $2, $3;
+        mul.rn.bf16x2 xx, x, x;
+        fma.rn.bf16x2 a, xx, c_bc, c_b;
+        mul.rn.bf16x2 u, x, a;
+        tanh.approx.bf16x2 t, u;
+        mul.rn.bf16x2 hs, x, c_half;
+        fma.rn.bf16x2 $0, hs, t, hs;
+        fma.rn.bf16x2 $1, t, c_half, c_half;
+        xor.b32 nt, t, 0x80008000;
+        fma.rn.bf16x2 w, t, nt, c_one;
+        fma.rn.bf16x2 v, xx, c_dbc, c_b;
+        mul.rn.bf16x2 n, hs, w;
+        fma.rn.bf16x2 $1, n, v, $1;
+    }}"""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32(), T.i32()]),
+        [Float32(s_hi).ir_value(loc=loc, ip=ip), Float32(s_lo).ir_value(loc=loc, ip=ip)],
+        body,
+        "=&r,=&r,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return (
+        cutlass.Int32(llvm.extractvalue(T.i32(), res, [0], loc=loc, ip=ip)),
+        cutlass.Int32(llvm.extractvalue(T.i32(), res, [1], loc=loc, ip=ip)),
+    )
+
+
+@dsl_user_op
+def mul_bf16x2(g: cutlass.Int32, lo: Float32, hi: Float32, *, loc=None, ip=None) -> cutlass.Int32:
+    """The bf16x2 word ``g`` times the pair (lo, hi) rounded to bf16x2, in bf16x2 arithmetic."""
+    return cutlass.Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [
+                cutlass.Int32(g).ir_value(loc=loc, ip=ip),
+                Float32(hi).ir_value(loc=loc, ip=ip),
+                Float32(lo).ir_value(loc=loc, ip=ip),
+            ],
+            "{\n .reg .b32 d;\n cvt.rn.bf16x2.f32 d, $2, $3;\n mul.rn.bf16x2 $0, $1, d;\n}",
+            "=r,r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )

@@ -35,8 +35,9 @@ from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
+from ..activations import Activation
 from ..bwd_plan import plan_kv_tiles
-from ._act import act_and_grad
+from ._act import act_and_grad, fast_gelu_and_grad_bf16x2, mul_bf16x2
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
@@ -112,7 +113,10 @@ class GdpaBwdSm90:
     key-major so the dQ GEMM reads its A operand K-major (two-byte stores) instead of transposed;
     ``DQ_COL8`` None (by key length, ``use_dq_col8``), True or False: stage dQ column-block-major
     (``_sdq_layouts``), since the row-major box's 256-byte rows put the eight rows of one
-    accumulator store in the same banks (8-way conflicts).
+    accumulator store in the same banks (8-way conflicts); ``ACT_PACKED`` computes fast_gelu's act and
+    act' for bf16 inputs in packed bf16x2 arithmetic (``_act.fast_gelu_and_grad_bf16x2``: half the
+    FP32 instructions and MUFU operations of the step's elementwise phase, each operation rounded to
+    bf16 as PyTorch's bf16 GDPA rounds it), the scale then applied to the fp32 accumulators.
 
     dSᵀ goes to shared memory by ``stmatrix`` (four per thread and step): one 4-byte store per
     value pair kept 16 swizzled addresses live across the step and spilled them inside the loop.
@@ -132,6 +136,7 @@ class GdpaBwdSm90:
     L2_HINT: int | None = None
     DS_KMAJOR = False
     DQ_COL8: bool | None = None
+    ACT_PACKED = False
 
     def __init__(self, dtype, head_dim: int, act: int, dq_col8: bool = True):
         self.dtype = dtype
@@ -140,6 +145,8 @@ class GdpaBwdSm90:
         self.act = act
         self.bm, self.bn, self.stages = BLOCK_M, BLOCK_N, STAGES
         self.dq_col8 = dq_col8
+        # other dtypes and activations keep the fp32 path whatever the switch says
+        self.packed_act = self.ACT_PACKED and dtype is cutlass.BFloat16 and act == int(Activation.FAST_GELU)
         if dq_col8 and self.DQ_MODE == "bulk":
             raise ValueError(
                 "DQ_COL8 stages dQ column-block-major, which row-wise bulk reductions cannot read"
@@ -525,22 +532,27 @@ class GdpaBwdSm90:
                         self._gemm(mma_sdp, acc_dp, tSrV, tSrdO[None, None, None, s], zero=True)
                         warpgroup.commit_group()
                         warpgroup.wait_group(1)
-                        p = cute.make_rmem_tensor(acc_s_shape, Float32)
-                        for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            y, gr = act_and_grad(acc_s[i], scale, self.act)
-                            p[i] = y
-                            acc_s[i] = gr
+                        partial = kv_valid < bn or q_valid < bm
                         # Pᵀ and dSᵀ as register A operands (in the input dtype)
-                        warpgroup.wait_group(0)
-                        for i in cutlass.range_constexpr(cute.size(acc_s)):
-                            acc_dp[i] = acc_s[i] * acc_dp[i]
-                        if kv_valid < bn or q_valid < bm:
-                            # TMA brought the neighbouring sequences' rows (or zeros): they must not count
-                            self._mask(tScS, kv_valid, q_valid, (p, acc_dp))
                         rP = cute.make_rmem_tensor(acc_s_shape, self.dtype)
-                        rP.store(p.load().to(self.dtype))
                         rdS = cute.make_rmem_tensor(acc_s_shape, self.dtype)
-                        rdS.store(acc_dp.load().to(self.dtype))
+                        if const_expr(self.packed_act):
+                            self._act_packed(tScS, acc_s, acc_dp, rP, rdS, partial, kv_valid, q_valid)
+                        else:
+                            p = cute.make_rmem_tensor(acc_s_shape, Float32)
+                            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                                y, gr = act_and_grad(acc_s[i], scale, self.act)
+                                p[i] = y
+                                acc_s[i] = gr
+                            warpgroup.wait_group(0)
+                            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                                acc_dp[i] = acc_s[i] * acc_dp[i]
+                            if partial:
+                                # TMA brought the neighbouring sequences' rows (or zeros): they must not
+                                # count
+                                self._mask(tScS, kv_valid, q_valid, (p, acc_dp))
+                            rP.store(p.load().to(self.dtype))
+                            rdS.store(acc_dp.load().to(self.dtype))
                         buf = it % 2
                         cute.copy(thr_stsm, thr_stsm.retile(rdS), tRsdS[None, None, None, buf])
                         cute.arch.fence_view_async_shared()
@@ -555,6 +567,9 @@ class GdpaBwdSm90:
                         self._gemm(mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False)
                         warpgroup.commit_group()
                         warpgroup.wait_group(1)  # dV and dQ retired
+                        if const_expr(self.packed_act):
+                            for i in cutlass.range_constexpr(cute.size(acc_dq)):
+                                acc_dq[i] = acc_dq[i] * scale
                         if const_expr(self.DQ_MODE in ("tma", "bulk")):
                             cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=160)
                             cute.autovec_copy(acc_dq, tQsdQ)
@@ -581,6 +596,10 @@ class GdpaBwdSm90:
                         it += 1
                 pipe_kv.consumer_release(kv_state)
                 kv_state.advance()
+                if const_expr(self.packed_act):
+                    for i in cutlass.range_constexpr(cute.size(acc_dk)):
+                        acc_dk[i] = acc_dk[i] * scale
+                        acc_dv[i] = acc_dv[i] * scale
                 self._store_kv(thr_epi, sE, tidx, acc_dk, mdK, k0 + n * bn, kv_valid, hk)
                 self._store_kv(thr_epi, sE, tidx, acc_dv, mdV, k0 + n * bn, kv_valid, hk)
                 n += n_slots
@@ -645,6 +664,24 @@ class GdpaBwdSm90:
         return {} if self.L2_HINT is None else {"cache_policy": cutlass.Int64(self.L2_HINT)}
 
     @cute.jit
+    def _act_packed(self, tScS, acc_s, acc_dp, rP, rdS, partial, kv_valid, q_valid):
+        """``ACT_PACKED``: unscaled Pᵀ = act(Sᵀ) and dSᵀ = act'(Sᵀ)·dPᵀ in bf16x2 arithmetic, one
+        fragment pair (adjacent columns) per word. A masked score is set to 0 (act(0) = 0 for
+        fast_gelu) and its dPᵀ to 0, so both products vanish there."""
+        if partial:
+            self._mask(tScS, kv_valid, q_valid, acc_s)
+        wP = cute.recast_tensor(rP, Int32)
+        wG = cute.make_rmem_tensor(cute.size(wP), Int32)
+        for j in cutlass.range_constexpr(cute.size(wP)):
+            wP[j], wG[j] = fast_gelu_and_grad_bf16x2(acc_s[2 * j], acc_s[2 * j + 1])
+        warpgroup.wait_group(0)
+        if partial:
+            self._mask(tScS, kv_valid, q_valid, acc_dp)
+        wdS = cute.recast_tensor(rdS, Int32)
+        for j in cutlass.range_constexpr(cute.size(wdS)):
+            wdS[j] = mul_bf16x2(wG[j], acc_dp[2 * j], acc_dp[2 * j + 1])
+
+    @cute.jit
     def _mask(self, tScS: cute.Tensor, kv_valid, q_valid, xs):
         """Zero the elements of the fragments ``xs`` (one or a tuple) outside this tile's kv and query
         rows."""
@@ -706,7 +743,7 @@ def _fake_vec():
     return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
 
 
-_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8")
+_SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8", "ACT_PACKED")
 
 
 def _switches() -> tuple:
