@@ -146,6 +146,18 @@ def _jobs() -> dict[str, dict]:
     try:
         jobs |= {f"gluon_d{d}": _gluon_job(d) for d in (64, 128)}
         jobs["gluon_d128_skip_dead"] = _gluon_job(128, skip_dead=True)
+        # ADS_GDPA_PACKED_ACT: fast_gelu's deferred form in bf16x2 arithmetic (DEFER=2)
+        packed = _gluon_job(128)
+        packed["constexprs"] = dict(packed["constexprs"], DEFER=2)
+        packed["sass_between"] = {
+            name: [r"\.text\.", r"(?!)", pattern]
+            for name, pattern in (
+                ("packed", r"HFMA2\.BF16"),
+                ("fp32_tanh", r"MUFU\.TANH "),
+                ("ffma", r"\bFFMA\b"),
+            )
+        }
+        jobs["gluon_d128_packed"] = packed
         jobs |= {f"gluon_fp8_d{d}": _gluon_job(d, fp8=True) for d in (64, 128)}
         jobs["gluon_fp8_d128_relu_square"] = _gluon_job(128, fp8=True, act=10)
         # ptxas serialises every wgmma of a kernel it cannot pipeline (info C7512/C7514): then no
@@ -230,6 +242,16 @@ def test_gluon_forward_compiles_for_sm90(ptx, d):
     if d == 128:  # the variant for short maxima (dead halves skipped) builds and does not spill
         skip = _ok(ptx, "gluon_d128_skip_dead")
         assert skip["wgmma"] > 0 and skip["local_memory"] == 0
+
+
+def test_gluon_packed_fast_gelu_builds_for_sm90(ptx):
+    """The opt-in packed forward (``ADS_GDPA_PACKED_ACT=1``): the activation in bf16x2 arithmetic, no
+    fp32 tanh or FFMA left, wgmma and no register spills."""
+    if "gluon_d128_packed" not in ptx:
+        pytest.skip("this Triton has no Gluon")
+    counts = _ok(ptx, "gluon_d128_packed")
+    assert counts["wgmma"] > 0 and counts["local_memory"] == 0
+    assert min(counts["packed"]) > 0 and max(counts["fp32_tanh"] + counts["ffma"]) == 0, counts
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -131,6 +131,19 @@ def test_gluon_fwd_dead_half_skip_forced(skip, case):
     _check(_load_fwd(), skip_dead_halves=skip, **_cases(True)[case])
 
 
+PACKED_CASES = [c for c in _cases(True) if "dtype" not in c] + [
+    dict(lens_q=RAGGED, lens_k=RAGGED_K, act=3, scale=1.0 / 2048),  # upstream's 1/max_seqlen
+    dict(lens_q=RAGGED, lens_k=RAGGED, act=3, D=64),
+]
+
+
+@pytest.mark.parametrize("case", range(len(PACKED_CASES)))
+def test_gluon_fwd_packed_act(monkeypatch, case):
+    """ADS_GDPA_PACKED_ACT=1 (bf16 fast_gelu in bf16x2 arithmetic) under the same tolerance rule."""
+    monkeypatch.setenv("ADS_GDPA_PACKED_ACT", "1")
+    _check(_load_fwd(), **PACKED_CASES[case])
+
+
 def test_dispatch_routes_to_gluon_when_asked(monkeypatch):
     """ADS_GDPA_BACKEND=gluon sends supported forwards through the Gluon kernel, with the same result."""
     from ads_gdpa import gdpa_varlen

@@ -86,6 +86,30 @@ def act_deferred(x, ACT: gl.constexpr):
 
 
 @gluon.jit
+def fast_gelu_deferred_bf16x2(x):
+    """``act_deferred`` of fast_gelu, x(1 + tanh(x(β + βc·x²))), in packed bf16x2 arithmetic on a
+    bf16 tensor (two scores per instruction, each operation rounded to bf16 as PyTorch's bf16 GDPA
+    rounds it); returns bf16, the operand dtype of P·V."""
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .b32 xx, a, u, t, c_b, c_bc;
+        mov.b32 c_b, 0x3F4C3F4C;
+        mov.b32 c_bc, 0x3D123D12;
+        mul.rn.bf16x2 xx, $1, $1;
+        fma.rn.bf16x2 a, xx, c_bc, c_b;
+        mul.rn.bf16x2 u, $1, a;
+        tanh.approx.bf16x2 t, u;
+        fma.rn.bf16x2 $0, $1, t, $1;
+        }""",
+        "=r,r",
+        [x],
+        dtype=gl.bfloat16,
+        is_pure=True,
+        pack=2,
+    )
+
+
+@gluon.jit
 def act_and_grad_scaled(x, scale, ACT: gl.constexpr):
     """(scale·act(x), scale·act'(x)) in fp32 for the backward, sharing the transcendental between the
     two; the scale rides inside constants or the last multiply, saving the backward two multiplies

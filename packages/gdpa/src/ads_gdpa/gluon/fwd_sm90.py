@@ -53,7 +53,7 @@ from ads_kernel_tools.kernels.transpose import v_kmajor, v_kmajor_relabel
 
 from .. import config as cfg
 from ..activations import Activation
-from ._act import DEFERRED_GAIN, act_deferred, act_scaled
+from ._act import DEFERRED_GAIN, act_deferred, act_scaled, fast_gelu_deferred_bf16x2
 from ._fp8 import act_fp8, fp8_gain, row_scaled_p
 
 # The activations with a kernel path here (``dispatch.SUPPORT`` routes calls by its own table,
@@ -159,7 +159,9 @@ def _ws_mask_act(
     # there. act(0) = 0 for every activation here, so masking S or P gives the same P.
     if (j + 1) * BN > lk:
         sacc = gl.where(cols2 < lk - j * BN, sacc, 0.0)
-    if DEFER:  # scale and gain applied to the output tile instead (``DEFERRED_GAIN``)
+    if DEFER == 2:  # the deferred form in bf16x2 arithmetic (bf16 fast_gelu, ``config.packed_act``)
+        p = fast_gelu_deferred_bf16x2(sacc.to(gl.bfloat16))
+    elif DEFER:  # scale and gain applied to the output tile instead (``DEFERRED_GAIN``)
         p = act_deferred(sacc, ACT)
     else:
         p = act_scaled(sacc, scale, ACT)
@@ -745,6 +747,8 @@ def gdpa_fwd_gluon(
     defer = q.dtype == torch.bfloat16 and int(activation_id) in DEFERRED_GAIN and cfg.defer_scale()
     if defer:
         scale = scale * DEFERRED_GAIN[int(activation_id)]
+        if int(activation_id) == int(Activation.FAST_GELU) and cfg.packed_act():
+            defer = 2
     args = (
         q_desc,
         k_desc,
