@@ -123,8 +123,8 @@ class Prefer:
 
 
 # (backend, arch major, direction) -> where auto prefers it to Gluon, given its table covers the call
-# and it is installed. The CuTe backward beat the Gluon one by 0.4-9.5 % at D=128 with 512 to 2,048
-# keys (same-process A/B, H100) and tied at 256 keys; D=64 was not timed.
+# and it is installed: the shape class where it measured faster (BENCHMARKS.md, "The dispatch rule");
+# at 256 keys or fewer the two tie, and D=64 was not timed.
 PREFER: dict[tuple[str, int, str], Prefer] = {
     ("cute", 9, "bwd"): Prefer(frozenset({(128, 128)}), min_keys=257),
 }
