@@ -132,6 +132,8 @@ class Bench:
                 self._fwd_bwd(op, "ours[triton-bwd-tma-loads]", shape, ours, flop)
             with cli_env(ADS_GDPA_BACKEND="triton", ADS_GDPA_PERSISTENT="1"):
                 self._fwd_bwd(op, "ours[triton-persistent]", shape, ours, flop, make_grad=False)
+            with cli_env(ADS_GDPA_PACKED_ACT="1"):
+                self._fwd_bwd(op, "ours[packed-act]", shape, ours, flop, make_grad=False)
 
         # padded dense peers
         dense_ok = b * heads * mq * mk <= _NAIVE_MAX_SCORE_ELEMS
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = (
         "also time ours[det] (deterministic backward), "
         "ours[triton-bwd-tma-loads] (Triton backward with TMA Q/dO loads), ours[triton-persistent] "
-        "(Triton forward, persistent grid)"
+        "(Triton forward, persistent grid), ours[packed-act] (Gluon forward, ADS_GDPA_PACKED_ACT=1)"
     )
     return cli.main(
         "python -m ads_gdpa.bench", __doc__.splitlines()[0], measure, demo=demo,
