@@ -21,3 +21,14 @@ def test_ids_and_names():
     assert activation_name(11) == "fast_gelu_taylor_approx"
     with pytest.raises(ValueError):
         activation_id(True)
+
+
+def test_bf16x2_word_rounds_as_torch_does():
+    """The packed kernels' PTX constants: each value rounded to bf16 as torch rounds it (nearest,
+    ties to even), in both halves of the word."""
+    from ads_gdpa.activations import GELU_B, GELU_BC, GELU_DBC, bf16x2_word
+
+    # 1 + 2^-8 is a tie between two bf16 neighbours; 1 + 3·2^-8 rounds up to the even one
+    for x in (GELU_B, GELU_BC, GELU_DBC, 0.5, 1.0, -2.75, 1 + 2**-8, 1 + 3 * 2**-8, 1e-30):
+        half = torch.tensor([x], dtype=torch.float32).to(torch.bfloat16).view(torch.int16).item() & 0xFFFF
+        assert bf16x2_word(x) == f"0x{half:04X}{half:04X}", x

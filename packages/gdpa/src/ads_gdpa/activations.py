@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
 
 import torch
 
@@ -38,6 +39,19 @@ TAYLOR_C2 = 0.3989422804
 TAYLOR_C4 = -0.0664903801
 TAYLOR_C6 = 0.0099735570
 BETA = 0.7978845608  # sqrt(2/pi)
+
+# tanh-GELU (fast_gelu) in the kernels: tanh(x(β + βc·x²)), its derivative's β + 3βc·x²
+GELU_B = 0.7978845608028654  # β = sqrt(2/pi)
+GELU_BC = 0.035677408136300125  # βc, c = 0.044715
+GELU_DBC = 0.10703222440890289  # 3βc
+
+
+def bf16x2_word(x: float) -> str:
+    """``x`` rounded to bf16 (nearest, ties to even) in both halves of a 32-bit word, as the hex
+    literal a packed-bf16x2 PTX constant takes (e.g. 1.0 -> "0x3F803F80")."""
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    half = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    return f"0x{half:04X}{half:04X}"
 
 
 def activation_id(act: str | int | Activation) -> int:

@@ -14,13 +14,10 @@ from cutlass import Float32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from ..activations import Activation
+from ..activations import GELU_B, GELU_BC, GELU_DBC, Activation, bf16x2_word
 
 A = Activation
 LOG2E = 1.4426950408889634
-GELU_B = 0.7978845608028654  # sqrt(2/pi)
-GELU_BC = 0.035677408136300125  # sqrt(2/pi) * 0.044715
-GELU_DBC = 0.10703222440890289  # 3 * sqrt(2/pi) * 0.044715
 
 
 @dsl_user_op
@@ -88,11 +85,8 @@ def act_and_grad(x: Float32, scale: Float32, act: cutlass.Constexpr[int]):
 
 # fast_gelu's constants as bf16x2 words (both halves the same), for the packed path below
 _BF16X2 = {
-    "b": "0x3F4C3F4C",
-    "bc": "0x3D123D12",
-    "dbc": "0x3DDB3DDB",
-    "half": "0x3F003F00",
-    "one": "0x3F803F80",
+    name: bf16x2_word(x)
+    for name, x in (("b", GELU_B), ("bc", GELU_BC), ("dbc", GELU_DBC), ("half", 0.5), ("one", 1.0))
 }
 
 

@@ -12,7 +12,7 @@ from triton.experimental.gluon import language as gl
 from ads_kernel_tools.kernels.hw_math import rcp_approx
 from ads_kernel_tools.kernels.hw_math import tanh_approx as _tanh
 
-from ..activations import Activation
+from ..activations import GELU_B, GELU_BC, Activation, bf16x2_word
 from ..triton._act import (
     A_FAST_GELU,
     A_FAST_SILU,
@@ -85,22 +85,25 @@ def act_deferred(x, ACT: gl.constexpr):
     return gl.fma(x, _tanh(u), x)  # x(1 + t) = 2·gelu(x): one fma, no 0.5·scale·x
 
 
+_FAST_GELU_DEFERRED_BF16X2: gl.constexpr = gl.constexpr(f"""{{
+        .reg .b32 xx, a, u, t, c_b, c_bc;
+        mov.b32 c_b, {bf16x2_word(GELU_B)};
+        mov.b32 c_bc, {bf16x2_word(GELU_BC)};
+        mul.rn.bf16x2 xx, $1, $1;
+        fma.rn.bf16x2 a, xx, c_bc, c_b;
+        mul.rn.bf16x2 u, $1, a;
+        tanh.approx.bf16x2 t, u;
+        fma.rn.bf16x2 $0, $1, t, $1;
+        }}""")
+
+
 @gluon.jit
 def fast_gelu_deferred_bf16x2(x):
     """``act_deferred`` of fast_gelu, x(1 + tanh(x(β + βc·x²))), in packed bf16x2 arithmetic on a
     bf16 tensor (two scores per instruction, each operation rounded to bf16 as PyTorch's bf16 GDPA
     rounds it); returns bf16, the operand dtype of P·V."""
     return gl.inline_asm_elementwise(
-        """{
-        .reg .b32 xx, a, u, t, c_b, c_bc;
-        mov.b32 c_b, 0x3F4C3F4C;
-        mov.b32 c_bc, 0x3D123D12;
-        mul.rn.bf16x2 xx, $1, $1;
-        fma.rn.bf16x2 a, xx, c_bc, c_b;
-        mul.rn.bf16x2 u, $1, a;
-        tanh.approx.bf16x2 t, u;
-        fma.rn.bf16x2 $0, $1, t, $1;
-        }""",
+        _FAST_GELU_DEFERRED_BF16X2,
         "=r,r",
         [x],
         dtype=gl.bfloat16,
