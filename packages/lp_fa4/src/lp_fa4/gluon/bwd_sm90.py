@@ -66,6 +66,7 @@ from ads_kernel_tools.kernels.tile_list import schedule
 
 from .. import config
 from ..offsets import kernel_offsets
+from .band import in_band
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # keys per work item: 64 per consumer warpgroup
@@ -324,11 +325,7 @@ def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
         if CAUSAL:
             keep = keep & (rows2 + kv_first <= cols2 + m * BM + off)
         if WINDOW:
-            # -win_left <= key - (query + off) <= win_right as one unsigned compare of the shifted
-            # difference against the band's width (sides up to launch.BIG = 2^30: no int32 overflow)
-            shifted = rows2 + ((kv_first - m * BM - off + win_left) - cols2)  # per column, then per score
-            width = (win_left + win_right).to(gl.uint32, bitcast=True)
-            keep = keep & (shifted.to(gl.uint32, bitcast=True) <= width)
+            keep = keep & in_band(rows2 + ((kv_first - m * BM - off + win_left) - cols2), win_left, win_right)
         pt = gl.where(keep, pt, 0.0)
         dst = gl.where(keep, dst, 0.0)
     return pt, dst

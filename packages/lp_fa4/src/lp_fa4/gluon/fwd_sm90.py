@@ -76,6 +76,7 @@ from ads_kernel_tools.kernels.transpose import v_kmajor_relabel
 
 from .. import config
 from ..offsets import dense_offsets, kernel_offsets
+from .band import in_band
 
 BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
 BLOCK_N = 128  # keys per step
@@ -207,12 +208,7 @@ def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2
         j0, r_first, r_last, win_left, win_right = band
         ks = (j0 + j) * BN
         if (ks + BN > k_len) | (ks < r_last + off - win_left) | (ks + BN - 1 > r_first + off + win_right):
-            # -win_left <= key - (row + off) <= win_right as one unsigned compare of the difference
-            # shifted by win_left against the band's width (sides up to launch.BIG = 2^30, their sum
-            # >= 0: no int32 overflow), the shift formed per row
-            shifted = cols2 + ((ks - off + win_left) - rows2)
-            width = (win_left + win_right).to(gl.uint32, bitcast=True)
-            ok = (cols2 < k_len - ks) & (shifted.to(gl.uint32, bitcast=True) <= width)
+            ok = (cols2 < k_len - ks) & in_band(cols2 + ((ks - off + win_left) - rows2), win_left, win_right)
             sacc = gl.where(ok, sacc, float("-inf"))
     elif j >= n_full:
         kj = j * BN + cols2
