@@ -223,19 +223,19 @@ class GdpaBwdSm90:
         kv_bytes = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
         Align, MemRange = cute.struct.Align, cute.struct.MemRange
-        fields = {
-            "bar_qdo": MemRange[cutlass.Int64, self.stages * 2],
-            "bar_kv": MemRange[cutlass.Int64, 2],
-            "sQ": Align[MemRange[self.dtype, cute.cosize(sQ_layout)], self.buffer_align],
-            "sdO": Align[MemRange[self.dtype, cute.cosize(sQ_layout)], self.buffer_align],
-            "sK": Align[MemRange[self.dtype, cute.cosize(sK_layout)], self.buffer_align],
-            "sV": Align[MemRange[self.dtype, cute.cosize(sK_layout)], self.buffer_align],
-            "sdS": Align[MemRange[self.dtype, cute.cosize(sdS_layout)], self.buffer_align],
-            "sdQ": Align[MemRange[Float32, cute.cosize(sdQ_layout)], self.buffer_align],
-            # dK/dV on their way out, one 16-row block per consumer warp
-            "sE": Align[MemRange[self.dtype, bn * d], self.buffer_align],
-        }
-        Storage = cute.struct(type("Storage", (), {"__annotations__": fields}))
+        align = self.buffer_align
+
+        @cute.struct
+        class Storage:
+            bar_qdo: MemRange[cutlass.Int64, self.stages * 2]
+            bar_kv: MemRange[cutlass.Int64, 2]
+            sQ: Align[MemRange[self.dtype, cute.cosize(sQ_layout)], align]
+            sdO: Align[MemRange[self.dtype, cute.cosize(sQ_layout)], align]
+            sK: Align[MemRange[self.dtype, cute.cosize(sK_layout)], align]
+            sV: Align[MemRange[self.dtype, cute.cosize(sK_layout)], align]
+            sdS: Align[MemRange[self.dtype, cute.cosize(sdS_layout)], align]
+            sdQ: Align[MemRange[Float32, cute.cosize(sdQ_layout)], align]
+            sE: Align[MemRange[self.dtype, bn * d], align]  # dK/dV on their way out, 16 rows per warp
 
         self.kernel(
             tma_q, tQ, tma_do, tdO, tma_k, tK, tma_v, tV, tma_dq, tdQ, mdQ, mdK, mdV, mCuQ, mCuK, mTiles,
