@@ -106,7 +106,7 @@ def _gluon_bwd_job(
     stats: str = "smem",
     sass: bool = False,
     pipe: int = 0,
-    window: bool = False,
+    window: int = 0,
     top_left: bool = False,
 ) -> dict:
     import torch
@@ -159,10 +159,13 @@ GLUON_BWD_JOBS = {
     "d64-causal-seqused-fp16-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2),
     "d128-causal-seqused-fp16-pipe3": dict(d=128, causal=True, used=True, fp16=True, pipe=3),
     "d64-pipe3": dict(d=64, pipe=3),
-    # windows (the default unless LP_FA4_BWD_WINDOWS=0): local (bottom-right) and jagged top-left bands
-    "d128-window": dict(d=128, window=True),
-    "d128-window-top-left-seqused-fp16": dict(d=128, window=True, top_left=True, used=True, fp16=True),
-    "d64-window-top-left": dict(d=64, window=True, top_left=True),
+    # windows (the default unless LP_FA4_BWD_WINDOWS=0): local (bottom-right) and jagged top-left
+    # bands; WINDOW=2 the phased query-tile walk (default), 1 the plain one (LP_FA4_BWD_WINDOW_PHASE=0)
+    "d128-window": dict(d=128, window=2),
+    "d128-window-top-left-seqused-fp16": dict(d=128, window=2, top_left=True, used=True, fp16=True),
+    "d64-window-top-left": dict(d=64, window=2, top_left=True),
+    "d128-window-top-left-pipe2": dict(d=128, window=2, top_left=True, pipe=2),
+    "d128-window-plain": dict(d=128, window=1),
 }
 
 
@@ -219,8 +222,8 @@ PIPE_BUILDS = {
     for stats in ("regs", "smem")
     for pipe in (0, 1, 2, 3)
 } | {
-    "d128-window-smem-pipe0": dict(d=128, window=True),
-    "d128-window-top-left-smem-pipe2": dict(d=128, window=True, top_left=True, pipe=2),
+    "d128-window-smem-pipe0": dict(d=128, window=2),
+    "d128-window-top-left-smem-pipe2": dict(d=128, window=2, top_left=True, pipe=2),
 }
 
 

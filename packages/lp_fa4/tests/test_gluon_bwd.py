@@ -240,11 +240,14 @@ def test_gluon_bwd_windows_match_reference(case, device, gluon_bwd_calls, monkey
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("phase", ["1", "0"], ids=["phased-walk", "plain-walk"])
 @pytest.mark.parametrize("window", [0, 5, 32, 256])
-def test_gluon_bwd_jagged_top_left_windows(window, device, gluon_bwd_calls, monkeypatch):
+def test_gluon_bwd_jagged_top_left_windows(window, phase, device, gluon_bwd_calls, monkeypatch):
     """jagged_attention's top-left band |i - j| <= W through the Gluon backward (the default): cross
-    attention with Lq != Lk, an empty kv sequence, rows past max_seqlen_q, GQA."""
+    attention with Lq != Lk, an empty kv sequence, rows past max_seqlen_q, GQA; under both query-tile
+    walks (LP_FA4_BWD_WINDOW_PHASE)."""
     monkeypatch.delenv("LP_FA4_BWD_WINDOWS", raising=False)
+    monkeypatch.setenv("LP_FA4_BWD_WINDOW_PHASE", phase)
     jagged_case((T + 1, 0, 7, 700, 300), (2 * T + 3, 5, 0, 40, 300), max_q=512, window=window, heads=4,
                 kv_heads=2, d=128, device=device)  # fmt: skip
     assert gluon_bwd_calls, "the Gluon backward did not run"

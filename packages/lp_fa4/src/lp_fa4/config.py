@@ -34,6 +34,10 @@ Env:
         and ``jagged_attention``'s top-left band (query tiles outside a kv tile's band skipped, edge
         tiles masked). Default 1: 1.66-1.73x the Triton backward at W = 256 on the H200
         (BENCHMARKS.md); ``0`` sends windowed backwards to the Triton kernels.
+    LP_FA4_BWD_WINDOW_PHASE=1|0  the Gluon Hopper backward under a window walks each kv tile's query
+        tiles in a rotated order (``bwd_sm90._q_tile_at``): the band's kv tiles then read each Q/dO
+        tile and add into its dQ at the same step, while it is in L2. Default 1: 1.09-1.16x the plain
+        walk at W = 256 on the H100 (BENCHMARKS.md); ``0`` walks each kv tile's range in order.
     LP_FA4_BROADCAST_Q=auto|repeat|resident|kernel  how a ``broadcast_q`` call (PMA) runs
         (``lp_fa4.broadcast``): ``repeat`` repeats the queries per kv sequence before the op, so
         forward and backward run as ordinary jagged attention (the Gluon Hopper kernels where they
@@ -126,6 +130,10 @@ def fwd_lpt_balance() -> bool:
 
 def bwd_windows() -> bool:
     return _flag("LP_FA4_BWD_WINDOWS", "1")
+
+
+def bwd_window_phase() -> bool:
+    return _flag("LP_FA4_BWD_WINDOW_PHASE", "1")
 
 
 def broadcast_q() -> str:

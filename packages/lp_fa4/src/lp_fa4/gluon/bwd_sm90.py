@@ -131,6 +131,21 @@ def _q_tiles(n, rows, off, band, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.
 
 
 @gluon.jit
+def _q_tile_at(i, lo, hi, WINDOW: gl.constexpr):
+    """The query tile a kv tile visits at position i of its walk over [lo, hi). WINDOW == 2 (a
+    window, phased walk): rotated so that the tile visited at the walk's j-th step is the one
+    congruent to j mod (hi - lo). Every interior kv tile of a band meets the same number of query
+    tiles, so the kv tiles running side by side then read each Q/dO tile and add into its dQ rows at
+    the same step, while those lines are in L2: an unwindowed batch gets that from walking 0..hi in
+    lockstep. Else i itself."""
+    m = i
+    if WINDOW == 2:
+        cnt = hi - lo
+        m = lo + (i - lo + cnt - lo % cnt) % cnt
+    return m
+
+
+@gluon.jit
 def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr,
               STATS: gl.constexpr, WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr):  # fmt: skip
@@ -162,7 +177,8 @@ def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, S
             kc += 1
             for g in range(G):
                 col = (hk * G + g) * D
-                for m in range(lo, hi):
+                for i in range(lo, hi):
+                    m = _q_tile_at(i, lo, hi, WINDOW)
                     s = it % STAGES
                     mbarrier.wait(qd_empty.index(s), ((it // STAGES) & 1) ^ 1)
                     if STATS == "smem":
@@ -254,7 +270,8 @@ def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, B
             for g in range(G):
                 h = hk * G + g
                 stat_base = h.to(gl.int64) * TO + q0
-                for m in range(lo, hi):
+                for i in range(lo, hi):
+                    m = _q_tile_at(i, lo, hi, WINDOW)
                     s = it % STAGES
                     db = it % 2
                     dph = (it // 2) & 1
@@ -380,22 +397,23 @@ def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
                 dst = s_zero
                 if n_steps > 0:  # the first step's scores
                     s0 = it % STAGES
+                    m0 = _q_tile_at(lo, lo, hi, WINDOW)
                     lse2 = no_stat
                     delta = no_stat
                     if STATS == "regs":
                         base0 = (hk * G).to(gl.int64) * TO + q0
-                        lse2, delta = _row_stats(lse_ptr + base0, delta_ptr + base0, lo * BM + c_idx, rows)
+                        lse2, delta = _row_stats(lse_ptr + base0, delta_ptr + base0, m0 * BM + c_idx, rows)
                     mbarrier.wait(qd_ready.index(s0), (it // STAGES) & 1)
                     st0 = warpgroup_mma(k_half, q_smem.index(s0).permute((1, 0)), s_zero, use_acc=False,
                                         is_async=True)  # fmt: skip
                     dp0 = warpgroup_mma(v_half, do_smem.index(s0).permute((1, 0)), s_zero, use_acc=False,
                                         is_async=True)  # fmt: skip
-                    pt, dst = _probs(st0, dp0, lse2, delta, stat_smem, s0, lo, rows, off, kv_first, kv_valid,
+                    pt, dst = _probs(st0, dp0, lse2, delta, stat_smem, s0, m0, rows, off, kv_first, kv_valid,
                                      qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
                                      WINDOW)  # fmt: skip
             for j in range(n_steps):
                 g = j // n_m
-                m = lo + j - g * n_m
+                m = _q_tile_at(lo + j - g * n_m, lo, hi, WINDOW)
                 h = hk * G + g
                 s = it % STAGES
                 db = it % 2
@@ -429,7 +447,7 @@ def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
                     more = j + 1 < n_steps
                     jn = gl.minimum(j + 1, n_steps - 1)
                     gn = jn // n_m
-                    mn = lo + jn - gn * n_m
+                    mn = _q_tile_at(lo + jn - gn * n_m, lo, hi, WINDOW)
                     sn = s
                     if more:
                         sn = (it + 1) % STAGES
@@ -484,7 +502,7 @@ def attn_bwd_ws(
     N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2, win_left, win_right,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr = 0,
     TOP_LEFT: gl.constexpr = False,
 ):  # fmt: skip
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
@@ -651,6 +669,8 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     slot_keys = 2 * BN if causal else BN  # causal: a slot pairs kv tiles j and T-1-j (``_kv_tiles``)
     n_tiles = triton.cdiv(max_k, slot_keys)
     tiles, count = schedule(cu_q, cu_k, rows_cap, tile_q=False, block=slot_keys, slots=n_tiles, heads=hkv)
+    # WINDOW: 0 none, 1 a band walked in order, 2 a band walked in phase (``_q_tile_at``)
+    walk = 0 if window is None else (2 if config.bwd_window_phase() else 1)
     grid = (max(1, min(n_b * hkv * n_tiles, num_sms(q.device))),)
     attn_bwd_ws[grid](
         q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, lse, delta, lse.shape[1], tiles, count, cu_q, cu_k,
@@ -659,7 +679,7 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
         *(window if window is not None else (0, 0)),
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-        STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), WINDOW=window is not None, TOP_LEFT=bool(top_left),
+        STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), WINDOW=walk, TOP_LEFT=bool(top_left),
         num_warps=4,
     )  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
