@@ -106,8 +106,9 @@ def _gluon_bwd_job(
     stats: str = "smem",
     sass: bool = False,
     pipe: int = 0,
-    window: int = 0,
+    window: bool = False,
     top_left: bool = False,
+    walk: int | None = None,
 ) -> dict:
     import torch
     from triton.experimental.gluon import language as gl
@@ -132,7 +133,8 @@ def _gluon_bwd_job(
                                     "used_k_ptr")}}  # fmt: skip
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, CAUSAL=causal, HAS_USED_Q=used,
                   HAS_USED_K=used, CONSUMER_REGS=g.CONSUMER_REGS, PRODUCER_REGS=g.PRODUCER_REGS,
-                  STATS=stats, PIPE=pipe, WINDOW=window, TOP_LEFT=top_left)  # fmt: skip
+                  STATS=stats, PIPE=pipe, WINDOW=window, TOP_LEFT=top_left,
+                  WALK=(1 if window else 0) if walk is None else walk)  # fmt: skip
     job = dict(module=g.__name__, kernel="attn_bwd_ws", types=types, constexprs=consts, gluon=True)
     return job | ({"sass_between": SASS_SPILLS} if sass else {})
 
@@ -160,12 +162,15 @@ GLUON_BWD_JOBS = {
     "d128-causal-seqused-fp16-pipe3": dict(d=128, causal=True, used=True, fp16=True, pipe=3),
     "d64-pipe3": dict(d=64, pipe=3),
     # windows (the default unless LP_FA4_BWD_WINDOWS=0): local (bottom-right) and jagged top-left
-    # bands; WINDOW=2 the phased query-tile walk (default), 1 the plain one (LP_FA4_BWD_WINDOW_PHASE=0)
-    "d128-window": dict(d=128, window=2),
-    "d128-window-top-left-seqused-fp16": dict(d=128, window=2, top_left=True, used=True, fp16=True),
-    "d64-window-top-left": dict(d=64, window=2, top_left=True),
-    "d128-window-top-left-pipe2": dict(d=128, window=2, top_left=True, pipe=2),
-    "d128-window-plain": dict(d=128, window=1),
+    # bands, walked in phase (WALK=1, the default) or in order (LP_FA4_BWD_WINDOW_PHASE=0)
+    "d128-window": dict(d=128, window=True),
+    "d128-window-top-left-seqused-fp16": dict(d=128, window=True, top_left=True, used=True, fp16=True),
+    "d64-window-top-left": dict(d=64, window=True, top_left=True),
+    "d128-window-top-left-pipe2": dict(d=128, window=True, top_left=True, pipe=2),
+    "d128-window-plain": dict(d=128, window=True, walk=0),
+    # LP_FA4_BWD_CAUSAL_WALK=1 (WALK=2): causal pairs walked down, then up
+    "d128-causal-walk": dict(d=128, causal=True, walk=2),
+    "d64-causal-seqused-fp16-walk-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2, walk=2),
 }
 
 
@@ -222,8 +227,8 @@ PIPE_BUILDS = {
     for stats in ("regs", "smem")
     for pipe in (0, 1, 2, 3)
 } | {
-    "d128-window-smem-pipe0": dict(d=128, window=2),
-    "d128-window-top-left-smem-pipe2": dict(d=128, window=2, top_left=True, pipe=2),
+    "d128-window-smem-pipe0": dict(d=128, window=True),
+    "d128-window-top-left-smem-pipe2": dict(d=128, window=True, top_left=True, pipe=2),
 }
 
 

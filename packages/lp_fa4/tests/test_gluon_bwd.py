@@ -151,6 +151,19 @@ def test_gluon_bwd_matches_reference(case, stats, device, gluon_bwd_calls, monke
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("pipe", ["0", "2"])
+@pytest.mark.parametrize("case", [c for c in VARLEN + DENSE if c.causal], ids=lambda c: c.id)
+def test_gluon_bwd_causal_walk(case, pipe, device, gluon_bwd_calls, monkeypatch):
+    """LP_FA4_BWD_CAUSAL_WALK=1 (each slot's first kv tile walks its query tiles down) gives the
+    reference's gradients, under the default step schedule and the pipelined one."""
+    monkeypatch.setenv("LP_FA4_BWD_CAUSAL_WALK", "1")
+    monkeypatch.setenv("LP_FA4_BWD_PIPE", pipe)
+    run_case(case, device)
+    assert gluon_bwd_calls, "the Gluon backward did not run"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
 def test_gluon_bwd_deterministic_stays_on_triton(device, gluon_bwd_calls):
     run_case(Case(lq=(300, 129), heads=4, kv_heads=2, d=128, causal=True, deterministic=True), device)
     assert not gluon_bwd_calls, "deterministic=True must keep the Triton backward"

@@ -38,6 +38,9 @@ Env:
         tiles in a rotated order (``bwd_sm90._q_tile_at``): the band's kv tiles then read each Q/dO
         tile and add into its dQ at the same step, while it is in L2. Default 1: 1.09-1.16x the plain
         walk at W = 256 on the H100 (BENCHMARKS.md); ``0`` walks each kv tile's range in order.
+    LP_FA4_BWD_CAUSAL_WALK=1|0  the Gluon Hopper causal backward walks the first kv tile of each slot's
+        pair from the last query tile down and the second up (``bwd_sm90._q_tile_at``), so the slots
+        of a head meet the same query tile at the same step. Opt-in: not yet timed.
     LP_FA4_BROADCAST_Q=auto|repeat|resident|kernel  how a ``broadcast_q`` call (PMA) runs
         (``lp_fa4.broadcast``): ``repeat`` repeats the queries per kv sequence before the op, so
         forward and backward run as ordinary jagged attention (the Gluon Hopper kernels where they
@@ -132,8 +135,14 @@ def bwd_windows() -> bool:
     return _flag("LP_FA4_BWD_WINDOWS", "1")
 
 
-def bwd_window_phase() -> bool:
-    return _flag("LP_FA4_BWD_WINDOW_PHASE", "1")
+def bwd_walk(window: bool, causal: bool) -> int:
+    """The Gluon backward's query-tile walk (``gluon.bwd_sm90._q_tile_at``): 1 a window's in phase,
+    2 causal pairs' first tile down and second up, 0 in order."""
+    if window:
+        return 1 if _flag("LP_FA4_BWD_WINDOW_PHASE", "1") else 0
+    if causal:
+        return 2 if _flag("LP_FA4_BWD_CAUSAL_WALK", "0") else 0
+    return 0
 
 
 def broadcast_q() -> str:

@@ -32,7 +32,8 @@ above the diagonal and masks only the tiles it crosses. Keys past k_len keep dK 
 (their P is 0: LSE read as +inf).
 Work items are (sequence, kv head, kv tile) from ``ads_kernel_tools.kernels.tile_list.schedule``,
 heaviest sequence first; under causal an item is a pair of kv tiles, j and T-1-j, of equal total
-work (``_kv_tiles``).
+work (``_kv_tiles``). A window's kv tiles walk their query tiles in phase with each other
+(``_q_tile_at``), so that the kv tiles running side by side meet each query tile at the same step.
 """
 
 from __future__ import annotations
@@ -131,24 +132,43 @@ def _q_tiles(n, rows, off, band, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.
 
 
 @gluon.jit
-def _q_tile_at(i, lo, hi, WINDOW: gl.constexpr):
-    """The query tile a kv tile visits at position i of its walk over [lo, hi). WINDOW == 2 (a
-    window, phased walk): rotated so that the tile visited at the walk's j-th step is the one
-    congruent to j mod (hi - lo). Every interior kv tile of a band meets the same number of query
-    tiles, so the kv tiles running side by side then read each Q/dO tile and add into its dQ rows at
-    the same step, while those lines are in L2: an unwindowed batch gets that from walking 0..hi in
-    lockstep. Else i itself."""
+def _q_tile_at(i, lo, hi, down, WALK: gl.constexpr):
+    """The query tile a kv tile visits at position i of its walk over [lo, hi), chosen so that the kv
+    tiles running side by side (adjacent in the tile list) meet the same query tile at the same
+    step: they then read its Q/dO and add into its dQ rows while those lines are in L2, as the kv
+    tiles of an unmasked sequence do by walking 0, 1, ... in lockstep.
+      WALK 0: in order (i).
+      WALK 1 (a band): rotated so that step j meets the tile congruent to j mod (hi - lo); every
+        interior kv tile of a band meets the same number of query tiles.
+      WALK 2 (causal pairs, ``_kv_tiles``): the slot's first kv tile from hi - 1 down, its second
+        up from lo (``down``: ``_walk_down``). Every range ends at the last query tile, so at step s all first
+        tiles meet tile hi - 1 - s; slot j's second tile starts at lo2 = (T - 1 - j)·BN / BM after
+        hi - j·BN / BM steps, so (MHA, q_len = k_len) at step s it meets lo2 + s - hi + j·BN / BM,
+        the same tile for every slot."""
     m = i
-    if WINDOW == 2:
+    if WALK == 1:
         cnt = hi - lo
         m = lo + (i - lo + cnt - lo % cnt) % cnt
+    elif WALK == 2:
+        m = gl.abs(down - i)
     return m
+
+
+@gluon.jit
+def _walk_down(first, lo, hi, WALK: gl.constexpr):
+    """WALK 2: what ``_q_tile_at`` takes as ``down``: lo + hi - 1 on the pair's first kv tile (the
+    walk |lo + hi - 1 - i| goes down), 0 on the second (|0 - i| = i goes up); 0 otherwise."""
+    down = lo * 0
+    if WALK == 2:
+        down = gl.where(first, lo + hi - 1, 0)
+    return down
 
 
 @gluon.jit
 def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr,
-              STATS: gl.constexpr, WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr):  # fmt: skip
+              STATS: gl.constexpr, WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr,
+              WALK: gl.constexpr):  # fmt: skip
     """TMA loads: per kv tile its K and V, then Q/dO tiles into the ring (``it`` continues across
     items, as the consumers count it). STATS == "smem": also each tile's LSE·log2e and delta into the
     stage's ``stat_smem`` slot, by plain loads and stores before the stage's arrival (which releases
@@ -175,10 +195,11 @@ def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, S
             tma.async_copy_global_to_shared(k_desc, [k0 + n * BN, hk * D], kv_ready, k_smem)
             tma.async_copy_global_to_shared(v_desc, [k0 + n * BN, hk * D], kv_ready, v_smem)
             kc += 1
+            down = _walk_down(n == start, lo, hi, WALK)
             for g in range(G):
                 col = (hk * G + g) * D
                 for i in range(lo, hi):
-                    m = _q_tile_at(i, lo, hi, WINDOW)
+                    m = _q_tile_at(i, lo, hi, down, WALK)
                     s = it % STAGES
                     mbarrier.wait(qd_empty.index(s), ((it // STAGES) & 1) ^ 1)
                     if STATS == "smem":
@@ -237,7 +258,7 @@ def _consumer_operands(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr
 def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, STATS: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr):  # fmt: skip
+              TOP_LEFT: gl.constexpr, WALK: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2).
     LSE·log2e and delta of a query tile (16 registers each in the Sᵀ column layout) come per STATS:
     "regs" loaded from global at the top of the step, "smem" read from the stage's ``stat_smem`` slot
@@ -267,11 +288,12 @@ def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, B
             mbarrier.wait(kv_ready, kc & 1)
             dk = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
             dv = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
+            down = _walk_down(n == start, lo, hi, WALK)
             for g in range(G):
                 h = hk * G + g
                 stat_base = h.to(gl.int64) * TO + q0
                 for i in range(lo, hi):
-                    m = _q_tile_at(i, lo, hi, WINDOW)
+                    m = _q_tile_at(i, lo, hi, down, WALK)
                     s = it % STAGES
                     db = it % 2
                     dph = (it // 2) & 1
@@ -352,7 +374,7 @@ def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
 def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
                    HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr,
-                   WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr):  # fmt: skip
+                   WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr, WALK: gl.constexpr):  # fmt: skip
     """``_consumer`` with the steps of a kv tile in one flat loop over (query head, query tile) and
     the GEMMs of a step reordered (``bwd_grad_issue``): dV, dQ, dK, so that dQ's staging and bulk
     reduce-add run while dK is still on the tensor cores.
@@ -386,6 +408,7 @@ def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
         for n in range(start, stop, step):
             lo, hi = _q_tiles(n, rows, off, band, BM, BN, CAUSAL, WINDOW)
             n_m = gl.maximum(hi - lo, 0)
+            down = _walk_down(n == start, lo, hi, WALK)
             n_steps = G * n_m  # the producer's order: query heads of the group, then query tiles
             kv_first = n * BN + WG * ROWS
             kv_valid = k_len - kv_first
@@ -397,7 +420,7 @@ def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
                 dst = s_zero
                 if n_steps > 0:  # the first step's scores
                     s0 = it % STAGES
-                    m0 = _q_tile_at(lo, lo, hi, WINDOW)
+                    m0 = _q_tile_at(lo, lo, hi, down, WALK)
                     lse2 = no_stat
                     delta = no_stat
                     if STATS == "regs":
@@ -413,7 +436,7 @@ def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
                                      WINDOW)  # fmt: skip
             for j in range(n_steps):
                 g = j // n_m
-                m = _q_tile_at(lo + j - g * n_m, lo, hi, WINDOW)
+                m = _q_tile_at(lo + j - g * n_m, lo, hi, down, WALK)
                 h = hk * G + g
                 s = it % STAGES
                 db = it % 2
@@ -447,7 +470,7 @@ def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
                     more = j + 1 < n_steps
                     jn = gl.minimum(j + 1, n_steps - 1)
                     gn = jn // n_m
-                    mn = _q_tile_at(lo + jn - gn * n_m, lo, hi, WINDOW)
+                    mn = _q_tile_at(lo + jn - gn * n_m, lo, hi, down, WALK)
                     sn = s
                     if more:
                         sn = (it + 1) % STAGES
@@ -502,8 +525,8 @@ def attn_bwd_ws(
     N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2, win_left, win_right,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr = 0,
-    TOP_LEFT: gl.constexpr = False,
+    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr = False,
+    TOP_LEFT: gl.constexpr = False, WALK: gl.constexpr = 0,
 ):  # fmt: skip
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free) = bwd_buffers(q_desc, do_desc, k_desc, v_desc, dq_desc, STAGES)  # fmt: skip
@@ -548,6 +571,7 @@ def attn_bwd_ws(
                         STATS,
                         WINDOW,
                         TOP_LEFT,
+                        WALK,
                     ),
                 ),
                 (
@@ -566,11 +590,26 @@ def attn_bwd_ws(
                         STATS,
                         WINDOW,
                         TOP_LEFT,
+                        WALK,
                     ),
                 ),
                 (
                     _producer,
-                    (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW, TOP_LEFT),
+                    (
+                        pargs,
+                        band,
+                        D,
+                        BM,
+                        BN,
+                        STAGES,
+                        CAUSAL,
+                        HAS_USED_Q,
+                        HAS_USED_K,
+                        STATS,
+                        WINDOW,
+                        TOP_LEFT,
+                        WALK,
+                    ),
                 ),
             ],
             [4, 1],
@@ -596,6 +635,7 @@ def attn_bwd_ws(
                         PIPE,
                         WINDOW,
                         TOP_LEFT,
+                        WALK,
                     ),
                 ),
                 (
@@ -615,11 +655,26 @@ def attn_bwd_ws(
                         PIPE,
                         WINDOW,
                         TOP_LEFT,
+                        WALK,
                     ),
                 ),
                 (
                     _producer,
-                    (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW, TOP_LEFT),
+                    (
+                        pargs,
+                        band,
+                        D,
+                        BM,
+                        BN,
+                        STAGES,
+                        CAUSAL,
+                        HAS_USED_Q,
+                        HAS_USED_K,
+                        STATS,
+                        WINDOW,
+                        TOP_LEFT,
+                        WALK,
+                    ),
                 ),
             ],
             [4, 1],
@@ -669,8 +724,7 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     slot_keys = 2 * BN if causal else BN  # causal: a slot pairs kv tiles j and T-1-j (``_kv_tiles``)
     n_tiles = triton.cdiv(max_k, slot_keys)
     tiles, count = schedule(cu_q, cu_k, rows_cap, tile_q=False, block=slot_keys, slots=n_tiles, heads=hkv)
-    # WINDOW: 0 none, 1 a band walked in order, 2 a band walked in phase (``_q_tile_at``)
-    walk = 0 if window is None else (2 if config.bwd_window_phase() else 1)
+    walk = config.bwd_walk(window is not None, bool(causal))
     grid = (max(1, min(n_b * hkv * n_tiles, num_sms(q.device))),)
     attn_bwd_ws[grid](
         q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, lse, delta, lse.shape[1], tiles, count, cu_q, cu_k,
@@ -679,7 +733,8 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
         *(window if window is not None else (0, 0)),
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-        STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), WINDOW=walk, TOP_LEFT=bool(top_left),
+        STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), WINDOW=window is not None, TOP_LEFT=bool(top_left),
+        WALK=walk,
         num_warps=4,
     )  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
