@@ -552,134 +552,32 @@ def attn_bwd_ws(
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     band = (win_left, win_right)
+    gl.warp_specialize(
+        [
+            (_consumer_any, (cargs, band, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE,
+                             WINDOW, TOP_LEFT, WALK)),
+            (_consumer_any, (cargs, band, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE,
+                             WINDOW, TOP_LEFT, WALK)),
+            (_producer, (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW,
+                         TOP_LEFT, WALK)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
+
+
+@gluon.jit
+def _consumer_any(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
+                  HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr,
+                  TOP_LEFT: gl.constexpr, WALK: gl.constexpr):  # fmt: skip
+    """Consumer warpgroup WG under step schedule PIPE (``_consumer`` or ``_consumer_pipe``)."""
     if PIPE == 0:
-        gl.warp_specialize(
-            [
-                (
-                    _consumer,
-                    (
-                        cargs,
-                        band,
-                        WG0,
-                        D,
-                        BM,
-                        BN,
-                        STAGES,
-                        CAUSAL,
-                        HAS_USED_Q,
-                        HAS_USED_K,
-                        STATS,
-                        WINDOW,
-                        TOP_LEFT,
-                        WALK,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        cargs,
-                        band,
-                        WG1,
-                        D,
-                        BM,
-                        BN,
-                        STAGES,
-                        CAUSAL,
-                        HAS_USED_Q,
-                        HAS_USED_K,
-                        STATS,
-                        WINDOW,
-                        TOP_LEFT,
-                        WALK,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        pargs,
-                        band,
-                        D,
-                        BM,
-                        BN,
-                        STAGES,
-                        CAUSAL,
-                        HAS_USED_Q,
-                        HAS_USED_K,
-                        STATS,
-                        WINDOW,
-                        TOP_LEFT,
-                        WALK,
-                    ),
-                ),
-            ],
-            [4, 1],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )
+        _consumer(args, band, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW, TOP_LEFT,
+                  WALK)  # fmt: skip
     else:
-        gl.warp_specialize(
-            [
-                (
-                    _consumer_pipe,
-                    (
-                        cargs,
-                        band,
-                        WG0,
-                        D,
-                        BM,
-                        BN,
-                        STAGES,
-                        CAUSAL,
-                        HAS_USED_Q,
-                        HAS_USED_K,
-                        STATS,
-                        PIPE,
-                        WINDOW,
-                        TOP_LEFT,
-                        WALK,
-                    ),
-                ),
-                (
-                    _consumer_pipe,
-                    (
-                        cargs,
-                        band,
-                        WG1,
-                        D,
-                        BM,
-                        BN,
-                        STAGES,
-                        CAUSAL,
-                        HAS_USED_Q,
-                        HAS_USED_K,
-                        STATS,
-                        PIPE,
-                        WINDOW,
-                        TOP_LEFT,
-                        WALK,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        pargs,
-                        band,
-                        D,
-                        BM,
-                        BN,
-                        STAGES,
-                        CAUSAL,
-                        HAS_USED_Q,
-                        HAS_USED_K,
-                        STATS,
-                        WINDOW,
-                        TOP_LEFT,
-                        WALK,
-                    ),
-                ),
-            ],
-            [4, 1],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )
+        _consumer_pipe(args, band, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE, WINDOW,
+                       TOP_LEFT, WALK)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
