@@ -291,3 +291,38 @@ def test_bwd_stats_and_pipe_switches_are_read(monkeypatch):
         monkeypatch.setenv("LP_FA4_BWD_PIPE", pipe)
         bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, False)
     assert seen == [("regs", 1), ("smem", 0), ("smem", 2), ("smem", 3)]
+
+
+def test_bwd_walk_switches_are_read(monkeypatch):
+    """The backward's query-tile walk (``_q_tile_at``'s WALK): a window walks in phase unless
+    LP_FA4_BWD_WINDOW_PHASE=0, a causal call in order unless LP_FA4_BWD_CAUSAL_WALK=1, anything else
+    in order; the launcher passes what it reads."""
+    import torch
+
+    from lp_fa4 import config
+    from lp_fa4.gluon import bwd_sm90
+
+    monkeypatch.delenv("LP_FA4_BWD_WINDOW_PHASE", raising=False)
+    monkeypatch.delenv("LP_FA4_BWD_CAUSAL_WALK", raising=False)
+    masks = ((True, False), (False, True), (False, False))  # (window, causal)
+    assert [config.bwd_walk(*m) for m in masks] == [1, 0, 0]
+    monkeypatch.setenv("LP_FA4_BWD_WINDOW_PHASE", "0")
+    monkeypatch.setenv("LP_FA4_BWD_CAUSAL_WALK", "1")
+    assert [config.bwd_walk(*m) for m in masks] == [0, 2, 0]
+
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((kw["WINDOW"], kw["WALK"]))
+
+    monkeypatch.setattr(bwd_sm90, "attn_bwd_ws", Recorder())
+    monkeypatch.setattr(bwd_sm90, "num_sms", lambda device: 1)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)
+    lse = torch.zeros(2, 64, device=dev)
+    cu = torch.tensor([0, 64], dtype=torch.int32, device=dev)
+    for phase, causal, window in (("1", False, (8, 8)), ("0", False, (8, 8)), ("1", True, None)):
+        monkeypatch.setenv("LP_FA4_BWD_WINDOW_PHASE", phase)
+        bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, causal, window=window)
+    assert seen == [(True, 1), (True, 0), (False, 2)]
