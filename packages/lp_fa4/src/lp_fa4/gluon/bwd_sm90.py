@@ -33,7 +33,8 @@ above the diagonal and masks only the tiles it crosses. Keys past k_len keep dK 
 Work items are (sequence, kv head, kv tile) from ``ads_kernel_tools.kernels.tile_list.schedule``,
 heaviest sequence first; under causal an item is a pair of kv tiles, j and T-1-j, of equal total
 work (``_kv_tiles``). A window's kv tiles walk their query tiles in phase with each other
-(``_q_tile_at``), so that the kv tiles running side by side meet each query tile at the same step.
+(``_q_tile_at``), so that the kv tiles running side by side meet each query tile at the same step;
+causal pairs can do the same (``LP_FA4_BWD_CAUSAL_WALK``, opt-in).
 """
 
 from __future__ import annotations
@@ -141,10 +142,10 @@ def _q_tile_at(i, lo, hi, down, WALK: gl.constexpr):
       WALK 1 (a band): rotated so that step j meets the tile congruent to j mod (hi - lo); every
         interior kv tile of a band meets the same number of query tiles.
       WALK 2 (causal pairs, ``_kv_tiles``): the slot's first kv tile from hi - 1 down, its second
-        up from lo (``down``: ``_walk_down``). Every range ends at the last query tile, so at step s all first
-        tiles meet tile hi - 1 - s; slot j's second tile starts at lo2 = (T - 1 - j)·BN / BM after
-        hi - j·BN / BM steps, so (MHA, q_len = k_len) at step s it meets lo2 + s - hi + j·BN / BM,
-        the same tile for every slot."""
+        up from lo (``down`` from ``_walk_down``). Every range ends at the last query tile, so at
+        step s all first tiles meet tile hi - 1 - s; slot j's second tile starts at
+        lo2 = (T - 1 - j)·BN / BM after hi - j·BN / BM steps, so (MHA, q_len = k_len) at step s it
+        meets (T - 1)·BN / BM + s - hi, the same tile for every slot."""
     m = i
     if WALK == 1:
         cnt = hi - lo
