@@ -109,6 +109,7 @@ def _gluon_bwd_job(
     window: bool = False,
     top_left: bool = False,
     walk: int | None = None,
+    epi: str = "regs",
 ) -> dict:
     import torch
     from triton.experimental.gluon import language as gl
@@ -127,6 +128,7 @@ def _gluon_bwd_job(
 
     types = {"q_desc": desc(g.BLOCK_M), "do_desc": desc(g.BLOCK_M), "k_desc": desc(g.BLOCK_N),
              "v_desc": desc(g.BLOCK_N), "dq_desc": desc(g.BLOCK_M, d // 2, gl.float32, torch.float32),
+             "dk_desc": desc(g.BLOCK_N // 2), "dv_desc": desc(g.BLOCK_N // 2),
              "dk_ptr": f"*{name}", "dv_ptr": f"*{name}", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
              "scale": "fp32", "qk_scale2": "fp32",
              **{n: "*i32" for n in ("tiles_ptr", "count_ptr", "cu_q_ptr", "cu_k_ptr", "used_q_ptr",
@@ -134,7 +136,7 @@ def _gluon_bwd_job(
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, CAUSAL=causal, HAS_USED_Q=used,
                   HAS_USED_K=used, CONSUMER_REGS=g.CONSUMER_REGS, PRODUCER_REGS=g.PRODUCER_REGS,
                   STATS=stats, PIPE=pipe, WINDOW=window, TOP_LEFT=top_left,
-                  WALK=(1 if window else 0) if walk is None else walk)  # fmt: skip
+                  WALK=(1 if window else 0) if walk is None else walk, EPI=epi)  # fmt: skip
     job = dict(module=g.__name__, kernel="attn_bwd_ws", types=types, constexprs=consts, gluon=True)
     return job | ({"sass_between": SASS_SPILLS} if sass else {})
 
@@ -171,6 +173,10 @@ GLUON_BWD_JOBS = {
     # LP_FA4_BWD_CAUSAL_WALK=1 (WALK=2): causal pairs walked down, then up
     "d128-causal-walk": dict(d=128, causal=True, walk=2),
     "d64-causal-seqused-fp16-walk-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2, walk=2),
+    # LP_FA4_BWD_EPI=tma: dK/dV of full tiles through the dQ staging buffer by TMA stores
+    "d128-epi-tma": dict(d=128, epi="tma"),
+    "d128-window-epi-tma": dict(d=128, window=True, epi="tma"),
+    "d64-causal-seqused-fp16-epi-tma-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2, epi="tma"),
 }
 
 
@@ -293,10 +299,11 @@ def test_bwd_stats_and_pipe_switches_are_read(monkeypatch):
     assert seen == [("regs", 1), ("smem", 0), ("smem", 2), ("smem", 3)]
 
 
-def test_bwd_walk_switches_are_read(monkeypatch):
+def test_bwd_walk_and_epilogue_switches_are_read(monkeypatch):
     """The backward's query-tile walk (``_q_tile_at``'s WALK): a window walks in phase unless
     LP_FA4_BWD_WINDOW_PHASE=0, a causal call in order unless LP_FA4_BWD_CAUSAL_WALK=1, anything else
-    in order; the launcher passes what it reads."""
+    in order; LP_FA4_BWD_EPI regs (default) or tma, anything else an error; the launcher passes what
+    it reads."""
     import torch
 
     from lp_fa4 import config
@@ -314,7 +321,7 @@ def test_bwd_walk_switches_are_read(monkeypatch):
 
     class Recorder:
         def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append((kw["WINDOW"], kw["WALK"]))
+            return lambda *args, **kw: seen.append((kw["WINDOW"], kw["WALK"], kw["EPI"]))
 
     monkeypatch.setattr(bwd_sm90, "attn_bwd_ws", Recorder())
     monkeypatch.setattr(bwd_sm90, "num_sms", lambda device: 1)
@@ -322,7 +329,12 @@ def test_bwd_walk_switches_are_read(monkeypatch):
     q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)
     lse = torch.zeros(2, 64, device=dev)
     cu = torch.tensor([0, 64], dtype=torch.int32, device=dev)
-    for phase, causal, window in (("1", False, (8, 8)), ("0", False, (8, 8)), ("1", True, None)):
+    for phase, causal, window, epi in (("1", False, (8, 8), "regs"), ("0", False, (8, 8), " TMA"),
+                                       ("1", True, None, "tma")):  # fmt: skip
         monkeypatch.setenv("LP_FA4_BWD_WINDOW_PHASE", phase)
+        monkeypatch.setenv("LP_FA4_BWD_EPI", epi)
         bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, causal, window=window)
-    assert seen == [(True, 1), (True, 0), (False, 2)]
+    assert seen == [(True, 1, "regs"), (True, 0, "tma"), (False, 2, "tma")]
+    monkeypatch.setenv("LP_FA4_BWD_EPI", "smem")
+    with pytest.raises(ValueError, match="LP_FA4_BWD_EPI"):
+        config.bwd_epilogue()

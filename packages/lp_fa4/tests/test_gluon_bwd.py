@@ -164,6 +164,19 @@ def test_gluon_bwd_causal_walk(case, pipe, device, gluon_bwd_calls, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("pipe", ["0", "3"])
+@pytest.mark.parametrize("case", VARLEN[:3] + DENSE, ids=lambda c: c.id)
+def test_gluon_bwd_tma_epilogue(case, pipe, device, gluon_bwd_calls, monkeypatch):
+    """LP_FA4_BWD_EPI=tma (full tiles' dK/dV sent by TMA stores from the dQ staging buffer, ragged
+    tiles by the consumers) gives the reference's gradients: ragged lengths, GQA, causal, dense."""
+    monkeypatch.setenv("LP_FA4_BWD_EPI", "tma")
+    monkeypatch.setenv("LP_FA4_BWD_PIPE", pipe)
+    run_case(case, device)
+    assert gluon_bwd_calls, "the Gluon backward did not run"
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
 def test_gluon_bwd_deterministic_stays_on_triton(device, gluon_bwd_calls):
     run_case(Case(lq=(300, 129), heads=4, kv_heads=2, d=128, causal=True, deterministic=True), device)
     assert not gluon_bwd_calls, "deterministic=True must keep the Triton backward"
@@ -187,17 +200,21 @@ def _poison_allocator(device, nbytes=1 << 30):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("stats", STATS)
+@pytest.mark.parametrize("stats, epi", [("regs", "regs"), ("smem", "regs"), ("smem", "tma")])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("fill", ["spans", "whole"])
-def test_gluon_bwd_seqused_and_poisoned_buffers(fill, causal, stats, device, gluon_bwd_calls, monkeypatch):
+def test_gluon_bwd_seqused_and_poisoned_buffers(
+    fill, causal, stats, epi, device, gluon_bwd_calls, monkeypatch
+):
     """seqused_q/k, with every buffer of the backward drawn from NaN-filled memory: rows past
     seqused_q get dQ = 0, keys past seqused_k (and rows outside every sequence) dK = dV = 0, the
     rest the reference on the used rows. ``fill``: dK/dV zeroed outside the key spans only
-    (``zero_outside_spans``, what large buffers get) or as a whole (small ones)."""
+    (``zero_outside_spans``, what large buffers get) or as a whole (small ones); ``epi``: the
+    dK/dV epilogue (LP_FA4_BWD_EPI)."""
     from ads_kernel_tools.kernels import span_fill
 
     monkeypatch.setenv("LP_FA4_BWD_STATS", stats)
+    monkeypatch.setenv("LP_FA4_BWD_EPI", epi)
     monkeypatch.setattr(span_fill, "SPAN_FILL_MIN_BYTES", 0 if fill == "spans" else 1 << 62)
     lq, lk, uq, uk = (200, 5, 130, 0, 70), (300, 140, 0, 7, 2100), [131, 5, 129, 0, 70], [300, 3, 0, 7, 2049]
     h, hkv, d = 4, 2, 128
@@ -253,14 +270,19 @@ def test_gluon_bwd_windows_match_reference(case, device, gluon_bwd_calls, monkey
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("phase", ["1", "0"], ids=["phased-walk", "plain-walk"])
+@pytest.mark.parametrize(
+    "phase, epi",
+    [("1", "regs"), ("0", "regs"), ("1", "tma")],
+    ids=["phased-walk", "plain-walk", "tma-epilogue"],
+)
 @pytest.mark.parametrize("window", [0, 5, 32, 256])
-def test_gluon_bwd_jagged_top_left_windows(window, phase, device, gluon_bwd_calls, monkeypatch):
+def test_gluon_bwd_jagged_top_left_windows(window, phase, epi, device, gluon_bwd_calls, monkeypatch):
     """jagged_attention's top-left band |i - j| <= W through the Gluon backward (the default): cross
     attention with Lq != Lk, an empty kv sequence, rows past max_seqlen_q, GQA; under both query-tile
-    walks (LP_FA4_BWD_WINDOW_PHASE)."""
+    walks (LP_FA4_BWD_WINDOW_PHASE) and the TMA epilogue (LP_FA4_BWD_EPI)."""
     monkeypatch.delenv("LP_FA4_BWD_WINDOWS", raising=False)
     monkeypatch.setenv("LP_FA4_BWD_WINDOW_PHASE", phase)
+    monkeypatch.setenv("LP_FA4_BWD_EPI", epi)
     jagged_case((T + 1, 0, 7, 700, 300), (2 * T + 3, 5, 0, 40, 300), max_q=512, window=window, heads=4,
                 kv_heads=2, d=128, device=device)  # fmt: skip
     assert gluon_bwd_calls, "the Gluon backward did not run"

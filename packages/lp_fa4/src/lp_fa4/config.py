@@ -41,6 +41,10 @@ Env:
     LP_FA4_BWD_CAUSAL_WALK=1|0  the Gluon Hopper causal backward walks the first kv tile of each slot's
         pair from the last query tile down and the second up (``bwd_sm90._q_tile_at``), so the slots
         of a head meet the same query tile at the same step. Opt-in: not yet timed.
+    LP_FA4_BWD_EPI=regs|tma  how the Gluon Hopper backward writes a kv tile's dK/dV: ``regs`` (default)
+        re-laid out through scratch shared memory and stored by the consumers, ``tma`` (full tiles;
+        opt-in, not yet timed) staged in the warpgroup's dQ buffer and sent by TMA stores
+        (``bwd_sm90._store_dkdv``), so the next kv tile starts while they drain.
     LP_FA4_BROADCAST_Q=auto|repeat|resident|kernel  how a ``broadcast_q`` call (PMA) runs
         (``lp_fa4.broadcast``): ``repeat`` repeats the queries per kv sequence before the op, so
         forward and backward run as ordinary jagged attention (the Gluon Hopper kernels where they
@@ -133,6 +137,13 @@ def fwd_lpt_balance() -> bool:
 
 def bwd_windows() -> bool:
     return _flag("LP_FA4_BWD_WINDOWS", "1")
+
+
+def bwd_epilogue() -> str:
+    mode = os.environ.get("LP_FA4_BWD_EPI", "regs").strip().lower()
+    if mode not in ("regs", "tma"):
+        raise ValueError(f"LP_FA4_BWD_EPI must be regs or tma, got {mode!r}")
+    return mode
 
 
 def bwd_walk(window: bool, causal: bool) -> int:

@@ -256,10 +256,10 @@ def _consumer_operands(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr
 
 
 @gluon.jit
-def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+def _consumer(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, STATS: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr, WALK: gl.constexpr):  # fmt: skip
+              TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2).
     LSE·log2e and delta of a query tile (16 registers each in the Sᵀ column layout) come per STATS:
     "regs" loaded from global at the top of the step, "smem" read from the stage's ``stat_smem`` slot
@@ -323,11 +323,33 @@ def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, B
             dv = warpgroup_mma_wait(0, deps=(dv,))
             # every read of this K/V tile (the other half's dQ products included) has retired
             mbarrier.arrive(kv_empty, count=1)
-            row0 = k0 + kv_first
-            store_rows(dk_ptr, dk * scale, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
-            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
+            _store_dkdv(dk * scale, dv, dk_ptr, dv_ptr, epi, dq_s, k0 + kv_first, kv_valid, hk * D, H_KV * D,
+                        ROWS, D, EPI)  # fmt: skip
             kc += 1
     tma.store_wait(0)  # shared memory must outlive the last reduction's read
+
+
+@gluon.jit
+def _store_dkdv(dk, dv, dk_ptr, dv_ptr, epi, dq_s, row0, kv_valid, col0, stride_row, ROWS: gl.constexpr,
+                D: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
+    """This warpgroup's ROWS rows of dK and dV (fp32, scaled) from row0. EPI == "tma" on a full tile:
+    through its dQ staging buffer (the same bytes as a [ROWS, D] tile of the gradients' dtype) by two
+    TMA stores (``epi`` = their descriptors), which return at once, so the next kv tile's steps start
+    while they drain; else ``store_rows`` (rows past kv_valid not written)."""
+    if EPI == "tma":
+        if kv_valid >= ROWS:
+            dk_desc, dv_desc = epi
+            tile = dq_s._reinterpret(dk_desc.dtype, [ROWS, D], dk_desc.layout)
+            stage_for_tma(tile, dk.to(dk_desc.dtype))
+            tma.async_copy_shared_to_global(dk_desc, [row0, col0], tile)
+            stage_for_tma(tile, dv.to(dv_desc.dtype))
+            tma.async_copy_shared_to_global(dv_desc, [row0, col0], tile)
+        else:
+            store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, col0, stride_row, ROWS, D, 4)
+            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, col0, stride_row, ROWS, D, 4)
+    else:
+        store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, col0, stride_row, ROWS, D, 4)
+        store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, col0, stride_row, ROWS, D, 4)
 
 
 @gluon.jit
@@ -372,10 +394,11 @@ def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
 
 
 @gluon.jit
-def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+def _consumer_pipe(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
                    HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr,
-                   WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr, WALK: gl.constexpr):  # fmt: skip
+                   WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr, WALK: gl.constexpr,
+                   EPI: gl.constexpr):  # fmt: skip
     """``_consumer`` with the steps of a kv tile in one flat loop over (query head, query tile) and
     the GEMMs of a step reordered (``bwd_grad_issue``): dV, dQ, dK, so that dQ's staging and bulk
     reduce-add run while dK is still on the tensor cores.
@@ -512,22 +535,21 @@ def _consumer_pipe(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
             dk = warpgroup_mma_wait(0, deps=(dk,))
             dv = warpgroup_mma_wait(0, deps=(dv,))
             mbarrier.arrive(kv_empty, count=1)
-            row0 = k0 + kv_first
-            store_rows(dk_ptr, dk * scale, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
-            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
+            _store_dkdv(dk * scale, dv, dk_ptr, dv_ptr, epi, dq_s, k0 + kv_first, kv_valid, hk * D, H_KV * D,
+                        ROWS, D, EPI)  # fmt: skip
             kc += 1
     tma.store_wait(0)
 
 
 @gluon.jit
 def attn_bwd_ws(
-    q_desc, do_desc, k_desc, v_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO,
+    q_desc, do_desc, k_desc, v_desc, dq_desc, dk_ptr, dv_ptr, dk_desc, dv_desc, lse_ptr, delta_ptr, TO,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
     N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2, win_left, win_right,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr = False,
-    TOP_LEFT: gl.constexpr = False, WALK: gl.constexpr = 0,
+    TOP_LEFT: gl.constexpr = False, WALK: gl.constexpr = 0, EPI: gl.constexpr = "regs",
 ):  # fmt: skip
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free) = bwd_buffers(q_desc, do_desc, k_desc, v_desc, dq_desc, STAGES)  # fmt: skip
@@ -553,12 +575,13 @@ def attn_bwd_ws(
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     band = (win_left, win_right)
+    epi = (dk_desc, dv_desc)
     gl.warp_specialize(
         [
-            (_consumer_any, (cargs, band, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE,
-                             WINDOW, TOP_LEFT, WALK)),
-            (_consumer_any, (cargs, band, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE,
-                             WINDOW, TOP_LEFT, WALK)),
+            (_consumer_any, (cargs, band, epi, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS,
+                             PIPE, WINDOW, TOP_LEFT, WALK, EPI)),
+            (_consumer_any, (cargs, band, epi, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS,
+                             PIPE, WINDOW, TOP_LEFT, WALK, EPI)),
             (_producer, (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW,
                          TOP_LEFT, WALK)),
         ],
@@ -568,17 +591,17 @@ def attn_bwd_ws(
 
 
 @gluon.jit
-def _consumer_any(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+def _consumer_any(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
                   HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr,
-                  TOP_LEFT: gl.constexpr, WALK: gl.constexpr):  # fmt: skip
+                  TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG under step schedule PIPE (``_consumer`` or ``_consumer_pipe``)."""
     if PIPE == 0:
-        _consumer(args, band, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW, TOP_LEFT,
-                  WALK)  # fmt: skip
+        _consumer(args, band, epi, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW,
+                  TOP_LEFT, WALK, EPI)  # fmt: skip
     else:
-        _consumer_pipe(args, band, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE, WINDOW,
-                       TOP_LEFT, WALK)  # fmt: skip
+        _consumer_pipe(args, band, epi, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE,
+                       WINDOW, TOP_LEFT, WALK, EPI)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -619,6 +642,8 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     BM, BN = BLOCK_M, BLOCK_N
     q_desc, do_desc = rows_desc(q, BM, gdt), rows_desc(do, BM, gdt)
     k_desc, v_desc = rows_desc(k, BN, gdt), rows_desc(v, BN, gdt)
+    # a warpgroup's half of the kv tile, for the TMA epilogue (``_store_dkdv``)
+    dk_desc, dv_desc = rows_desc(dk, BN // 2, gdt), rows_desc(dv, BN // 2, gdt)
     dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=d // 2)
     slot_keys = 2 * BN if causal else BN  # causal: a slot pairs kv tiles j and T-1-j (``_kv_tiles``)
     n_tiles = triton.cdiv(max_k, slot_keys)
@@ -626,14 +651,15 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     walk = config.bwd_walk(window is not None, bool(causal))
     grid = (max(1, min(n_b * hkv * n_tiles, num_sms(q.device))),)
     attn_bwd_ws[grid](
-        q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, lse, delta, lse.shape[1], tiles, count, cu_q, cu_k,
+        q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, dk_desc, dv_desc, lse, delta, lse.shape[1], tiles,
+        count, cu_q, cu_k,
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
         n_tiles, rows_cap, max_k, hkv, h // hkv, float(scale), float(scale) * LOG2E,
         *(window if window is not None else (0, 0)),
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
         STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), WINDOW=window is not None, TOP_LEFT=bool(top_left),
-        WALK=walk,
+        WALK=walk, EPI=config.bwd_epilogue(),
         num_warps=4,
     )  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
