@@ -642,8 +642,11 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     BM, BN = BLOCK_M, BLOCK_N
     q_desc, do_desc = rows_desc(q, BM, gdt), rows_desc(do, BM, gdt)
     k_desc, v_desc = rows_desc(k, BN, gdt), rows_desc(v, BN, gdt)
-    # a warpgroup's half of the kv tile, for the TMA epilogue (``_store_dkdv``)
-    dk_desc, dv_desc = rows_desc(dk, BN // 2, gdt), rows_desc(dv, BN // 2, gdt)
+    epi = config.bwd_epilogue()
+    # a warpgroup's half of the kv tile, for the TMA epilogue (``_store_dkdv``); unused otherwise
+    dk_desc, dv_desc = (
+        (rows_desc(dk, BN // 2, gdt), rows_desc(dv, BN // 2, gdt)) if epi == "tma" else (k_desc, v_desc)
+    )
     dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=d // 2)
     slot_keys = 2 * BN if causal else BN  # causal: a slot pairs kv tiles j and T-1-j (``_kv_tiles``)
     n_tiles = triton.cdiv(max_k, slot_keys)
@@ -659,7 +662,7 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
         STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), WINDOW=window is not None, TOP_LEFT=bool(top_left),
-        WALK=walk, EPI=config.bwd_epilogue(),
+        WALK=walk, EPI=epi,
         num_warps=4,
     )  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
