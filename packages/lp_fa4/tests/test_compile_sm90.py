@@ -257,14 +257,38 @@ def test_gluon_bwd_wgmma_stays_asynchronous(name, gluon_bwd_wgmma):
     assert 4 * groups < hgmma, f"{name}: {groups} of {hgmma} HGMMA close a commit group (serialised)"
 
 
+def _launch_args(monkeypatch, keys, calls):
+    """Run ``bwd_sm90.bwd`` once per (env, causal, window) of ``calls`` with the kernel replaced by a
+    recorder (the offsets clamp and the tile list still run as kernels: on the GPU where there is
+    one); returns the constexprs ``keys`` of each launch."""
+    import torch
+
+    from lp_fa4.gluon import bwd_sm90
+
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(tuple(kw[k] for k in keys))
+
+    monkeypatch.setattr(bwd_sm90, "attn_bwd_ws", Recorder())
+    monkeypatch.setattr(bwd_sm90, "num_sms", lambda device: 1)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)
+    lse = torch.zeros(2, 64, device=dev)
+    cu = torch.tensor([0, 64], dtype=torch.int32, device=dev)
+    for env, causal, window in calls:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, causal, window=window)
+    return seen
+
+
 def test_bwd_stats_and_pipe_switches_are_read(monkeypatch):
     """LP_FA4_BWD_STATS and LP_FA4_BWD_PIPE pick the kernel's STATS and PIPE constexprs: default smem
     and 0, the others opt-in, anything else an error; the launcher passes the values it reads (the
     kernel is replaced by a recorder: no GPU needed)."""
-    import torch
-
     from lp_fa4 import config
-    from lp_fa4.gluon import bwd_sm90
 
     monkeypatch.delenv("LP_FA4_BWD_STATS", raising=False)
     monkeypatch.delenv("LP_FA4_BWD_PIPE", raising=False)
@@ -279,23 +303,9 @@ def test_bwd_stats_and_pipe_switches_are_read(monkeypatch):
     with pytest.raises(ValueError, match="LP_FA4_BWD_PIPE"):
         config.bwd_pipe()
 
-    seen = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append((kw["STATS"], kw["PIPE"]))
-
-    monkeypatch.setattr(bwd_sm90, "attn_bwd_ws", Recorder())
-    monkeypatch.setattr(bwd_sm90, "num_sms", lambda device: 1)
-    # the offsets clamp and the tile list still run as kernels: on the GPU where there is one
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)
-    lse = torch.zeros(2, 64, device=dev)
-    cu = torch.tensor([0, 64], dtype=torch.int32, device=dev)
-    for mode, pipe in (("regs", "1"), ("smem", "0"), ("smem", "2"), ("smem", "3")):
-        monkeypatch.setenv("LP_FA4_BWD_STATS", mode)
-        monkeypatch.setenv("LP_FA4_BWD_PIPE", pipe)
-        bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, False)
+    modes = (("regs", "1"), ("smem", "0"), ("smem", "2"), ("smem", "3"))
+    calls = [({"LP_FA4_BWD_STATS": mode, "LP_FA4_BWD_PIPE": pipe}, False, None) for mode, pipe in modes]
+    seen = _launch_args(monkeypatch, ("STATS", "PIPE"), calls)
     assert seen == [("regs", 1), ("smem", 0), ("smem", 2), ("smem", 3)]
 
 
@@ -304,10 +314,7 @@ def test_bwd_walk_and_epilogue_switches_are_read(monkeypatch):
     LP_FA4_BWD_WINDOW_PHASE=0, a causal call in order unless LP_FA4_BWD_CAUSAL_WALK=1, anything else
     in order; LP_FA4_BWD_EPI regs (default) or tma, anything else an error; the launcher passes what
     it reads."""
-    import torch
-
     from lp_fa4 import config
-    from lp_fa4.gluon import bwd_sm90
 
     monkeypatch.delenv("LP_FA4_BWD_WINDOW_PHASE", raising=False)
     monkeypatch.delenv("LP_FA4_BWD_CAUSAL_WALK", raising=False)
@@ -317,23 +324,12 @@ def test_bwd_walk_and_epilogue_switches_are_read(monkeypatch):
     monkeypatch.setenv("LP_FA4_BWD_CAUSAL_WALK", "1")
     assert [config.bwd_walk(*m) for m in masks] == [0, 2, 0]
 
-    seen = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append((kw["WINDOW"], kw["WALK"], kw["EPI"]))
-
-    monkeypatch.setattr(bwd_sm90, "attn_bwd_ws", Recorder())
-    monkeypatch.setattr(bwd_sm90, "num_sms", lambda device: 1)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)
-    lse = torch.zeros(2, 64, device=dev)
-    cu = torch.tensor([0, 64], dtype=torch.int32, device=dev)
-    for phase, causal, window, epi in (("1", False, (8, 8), "regs"), ("0", False, (8, 8), " TMA"),
-                                       ("1", True, None, "tma")):  # fmt: skip
-        monkeypatch.setenv("LP_FA4_BWD_WINDOW_PHASE", phase)
-        monkeypatch.setenv("LP_FA4_BWD_EPI", epi)
-        bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, causal, window=window)
+    calls = [
+        ({"LP_FA4_BWD_WINDOW_PHASE": "1", "LP_FA4_BWD_EPI": "regs"}, False, (8, 8)),
+        ({"LP_FA4_BWD_WINDOW_PHASE": "0", "LP_FA4_BWD_EPI": " TMA"}, False, (8, 8)),
+        ({"LP_FA4_BWD_WINDOW_PHASE": "1", "LP_FA4_BWD_EPI": "tma"}, True, None),
+    ]
+    seen = _launch_args(monkeypatch, ("WINDOW", "WALK", "EPI"), calls)
     assert seen == [(True, 1, "regs"), (True, 0, "tma"), (False, 2, "tma")]
     monkeypatch.setenv("LP_FA4_BWD_EPI", "smem")
     with pytest.raises(ValueError, match="LP_FA4_BWD_EPI"):

@@ -149,28 +149,29 @@ def test_gluon_bwd_matches_reference(case, stats, device, gluon_bwd_calls, monke
     assert gluon_bwd_calls, "the Gluon backward did not run"
 
 
-@pytest.mark.gpu
-@pytest.mark.sm90
-@pytest.mark.parametrize("pipe", ["0", "2"])
-@pytest.mark.parametrize("case", [c for c in VARLEN + DENSE if c.causal], ids=lambda c: c.id)
-def test_gluon_bwd_causal_walk(case, pipe, device, gluon_bwd_calls, monkeypatch):
-    """LP_FA4_BWD_CAUSAL_WALK=1 (each slot's first kv tile walks its query tiles down) gives the
-    reference's gradients, under the default step schedule and the pipelined one."""
-    monkeypatch.setenv("LP_FA4_BWD_CAUSAL_WALK", "1")
-    monkeypatch.setenv("LP_FA4_BWD_PIPE", pipe)
-    run_case(case, device)
-    assert gluon_bwd_calls, "the Gluon backward did not run"
+# the backward's opt-in variants, each under the default step schedule and a pipelined one:
+# LP_FA4_BWD_CAUSAL_WALK=1 (each slot's first kv tile walks its query tiles down) on the causal cases,
+# LP_FA4_BWD_EPI=tma (full tiles' dK/dV sent by TMA stores from the dQ staging buffer, ragged tiles
+# by the consumers) on ragged lengths, GQA, causal and dense
+OPT_IN = [
+    ({"LP_FA4_BWD_CAUSAL_WALK": "1", "LP_FA4_BWD_PIPE": pipe}, case, f"causal-walk-pipe{pipe}-{case.id}")
+    for pipe in "02"
+    for case in VARLEN + DENSE
+    if case.causal
+] + [
+    ({"LP_FA4_BWD_EPI": "tma", "LP_FA4_BWD_PIPE": pipe}, case, f"tma-epilogue-pipe{pipe}-{case.id}")
+    for pipe in "03"
+    for case in VARLEN[:3] + DENSE
+]
 
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("pipe", ["0", "3"])
-@pytest.mark.parametrize("case", VARLEN[:3] + DENSE, ids=lambda c: c.id)
-def test_gluon_bwd_tma_epilogue(case, pipe, device, gluon_bwd_calls, monkeypatch):
-    """LP_FA4_BWD_EPI=tma (full tiles' dK/dV sent by TMA stores from the dQ staging buffer, ragged
-    tiles by the consumers) gives the reference's gradients: ragged lengths, GQA, causal, dense."""
-    monkeypatch.setenv("LP_FA4_BWD_EPI", "tma")
-    monkeypatch.setenv("LP_FA4_BWD_PIPE", pipe)
+@pytest.mark.parametrize("env, case", [o[:2] for o in OPT_IN], ids=[o[2] for o in OPT_IN])
+def test_gluon_bwd_opt_in_variants(env, case, device, gluon_bwd_calls, monkeypatch):
+    """Each opt-in variant gives the reference's gradients."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     run_case(case, device)
     assert gluon_bwd_calls, "the Gluon backward did not run"
 
