@@ -24,7 +24,8 @@ Env:
         half of a tile is past the sequence (default: on for max_seqlen_q <= SKIP_DEAD_MAX_Q).
     ADS_GDPA_DEFER_SCALE=0  keep the scale on every score in the Gluon forward (tuning).
     ADS_GDPA_PACKED_ACT=1  the Gluon forward's bf16 fast_gelu in packed bf16x2 arithmetic, two scores
-        per instruction (opt-in: built offline, not yet timed).
+        per instruction (opt-in: slower than the default at long jagged rows, faster at short and
+        dense ones on the H100; BENCHMARKS.md).
     ADS_GDPA_GLUON_CFG="stages,qbuf,epilogue"  override the Gluon forward's ring depth, Q buffers and
         epilogue (tuning); ADS_GDPA_GLUON_VARIANT=ws|ws_simple its consumer schedule.
 """
@@ -112,7 +113,7 @@ def skip_dead_halves(max_seqlen_q: int) -> bool:
 
 def packed_act() -> bool:
     """Whether the Gluon forward computes bf16 fast_gelu's deferred form in packed bf16x2 arithmetic
-    (ADS_GDPA_PACKED_ACT=1; opt-in until timed)."""
+    (ADS_GDPA_PACKED_ACT=1; opt-in)."""
     return bool(_flag("ADS_GDPA_PACKED_ACT", False))
 
 
