@@ -160,17 +160,17 @@ def test_cute_runtime_tensors_match_the_compiled_signature():
 
     import torch
 
-    from ads_gdpa.cute import bwd_sm90
+    from ads_gdpa.cute import _sm90
 
     x = torch.zeros(300, 2, 128, dtype=torch.bfloat16)
-    r = bwd_sm90._rows(x)
+    r = _sm90.rows(x)
     assert (r.dynamic_shapes_mask, r.dynamic_strides_mask) == ((1, 1), (1, 0))
     ptr, extents, stride = (ctypes.c_uint64 * 3).from_address(r.__c_pointers__()[0])
     assert (ptr, extents, stride) == (x.data_ptr(), 300 | (256 << 32), 256)
-    empty = bwd_sm90._rows(torch.zeros(0, 4, 64, dtype=torch.float32))
+    empty = _sm90.rows(torch.zeros(0, 4, 64, dtype=torch.float32))
     assert (empty.dynamic_shapes_mask, empty.dynamic_strides_mask) == ((1, 1), (1, 0))
     for n in (1, 7):
-        v = bwd_sm90._vec(torch.arange(n, dtype=torch.int64))
+        v = _sm90.vec(torch.arange(n, dtype=torch.int64))
         assert (v.dynamic_shapes_mask, v.dynamic_strides_mask) == ((1,), (0,))
         assert (ctypes.c_uint32 * 3).from_address(v.__c_pointers__()[0])[2] == n
 
@@ -217,12 +217,12 @@ def test_cute_col8_refuses_row_reductions(monkeypatch):
     refused when the kernel is built."""
     import torch
 
-    from ads_gdpa.cute import bwd_sm90
+    from ads_gdpa.cute import _sm90, bwd_sm90
 
     monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "DQ_COL8", True)
     monkeypatch.setattr(bwd_sm90.GdpaBwdSm90, "DQ_MODE", "bulk")
     with pytest.raises(ValueError, match="DQ_COL8"):
-        bwd_sm90.GdpaBwdSm90(bwd_sm90._DTYPES[torch.bfloat16], 128, 3, bwd_sm90.use_dq_col8())
+        bwd_sm90.GdpaBwdSm90(_sm90.DTYPES[torch.bfloat16], 128, 3, bwd_sm90.use_dq_col8())
 
 
 @pytest.mark.parametrize(
@@ -247,10 +247,10 @@ def test_cute_runtime_tensors_accept_inputs_that_require_grad():
 
     import torch
 
-    from ads_gdpa.cute import bwd_sm90
+    from ads_gdpa.cute import _sm90
 
     x = torch.zeros(64, 2, 64, dtype=torch.bfloat16, requires_grad=True)
-    r = bwd_sm90._rows(x)
+    r = _sm90.rows(x)
     assert ctypes.c_uint64.from_address(r.__c_pointers__()[0]).value == x.data_ptr()
 
 

@@ -30,14 +30,27 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
-from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory import SmemAllocator
-from cutlass.tensor_utils import LayoutEnum
 
 from ..activations import Activation
 from ..bwd_plan import plan_kv_tiles
 from ._act import act_and_grad, fast_gelu_and_grad_bf16x2, mul_bf16x2
+from ._sm90 import (
+    DTYPES,
+    as_operand_a,
+    fake_rows,
+    fake_vec,
+    gemm,
+    hint,
+    row_major_smem,
+    rows,
+    store_rows_staged,
+    swap01,
+    tma_tiles,
+    vec,
+    zero_outside,
+)
 
 BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
@@ -65,40 +78,6 @@ def _bulk_add_f32(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=No
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
-
-
-def _swap01(t: cute.Tensor) -> cute.Tensor:
-    """The same shared-memory tile with its first two modes swapped (the operand of a transposed use)."""
-    modes = [1, 0, *range(2, cute.rank(t))]
-    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
-
-
-def _acc_as_operand_a(layout: cute.Layout) -> cute.Layout:
-    """An fp32 wgmma accumulator layout ((2, 2, V), M, N) read as the register A operand of the next
-    GEMM, whose K is this accumulator's column dimension: ((2, 2, 2), M, (V/2, N)). A k16 block of
-    the operand is two adjacent 8-column blocks of the accumulator, so no value moves between
-    threads (bf16/fp16 pairs line up with the operand's k pairs)."""
-    (pair, rows, blocks), m, n = layout.shape
-    (s_pair, s_rows, s_blocks), s_m, s_n = layout.stride
-    return cute.make_layout(
-        ((pair, rows, 2), m, (blocks // 2, n)), stride=((s_pair, s_rows, s_blocks), s_m, (2 * s_blocks, s_n))
-    )
-
-
-def _tma_tiles(atom, smem: cute.Tensor, gmem: cute.Tensor):
-    """(shared, global) views of a TMA copy between a shared-memory tile (stages after its two modes)
-    and the tiles of a global tensor (tile indices after its two modes)."""
-    return cpasync.tma_partition(
-        atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(gmem, 0, 2)
-    )
-
-
-def _row_major_smem(dtype, rows: int, cols: int, stages: int | None):
-    atom = warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
-    )
-    shape = (rows, cols) if stages is None else (rows, cols, stages)
-    return cute.tile_to_shape(atom, shape, order=(0, 1) if stages is None else (0, 1, 2))
 
 
 class GdpaBwdSm90:
@@ -198,10 +177,10 @@ class GdpaBwdSm90:
             self.dtype, self.dtype, ds_major, MN_MAJOR, Float32, (1, 2, 1), (64, dh)
         )
 
-        sQ_layout = _row_major_smem(self.dtype, bm, d, self.stages)
-        sK_layout = _row_major_smem(self.dtype, bn, d, None)
+        sQ_layout = row_major_smem(self.dtype, bm, d, self.stages)
+        sK_layout = row_major_smem(self.dtype, bn, d, None)
         # dSᵀ (kv, q) double-buffered; DS_KMAJOR stores dS (q, kv) instead
-        sdS_layout = _row_major_smem(self.dtype, *((bm, bn) if self.DS_KMAJOR else (bn, bm)), 2)
+        sdS_layout = row_major_smem(self.dtype, *((bm, bn) if self.DS_KMAJOR else (bn, bm)), 2)
         sdQ_layout, sdQ_box = self._sdq_layouts()
 
         tma_q, tQ = cpasync.make_tiled_tma_atom(
@@ -303,9 +282,9 @@ class GdpaBwdSm90:
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdSt = _swap01(sdS) if const_expr(self.DS_KMAJOR) else sdS  # (kv, q) either way
+        sdSt = swap01(sdS) if const_expr(self.DS_KMAJOR) else sdS  # (kv, q) either way
         sdQ = st.sdQ.get_tensor(self._sdq_layouts()[0])
-        sE_layout = _row_major_smem(self.dtype, self.bn, self.d, None)
+        sE_layout = row_major_smem(self.dtype, self.bn, self.d, None)
         sE = st.sE.get_tensor(sE_layout.outer, swizzle=sE_layout.inner)
         count = mCount[0]
         n_ctas = cute.arch.grid_dim()[0]
@@ -374,33 +353,37 @@ class GdpaBwdSm90:
             n_m = (lq_eff + bm - 1) // bm
             gK = cute.local_tile(cute.domain_offset((k0, 0), tK), (bn, d), (None, hk))
             gV = cute.local_tile(cute.domain_offset((k0, 0), tV), (bn, d), (None, hk))
-            tKs, tKg = _tma_tiles(tma_k, sK, gK)
-            tVs, tVg = _tma_tiles(tma_v, sV, gV)
+            tKs, tKg = tma_tiles(tma_k, sK, gK)
+            tVs, tVg = tma_tiles(tma_v, sV, gV)
             n = slot
             while n * bn < lk:
                 pipe_kv.producer_acquire(kv_state)
                 bar = pipe_kv.producer_get_barrier(kv_state)
-                cute.copy(tma_k, tKg[None, n], tKs, tma_bar_ptr=bar, **self._hint())
-                cute.copy(tma_v, tVg[None, n], tVs, tma_bar_ptr=bar, **self._hint())
+                cute.copy(tma_k, tKg[None, n], tKs, tma_bar_ptr=bar, **hint(self.L2_HINT))
+                cute.copy(tma_v, tVg[None, n], tVs, tma_bar_ptr=bar, **hint(self.L2_HINT))
                 kv_state.advance()
                 for g in cutlass.range(group, unroll=1):
                     h = hk * group + g
                     gQ = cute.local_tile(cute.domain_offset((q0, 0), tQ), (bm, d), (None, h))
                     gdO = cute.local_tile(cute.domain_offset((q0, 0), tdO), (bm, d), (None, h))
-                    tQs, tQg = _tma_tiles(tma_q, sQ, gQ)
-                    tdOs, tdOg = _tma_tiles(tma_do, sdO, gdO)
+                    tQs, tQg = tma_tiles(tma_q, sQ, gQ)
+                    tdOs, tdOg = tma_tiles(tma_do, sdO, gdO)
                     for m in cutlass.range(n_m, unroll=1):
                         pipe_qdo.producer_acquire(qdo_state)
                         bar_q = pipe_qdo.producer_get_barrier(qdo_state)
                         cute.copy(
-                            tma_q, tQg[None, m], tQs[None, qdo_state.index], tma_bar_ptr=bar_q, **self._hint()
+                            tma_q,
+                            tQg[None, m],
+                            tQs[None, qdo_state.index],
+                            tma_bar_ptr=bar_q,
+                            **hint(self.L2_HINT),
                         )
                         cute.copy(
                             tma_do,
                             tdOg[None, m],
                             tdOs[None, qdo_state.index],
                             tma_bar_ptr=bar_q,
-                            **self._hint(),
+                            **hint(self.L2_HINT),
                         )
                         qdo_state.advance()
                 n += n_slots
@@ -481,11 +464,11 @@ class GdpaBwdSm90:
         tSrQ = mma_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
         tSrV = mma_sdp.make_fragment_A(wg_sdp.partition_A(sV))
         tSrdO = mma_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
-        tVrdOt = mma_dkv.make_fragment_B(wg_dkv.partition_B(_swap01(sdO)))
-        tKrQt = mma_dkv.make_fragment_B(wg_dkv.partition_B(_swap01(sQ)))
+        tVrdOt = mma_dkv.make_fragment_B(wg_dkv.partition_B(swap01(sdO)))
+        tKrQt = mma_dkv.make_fragment_B(wg_dkv.partition_B(swap01(sQ)))
         # dS (q, kv) and Kᵀ (d, kv) views of shared memory, the dQ GEMM's operands
-        tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(_swap01(sdSt)))
-        tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(_swap01(sK)))
+        tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(swap01(sdSt)))
+        tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(swap01(sK)))
 
         acc_s_shape = thr_sdp.partition_shape_C((bn, bm))
         acc_kv_shape = thr_dkv.partition_shape_C((bn, d))
@@ -527,9 +510,9 @@ class GdpaBwdSm90:
                         acc_s = cute.make_rmem_tensor(acc_s_shape, Float32)
                         acc_dp = cute.make_rmem_tensor(acc_s_shape, Float32)
                         warpgroup.fence()
-                        self._gemm(mma_sdp, acc_s, tSrK, tSrQ[None, None, None, s], zero=True)
+                        gemm(mma_sdp, acc_s, tSrK, tSrQ[None, None, None, s], zero=True)
                         warpgroup.commit_group()
-                        self._gemm(mma_sdp, acc_dp, tSrV, tSrdO[None, None, None, s], zero=True)
+                        gemm(mma_sdp, acc_dp, tSrV, tSrdO[None, None, None, s], zero=True)
                         warpgroup.commit_group()
                         warpgroup.wait_group(1)
                         partial = kv_valid < bn or q_valid < bm
@@ -550,21 +533,21 @@ class GdpaBwdSm90:
                             if partial:
                                 # TMA brought the neighbouring sequences' rows (or zeros): they must not
                                 # count
-                                self._mask(tScS, kv_valid, q_valid, (p, acc_dp))
+                                zero_outside(tScS, kv_valid, q_valid, (p, acc_dp))
                             rP.store(p.load().to(self.dtype))
                             rdS.store(acc_dp.load().to(self.dtype))
                         buf = it % 2
                         cute.copy(thr_stsm, thr_stsm.retile(rdS), tRsdS[None, None, None, buf])
                         cute.arch.fence_view_async_shared()
                         warpgroup.fence()
-                        self._gemm(mma_dkv, acc_dv, self._as_a(rP), tVrdOt[None, None, None, s], zero=False)
+                        gemm(mma_dkv, acc_dv, as_operand_a(rP), tVrdOt[None, None, None, s], zero=False)
                         warpgroup.commit_group()
                         cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=256)
                         acc_dq = cute.make_rmem_tensor(acc_dq_shape, Float32)
                         warpgroup.fence()
-                        self._gemm(mma_dq, acc_dq, tQrdS[None, None, None, buf], tQrKt, zero=True)
+                        gemm(mma_dq, acc_dq, tQrdS[None, None, None, buf], tQrKt, zero=True)
                         warpgroup.commit_group()
-                        self._gemm(mma_dkv, acc_dk, self._as_a(rdS), tKrQt[None, None, None, s], zero=False)
+                        gemm(mma_dkv, acc_dk, as_operand_a(rdS), tKrQt[None, None, None, s], zero=False)
                         warpgroup.commit_group()
                         warpgroup.wait_group(1)  # dV and dQ retired
                         if const_expr(self.packed_act):
@@ -600,8 +583,9 @@ class GdpaBwdSm90:
                     for i in cutlass.range_constexpr(cute.size(acc_dk)):
                         acc_dk[i] = acc_dk[i] * scale
                         acc_dv[i] = acc_dv[i] * scale
-                self._store_kv(thr_epi, sE, tidx, acc_dk, mdK, k0 + n * bn, kv_valid, hk)
-                self._store_kv(thr_epi, sE, tidx, acc_dv, mdV, k0 + n * bn, kv_valid, hk)
+                for acc, mOut in ((acc_dk, mdK), (acc_dv, mdV)):
+                    gOut = cute.local_tile(cute.domain_offset((k0 + n * bn, 0), mOut), (bn, d), (0, hk))
+                    store_rows_staged(thr_epi, sE, tidx, acc, gOut, kv_valid, self.dtype, d)
                 n += n_slots
             t += n_ctas
 
@@ -630,8 +614,8 @@ class GdpaBwdSm90:
             )  # fmt: skip
         else:
             gdQ = cute.local_tile(cute.domain_offset((q0, 0), tdQ), (self.bm, self.dh), (None, None))
-            tS, tG = _tma_tiles(tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w])
-        cute.copy(tma_dq, tS, tG, **self._hint())
+            tS, tG = tma_tiles(tma_dq, sdQ_boxes[None, None, w], gdQ[None, None, m, h * 2 + w])
+        cute.copy(tma_dq, tS, tG, **hint(self.L2_HINT))
 
     def _dq_gmem(self, mdQ: cute.Tensor) -> cute.Tensor:
         """The dQ accumulator as the reduction's tensor map sees it: (Tq, H*D) rows, or with
@@ -660,87 +644,26 @@ class GdpaBwdSm90:
             (bm, dh), stride=(dh, 1)
         )
 
-    def _hint(self) -> dict:
-        return {} if self.L2_HINT is None else {"cache_policy": cutlass.Int64(self.L2_HINT)}
-
     @cute.jit
     def _act_packed(self, tScS, acc_s, acc_dp, rP, rdS, partial, kv_valid, q_valid):
         """``ACT_PACKED``: unscaled Pᵀ = act(Sᵀ) and dSᵀ = act'(Sᵀ)·dPᵀ in bf16x2 arithmetic, one
         fragment pair (adjacent columns) per word. A masked score is set to 0 (act(0) = 0 for
         fast_gelu) and its dPᵀ to 0, so both products vanish there."""
         if partial:
-            self._mask(tScS, kv_valid, q_valid, acc_s)
+            zero_outside(tScS, kv_valid, q_valid, acc_s)
         wP = cute.recast_tensor(rP, Int32)
         wG = cute.make_rmem_tensor(cute.size(wP), Int32)
         for j in cutlass.range_constexpr(cute.size(wP)):
             wP[j], wG[j] = fast_gelu_and_grad_bf16x2(acc_s[2 * j], acc_s[2 * j + 1])
         warpgroup.wait_group(0)
         if partial:
-            self._mask(tScS, kv_valid, q_valid, acc_dp)
+            zero_outside(tScS, kv_valid, q_valid, acc_dp)
         wdS = cute.recast_tensor(rdS, Int32)
         for j in cutlass.range_constexpr(cute.size(wdS)):
             wdS[j] = mul_bf16x2(wG[j], acc_dp[2 * j], acc_dp[2 * j + 1])
 
-    @cute.jit
-    def _mask(self, tScS: cute.Tensor, kv_valid, q_valid, xs):
-        """Zero the elements of the fragments ``xs`` (one or a tuple) outside this tile's kv and query
-        rows."""
-        xs = xs if isinstance(xs, tuple) else (xs,)
-        for i in cutlass.range_constexpr(cute.size(tScS)):
-            r, c = tScS[i]
-            keep = r < kv_valid and c < q_valid
-            for x in xs:
-                x[i] = cutlass.select_(keep, x[i], Float32(0.0))
 
-    @cute.jit
-    def _as_a(self, r: cute.Tensor) -> cute.Tensor:
-        return cute.make_tensor(r.iterator, _acc_as_operand_a(r.layout))
-
-    @cute.jit
-    def _gemm(self, tiled_mma, acc, tA, tB, zero: cutlass.Constexpr[bool]):
-        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, not zero or k != 0)
-            cute.gemm(tiled_mma, acc, tA[None, None, k], tB[None, None, k], acc)
-
-    @cute.jit
-    def _store_kv(self, thr_stsm, sE, tidx, acc, mOut, row0, kv_valid, hk):
-        """The tile's rows inside the sequence, in the output dtype, through shared memory, 16 bytes
-        per global store (a quarter of the global store instructions of 4-byte column-pair stores
-        from registers, which queued on the load/store unit at the end of every tile). Each consumer
-        warp writes its own 16 rows of the fragment by ``stmatrix`` and reads them back as 16-byte
-        row chunks, so only the warp itself synchronises."""
-        d = self.d
-        r_out = cute.make_rmem_tensor(acc.shape, self.dtype)
-        r_out.store(acc.load().to(self.dtype))
-        cute.copy(thr_stsm, thr_stsm.retile(r_out), thr_stsm.partition_D(sE))
-        cute.arch.sync_warp()
-        chunks = d // 8  # 16-byte chunks per row
-        rows_per_pass = 32 // chunks
-        lane = tidx % 32
-        first = (tidx // 32) * 16 + lane // chunks  # this warp's 16 rows of the 128-row tile
-        col = (lane % chunks) * 8
-        gOut = cute.local_tile(cute.domain_offset((row0, 0), mOut), (self.bn, d), (0, hk))
-        for i in cutlass.range_constexpr(16 // rows_per_pass):
-            r = first + rows_per_pass * i
-            v = cute.local_tile(sE, (1, 8), (r, col // 8)).load()
-            if r < kv_valid:
-                cute.local_tile(gOut, (1, 8), (r, col // 8)).store(v)
-        cute.arch.sync_warp()  # the next tensor's stmatrix overwrites these rows
-
-
-_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 _COMPILED: dict[tuple, object] = {}  # compile key -> compiled kernel (the DSL also caches on disk)
-
-
-def _fake_rows(dtype):
-    """A (T, W) row-major tensor of dynamic extents, W a multiple of 64 and 16-byte aligned rows."""
-    return make_fake_compact_tensor(
-        dtype, (cute.sym_int(), cute.sym_int(divisibility=64)), stride_order=(1, 0), assumed_align=16
-    )
-
-
-def _fake_vec():
-    return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
 
 
 _SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8", "ACT_PACKED")
@@ -768,37 +691,16 @@ def compiled(dtype: torch.dtype, head_dim: int, act: int, dq_col8: bool | None =
     key = (dtype, head_dim, act, dq_col8, _switches())
     fn = _COMPILED.get(key)
     if fn is None:
-        cdt = _DTYPES[dtype]
-        rows = [_fake_rows(cdt) for _ in range(4)]
-        outs = [_fake_rows(Float32), _fake_rows(cdt), _fake_rows(cdt)]
+        cdt = DTYPES[dtype]
+        ins = [fake_rows(cdt) for _ in range(4)]
+        outs = [fake_rows(Float32), fake_rows(cdt), fake_rows(cdt)]
         scalars = [Int32(1)] * 4 + [Float32(1.0), Int32(1)]
         fn = cute.compile(
-            GdpaBwdSm90(cdt, head_dim, act, dq_col8), *rows, *outs, *[_fake_vec() for _ in range(4)],
+            GdpaBwdSm90(cdt, head_dim, act, dq_col8), *ins, *outs, *[fake_vec() for _ in range(4)],
             *scalars, cuda.CUstream(0),
         )  # fmt: skip
         _COMPILED[key] = fn
     return fn
-
-
-# The runtime tensors must carry the same dynamic modes as the fake ones above: the compiled host
-# code reads each tensor's extents and row stride from the descriptor ``from_dlpack`` builds, and a
-# tensor left with its default static layout contributes only its pointer (the call does not compare
-# the two), so the TMA descriptors would be encoded from whatever follows it in host memory and the
-# first TMA load faults with an illegal instruction.
-def _rows(x: torch.Tensor, assumed_align: int = 16):
-    """(T, H, D) -> the (T, H*D) runtime tensor of a ``_fake_rows`` argument. Detached: inside
-    autograd's backward the saved inputs still require grad, and DLPack refuses to export those."""
-    x = x.detach()
-    t, h, d = x.shape
-    if t == 0:  # TMA descriptors need a row; the kernel never reads or writes it
-        x = x.new_zeros(1, h, d)
-        t = 1
-    return from_dlpack(x.view(t, h * d), assumed_align=assumed_align).mark_layout_dynamic(leading_dim=1)
-
-
-def _vec(x: torch.Tensor):
-    """An int32 vector -> the runtime tensor of a ``_fake_vec`` argument."""
-    return from_dlpack(x.to(torch.int32).contiguous(), assumed_align=4).mark_layout_dynamic(leading_dim=0)
 
 
 def gdpa_bwd_cute(
@@ -821,15 +723,15 @@ def gdpa_bwd_cute(
     row inside a sequence. Query rows at or past min(Lq_b, max_seqlen_q) contribute nothing."""
     p = plan_kv_tiles(
         do, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dq_acc, dk, dv,
-        block_n=BLOCK_N, dtypes=_DTYPES,
+        block_n=BLOCK_N, dtypes=DTYPES,
     )  # fmt: skip
     if p is None:
         return
     fn = compiled(q.dtype, p.head_dim, int(activation_id), use_dq_col8(max_seqlen_k))
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     fn(
-        _rows(p.q), _rows(p.k), _rows(p.v), _rows(p.do), _rows(dq_acc), _rows(dk), _rows(dv),
-        *(_vec(x) for x in (p.cu_q, p.cu_k, p.tiles, p.count)),
+        rows(p.q), rows(p.k), rows(p.v), rows(p.do), rows(dq_acc), rows(dk), rows(dv),
+        *(vec(x) for x in (p.cu_q, p.cu_k, p.tiles, p.count)),
         Int32(p.max_seqlen_q), Int32(p.n_kv_tiles), Int32(p.kv_heads), Int32(p.group), Float32(scale),
         Int32(p.programs), stream,
     )  # fmt: skip
