@@ -85,6 +85,6 @@ def test_dense_batch_mismatch():
 
 
 def test_backend_env(monkeypatch):
-    monkeypatch.setenv("ADS_GDPA_BACKEND", "cute")
+    monkeypatch.setenv("ADS_GDPA_BACKEND", "cuda")
     with pytest.raises(ValueError, match="ADS_GDPA_BACKEND"):
         _call(*_inputs())

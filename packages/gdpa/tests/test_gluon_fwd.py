@@ -52,27 +52,21 @@ def _check(
     seed=0,
     variant="ws",
     skip_dead_halves=None,
+    kernel=None,
 ):
+    """``kernel``: another forward with ``gdpa_fwd_gluon``'s contract (``fwd`` and the Gluon options
+    unused), e.g. the CuTe DSL one."""
     q, k, v, cu_q, cu_k = _make_case(lens_q, lens_k, H, H_kv, D, dtype, seed, pad_rows)
     max_q = max(lens_q) if max_q is None else max_q
     out = torch.full_like(q, float("nan"))
     # longest_q as the package passes it with host offsets: the zero-tail launch is skipped unless
     # a sequence outgrows max_seqlen_q's tiles (the NaN poison catches a wrong skip)
-    fwd.gdpa_fwd_gluon(
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        max_q,
-        max(lens_k),
-        act,
-        scale,
-        out,
-        variant=variant,
-        longest_q=max(lens_q),
-        skip_dead_halves=skip_dead_halves,
-    )
+    args = (q, k, v, cu_q, cu_k, max_q, max(lens_k), act, scale, out)
+    if kernel is None:
+        fwd.gdpa_fwd_gluon(*args, variant=variant, longest_q=max(lens_q), skip_dead_halves=skip_dead_halves)
+    else:
+        kernel(*args, longest_q=max(lens_q))
+        variant = kernel.__name__
     torch.cuda.synchronize()
     n_seq_rows = int(cu_q[-1])
     # Contract: every row of every sequence is written (zeros past max_seqlen_q); rows that belong

@@ -262,9 +262,10 @@ def fwd_impl(
     descale = (q_descale, k_descale, v_descale) if fp8 else None
     if fp8:
         check_descales(descale)
-    if dispatch.backend_for("fwd", q.device, _call(a, q.dtype)) == "gluon":
-        kernel = dispatch.kernel("gluon", q.device, "fwd")
-        extra = {"descale": descale} if fp8 else {}
+    backend = dispatch.backend_for("fwd", q.device, _call(a, q.dtype))
+    if backend in ("gluon", "cute"):
+        kernel = dispatch.kernel(backend, q.device, "fwd")
+        extra = {"descale": descale} if fp8 else {}  # FP8 calls reach Gluon only (``SUPPORT``)
         kernel(q, k, v, cu_q, cu_k, max_q, max_k, act, scale, out, longest_q=longest_q, **extra)
         return out
     tbl = _act_table(tuple(act_per_head), str(q.device)) if act_per_head is not None else None

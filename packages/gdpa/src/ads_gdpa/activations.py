@@ -46,6 +46,13 @@ GELU_BC = 0.035677408136300125  # βc, c = 0.044715
 GELU_DBC = 0.10703222440890289  # 3βc
 
 
+# act(x) = DEFERRED_GAIN[act] · act_deferred(x) for the activations that have a cheaper form without
+# the scale: a forward that multiplies its output tile by scale · gain instead of every score by the
+# scale saves one multiply per score. fast_gelu only: silu's form without the scale (x / (1 + e))
+# measured slower on the H200 than with it (BENCHMARKS.md, experiment log).
+DEFERRED_GAIN = {int(Activation.FAST_GELU): 0.5}
+
+
 def bf16x2_word(x: float) -> str:
     """``x`` rounded to bf16 (nearest, ties to even) in both halves of a 32-bit word, as the hex
     literal a packed-bf16x2 PTX constant takes (e.g. 1.0 -> "0x3F803F80")."""

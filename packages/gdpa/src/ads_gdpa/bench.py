@@ -9,7 +9,8 @@ credited with useful work only.
 Providers: ours (default dispatch: on Hopper the warp-specialised Gluon forward, and the CuTe DSL
 backward where the extra is installed and ``dispatch.PREFER`` takes it, else the Gluon one; Triton
 where neither supports the call); with the CuTe DSL installed, ours[cute-bwd] and ours[gluon-bwd]
-(backward only: the one backend at every row), ours[triton] (the portable Triton kernels); ours[fp8] and
+(backward only: the one backend at every row) and, with --variants, ours[cute-fwd] (forward only:
+the opt-in CuTe DSL forward, ADS_GDPA_BACKEND=cute), ours[triton] (the portable Triton kernels); ours[fp8] and
 ours[fp8,triton] (self-attention rows, forward only: e4m3 inputs quantised with per-head amax
 descales, bf16 out, scale 1/max_len as upstream; the note gives the relative error against the fp32
 GDPA of the dequantised inputs on the first sequences); naive
@@ -122,6 +123,9 @@ class Bench:
             for backend in ("cute", "gluon"):
                 with cli_env(ADS_GDPA_BWD_BACKEND=backend):
                     self._fwd_bwd(op, f"ours[{backend}-bwd]", shape, ours, flop, time_fwd=False)
+            if self.args.variants:  # until its GPU tests have passed, not in the default run
+                with cli_env(ADS_GDPA_BACKEND="cute"):
+                    self._fwd_bwd(op, "ours[cute-fwd]", shape, ours, flop, make_grad=False)
         with cli_env(ADS_GDPA_BACKEND="triton"):
             self._fwd_bwd(op, "ours[triton]", shape, ours, flop)
         if op.startswith("self"):

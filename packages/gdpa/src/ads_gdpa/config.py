@@ -6,9 +6,11 @@ unknown value. Whether the Triton interpreter runs and how many SMs a GPU has co
 is read by ``ads_kernel_tools.offsets`` for every package.
 
 Env:
-    ADS_GDPA_BACKEND=auto|triton|gluon  forward backend. auto: the fastest kernel whose support table
-        covers the call (``ads_gdpa.dispatch``: the warp-specialised Gluon kernels on sm90), the
-        portable Triton kernels everywhere else; ``triton`` forces Triton (forward and backward).
+    ADS_GDPA_BACKEND=auto|triton|gluon|cute  forward backend. auto: the fastest kernel whose support
+        table covers the call (``ads_gdpa.dispatch``: the warp-specialised Gluon kernels on sm90), the
+        portable Triton kernels everywhere else; ``triton`` forces Triton (forward and backward);
+        ``cute`` takes the CuTe DSL sm_90 forward (``pip install ads-gdpa[cute]``) wherever its table
+        covers the call, Gluon elsewhere (opt-in: not yet timed, BENCHMARKS.md).
     ADS_GDPA_BWD_BACKEND=auto|triton|gluon|cute  the same for the backward alone. With the CuTe DSL
         installed (``pip install ads-gdpa[cute]``) auto takes its sm_90 kernel in the shape class
         where it measured faster (``dispatch.PREFER``: D=128, more than 256 keys per sequence) and
@@ -74,8 +76,9 @@ def autotune_disabled() -> bool:
 
 def backend() -> str:
     """Forward backend wanted (ADS_GDPA_BACKEND): "gluon" (the fast path where it covers the call;
-    also what auto means) or "triton"."""
-    b = _choice("ADS_GDPA_BACKEND", "auto", ("auto", "triton", "gluon"))
+    also what auto means), "cute" (the CuTe DSL forward where its table covers the call, opt-in)
+    or "triton"."""
+    b = _choice("ADS_GDPA_BACKEND", "auto", ("auto", "triton", "gluon", "cute"))
     return "gluon" if b == "auto" else b
 
 

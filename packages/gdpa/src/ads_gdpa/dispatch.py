@@ -85,7 +85,7 @@ _FP8 = frozenset({torch.float8_e4m3fn})
 # FP8 through the Gluon forward: the activations its GPU tests cover against the dequantised reference
 _GLUON_FP8_ACTS = frozenset(int(a) for a in (A.RAW, A.GELU, A.FAST_GELU, A.RELU, A.SILU, A.RELU_SQUARE))
 
-# CuTe DSL backward: the activations written in ``ads_gdpa.cute._act`` (kept here as data so that the
+# CuTe DSL kernels: the activations written in ``ads_gdpa.cute._act`` (kept here as data so that the
 # table does not import the DSL)
 _CUTE_ACTS = frozenset(
     int(a)
@@ -100,6 +100,7 @@ SUPPORT: dict[tuple[str, int, str], Support] = {
     ),
     ("gluon", 9, "bwd"): Support(_GLUON_ACTS, frozenset({(64, 64), (128, 128)}), _HALF),
     ("cute", 9, "bwd"): Support(_CUTE_ACTS, frozenset({(64, 64), (128, 128)}), _HALF),
+    ("cute", 9, "fwd"): Support(_CUTE_ACTS, frozenset({(64, 64), (128, 128)}), _HALF),
 }
 
 # (backend, arch major, direction) -> (module, entry point)
@@ -107,6 +108,7 @@ KERNELS: dict[tuple[str, int, str], tuple[str, str]] = {
     ("gluon", 9, "fwd"): ("ads_gdpa.gluon.fwd_sm90", "gdpa_fwd_gluon"),
     ("gluon", 9, "bwd"): ("ads_gdpa.gluon.bwd_sm90", "gdpa_bwd_gluon"),
     ("cute", 9, "bwd"): ("ads_gdpa.cute.bwd_sm90", "gdpa_bwd_cute"),
+    ("cute", 9, "fwd"): ("ads_gdpa.cute.fwd_sm90", "gdpa_fwd_cute"),
 }
 
 
@@ -124,7 +126,8 @@ class Prefer:
 
 # (backend, arch major, direction) -> where auto prefers it to Gluon, given its table covers the call
 # and it is installed: the shape class where it measured faster (BENCHMARKS.md, "The dispatch rule");
-# at 256 keys or fewer the two tie, and D=64 was not timed.
+# at 256 keys or fewer the two tie, and D=64 was not timed. (The CuTe backward's own switch of its dQ
+# staging at 256 keys, ``cute.bwd_sm90.COL8_MIN_KEYS``, is a separate measurement.)
 PREFER: dict[tuple[str, int, str], Prefer] = {
     ("cute", 9, "bwd"): Prefer(frozenset({(128, 128)}), min_keys=257),
 }

@@ -56,7 +56,9 @@ BLOCK_M = 64  # query rows per step
 BLOCK_N = 128  # kv rows per tile: 64 per consumer warpgroup
 STAGES = 2  # Q/dO ring depth
 # dQ staged column-block-major only for calls with more keys than this: at 256 keys per sequence
-# under up to 2,048 queries it ran slower than the row-major box (BENCHMARKS.md)
+# under up to 2,048 queries it ran slower than the row-major box (BENCHMARKS.md). A measurement of
+# its own, not ``dispatch.PREFER``'s rule for taking this kernel at all, though both sit at 256 keys
+# today: below this line the row-major box matters only where a call asks for CuTe explicitly.
 COL8_MIN_KEYS = 257
 
 # named barriers (0 is the CTA-wide one)

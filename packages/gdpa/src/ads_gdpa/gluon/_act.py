@@ -12,7 +12,7 @@ from triton.experimental.gluon import language as gl
 from ads_kernel_tools.kernels.hw_math import rcp_approx
 from ads_kernel_tools.kernels.hw_math import tanh_approx as _tanh
 
-from ..activations import GELU_B, GELU_BC, Activation, bf16x2_word
+from ..activations import GELU_B, GELU_BC, bf16x2_word
 from ..triton._act import (
     A_FAST_GELU,
     A_FAST_SILU,
@@ -68,13 +68,6 @@ def act_scaled(x, scale, ACT: gl.constexpr):
     else:
         y = x * scale
     return y
-
-
-# act(x) = DEFERRED_GAIN[ACT] · act_deferred(x) for the activations that have a cheaper form without
-# the scale: a forward that multiplies its output tile by scale · gain instead of every score by the
-# scale saves one multiply per score. fast_gelu only: silu's form without the scale (x / (1 + e))
-# measured slower on the H200 than with it (BENCHMARKS.md, experiment log).
-DEFERRED_GAIN = {int(Activation.FAST_GELU): 0.5}
 
 
 @gluon.jit

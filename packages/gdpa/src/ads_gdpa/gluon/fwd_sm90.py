@@ -52,8 +52,8 @@ from ads_kernel_tools.kernels.tile_list import schedule
 from ads_kernel_tools.kernels.transpose import v_kmajor, v_kmajor_relabel
 
 from .. import config as cfg
-from ..activations import Activation
-from ._act import DEFERRED_GAIN, act_deferred, act_scaled, fast_gelu_deferred_bf16x2
+from ..activations import DEFERRED_GAIN, Activation
+from ._act import act_deferred, act_scaled, fast_gelu_deferred_bf16x2
 from ._fp8 import act_fp8, fp8_gain, row_scaled_p
 
 # The activations with a kernel path here (``dispatch.SUPPORT`` routes calls by its own table,
@@ -791,6 +791,13 @@ def gdpa_fwd_gluon(
         fp8 and relabel,
     )
     _gdpa_fwd_ws[grid](*args, *consts, num_warps=4)
-    # Sequences longer than max_seqlen_q: rows the tiles above never reach still get zeros.
-    if longest_q is None or longest_q > m_tiles * BM:
-        _zero_tail[(B,)](out, cu_q, m_tiles * BM, H * D, num_warps=4)
+    zero_rows_past_tiles(out, cu_q, m_tiles * BM, longest_q)
+
+
+def zero_rows_past_tiles(out: torch.Tensor, cu_q: torch.Tensor, covered: int, longest_q: int | None) -> None:
+    """Zeros in the rows [covered, Lq_b) of each sequence of ``out`` (T, H, D): rows that a forward
+    whose tiles reach ``covered`` rows per sequence (max_seqlen_q rounded up to its tile) leaves
+    unwritten. Skipped when the caller knows the longest query sequence (``longest_q``) and no
+    sequence has such rows. ``cu_q``: clamped int32 offsets."""
+    if longest_q is None or longest_q > covered:
+        _zero_tail[(cu_q.numel() - 1,)](out, cu_q, covered, out.shape[1] * out.shape[2], num_warps=4)
