@@ -260,6 +260,12 @@ def fwd_input(inputs, name: str):
     return inputs[i] if i < len(inputs) else _FWD_PARAMS[i].default
 
 
+def fwd_input_index(name: str) -> int:
+    """The position of lp_fa4::fwd's input ``name`` (in its inputs, and in the gradients its backward
+    returns)."""
+    return _FWD_AT[name]
+
+
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink = inputs[:9]
     out, lse = output

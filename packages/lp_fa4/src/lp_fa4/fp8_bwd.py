@@ -156,7 +156,7 @@ def _input_grads(needs, grads, fp8, descales, cus):
     for i, (dx, x8, sc, cu) in enumerate(zip(grads, fp8, descales, cus)):
         if needs[i]:
             res[i] = dx.float() * _row_scales(sc, cu, x8.shape[0], x8.shape[1])[..., None]
-        j = _ops._DESCALES.start + i
+        j = _ops.fwd_input_index(("q_descale", "k_descale", "v_descale")[i])
         if j < len(needs) and needs[j]:
             res[j] = _descale_grad(dx, x8, cu, sc.shape[1])
     return tuple(res)
