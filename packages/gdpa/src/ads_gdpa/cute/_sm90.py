@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import Float32, Int32
@@ -121,6 +122,21 @@ def decode_q_tile(mTiles, mCuQ, mCuK, t, heads, m_tiles, max_seqlen_q):
     k0 = mCuK[b]
     lk = mCuK[b + 1] - k0
     return h, m, q0, lq, cutlass.max(cutlass.min(lq, max_seqlen_q), 0), k0, lk
+
+
+def tma_ring(barriers, stages: int, tx_bytes: int, *, last: bool):
+    """A ring of shared-memory stages filled by TMA from the producer warp (one thread arrives with
+    the bytes to expect) and released by the 8 warps of the two consumer warpgroups. ``last``: the
+    kernel's last ring created, whose creation fences the barriers' initialisation and syncs the CTA
+    (the earlier ones defer that to it)."""
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=barriers.data_ptr(),
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),
+        tx_count=tx_bytes,
+        defer_sync=not last,
+    )
 
 
 def hint(policy: int | None) -> dict:

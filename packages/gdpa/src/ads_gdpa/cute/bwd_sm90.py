@@ -47,6 +47,7 @@ from ._sm90 import (
     rows,
     store_rows_staged,
     swap01,
+    tma_ring,
     tma_tiles,
     vec,
     zero_outside,
@@ -268,16 +269,8 @@ class GdpaBwdSm90:
 
         smem = SmemAllocator()
         st = smem.allocate(Storage)
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # the consumer warps
-        pipe_qdo = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.bar_qdo.data_ptr(), num_stages=self.stages, producer_group=producer,
-            consumer_group=consumers, tx_count=qdo_bytes, defer_sync=True,
-        )  # fmt: skip
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.bar_kv.data_ptr(), num_stages=1, producer_group=producer,
-            consumer_group=consumers, tx_count=kv_bytes, defer_sync=False,
-        )  # fmt: skip
+        pipe_qdo = tma_ring(st.bar_qdo, self.stages, qdo_bytes, last=False)
+        pipe_kv = tma_ring(st.bar_kv, 1, kv_bytes, last=True)
 
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sdO = st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)

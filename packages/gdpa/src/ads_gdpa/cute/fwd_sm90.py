@@ -49,6 +49,7 @@ from ._sm90 import (
     rows,
     store_rows_staged,
     swap01,
+    tma_ring,
     tma_tiles,
     vec,
     zero_outside,
@@ -199,20 +200,9 @@ class GdpaFwdSm90:
 
         smem = SmemAllocator()
         st = smem.allocate(Storage)
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # the consumer warps
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.bar_q.data_ptr(), num_stages=self.Q_STAGES, producer_group=producer,
-            consumer_group=consumers, tx_count=q_bytes, defer_sync=True,
-        )  # fmt: skip
-        pipe_k = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.bar_k.data_ptr(), num_stages=self.kv_stages, producer_group=producer,
-            consumer_group=consumers, tx_count=kv_bytes, defer_sync=True,
-        )  # fmt: skip
-        pipe_v = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.bar_v.data_ptr(), num_stages=self.kv_stages, producer_group=producer,
-            consumer_group=consumers, tx_count=kv_bytes, defer_sync=False,
-        )  # fmt: skip
+        pipe_q = tma_ring(st.bar_q, self.Q_STAGES, q_bytes, last=False)
+        pipe_k = tma_ring(st.bar_k, self.kv_stages, kv_bytes, last=False)
+        pipe_v = tma_ring(st.bar_v, self.kv_stages, kv_bytes, last=True)
 
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
