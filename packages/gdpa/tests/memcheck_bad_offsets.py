@@ -77,7 +77,8 @@ def run_upstream_extras(cu: list[int]) -> None:
 
 
 # the CuTe backward's builds that read or write differently: the default (max 1024 keys: dQ staged
-# column-block-major) and the row-major dQ staging of short-key calls
+# column-block-major) and the row-major dQ staging of short-key calls; the CuTe forward runs before
+# each (ADS_GDPA_BACKEND=cute)
 CUTE_BUILDS = [{}, {"DQ_COL8": False}]
 
 
@@ -89,8 +90,8 @@ def run_cute_builds(cu: list[int]) -> None:
         for key, value in switches.items():
             setattr(GdpaBwdSm90, key, value)
         try:
-            run("auto", 128, MaskMode.NONE, False, False, cu, bwd="cute")
-            run("auto", 64, MaskMode.NONE, False, False, cu, bwd="cute")
+            run("cute", 128, MaskMode.NONE, False, False, cu, bwd="cute")
+            run("cute", 64, MaskMode.NONE, False, False, cu, bwd="cute")
         finally:
             for key, value in saved.items():
                 setattr(GdpaBwdSm90, key, value)
@@ -105,7 +106,7 @@ def main() -> None:
         run("triton", 128, MaskMode.TOP_LEFT, False, False, cu)
         run("triton", 128, MaskMode.BOTTOM_RIGHT, False, False, cu)
         run("auto", 128, MaskMode.NONE, False, True, cu)
-        if cute_importable():  # the opt-in CuTe DSL backward, where the extra is installed
+        if cute_importable():  # the CuTe DSL kernels, where the extra is installed
             run_cute_builds(cu)
         run_upstream_extras(cu)
     os.environ.pop("ADS_GDPA_BWD_BACKEND", None)
