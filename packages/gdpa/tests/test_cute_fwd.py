@@ -30,7 +30,12 @@ CASES = [c for c in _cases(False) if int(c.get("act", Activation.FAST_GELU)) in 
     dict(lens_q=RAGGED, lens_k=RAGGED_K, act=3, scale=1.0 / 2048),  # upstream's 1/max_seqlen
 ]
 # build switches of ``GdpaFwdSm90`` other than the default, each on the quick cases
-BUILDS = {"no-pingpong": {"PINGPONG": False}, "no-overlap": {"OVERLAP": False}, "noreg": {"REGS": None}}
+BUILDS = {
+    "no-pingpong": {"PINGPONG": False},
+    "no-overlap": {"OVERLAP": False},
+    "noreg": {"REGS": None},
+    "epi-rows": {"EPI_TMA": False},
+}
 
 
 def _kernel():
@@ -129,8 +134,9 @@ def _build(tmp_path: Path, configs, switches=None, keep="ptx") -> list[Path]:
 
 def test_cute_forward_builds_for_sm90(tmp_path: Path):
     """Offline sm_90a builds (no GPU needed) of bf16 and fp16, D 64 and 128, fast_gelu (deferred
-    scale in bf16) and relu: wgmma for both GEMMs, TMA loads, the output through ``stmatrix``, the
-    hardware tanh for fast_gelu (spills: the SASS test below)."""
+    scale in bf16) and relu: wgmma for both GEMMs, TMA loads, the output through ``stmatrix`` and
+    then a TMA store (full boxes) or 16-byte row stores, the hardware tanh for fast_gelu (spills: the
+    SASS test below)."""
     # one dump folder per build: the DSL names its files by the kernel's signature, not its constants
     configs = [("bfloat16", 128, 3), ("float16", 64, 3), ("bfloat16", 64, 5)]
     ptx = [p.read_text() for i, c in enumerate(configs) for p in _build(tmp_path / str(i), [c])]
@@ -139,6 +145,8 @@ def test_cute_forward_builds_for_sm90(tmp_path: Path):
         assert text.count("wgmma.mma_async") >= 2 * 4, "fewer wgmma than two GEMMs need"
         assert "cp.async.bulk.tensor.2d.shared::cta.global" in text
         assert "stmatrix.sync.aligned" in text
+        assert "cp.async.bulk.tensor.2d.global.shared::cta" in text, "no TMA store of full output boxes"
+        assert "st.global.v4" in text, "no row stores for partial boxes"
     assert sum("tanh.approx.f32" in t for t in ptx) == 2
 
 

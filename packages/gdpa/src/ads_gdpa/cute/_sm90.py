@@ -84,20 +84,26 @@ def zero_outside(coords: cute.Tensor, rows_valid, cols_valid, xs):
 
 
 @cute.jit
-def store_rows_staged(thr_stsm, smem: cute.Tensor, tidx, acc, gOut: cute.Tensor, n_rows, dtype, d: int):
-    """The rows < ``n_rows`` of a 128-row accumulator tile (two warpgroups) in ``dtype`` to ``gOut``
-    (its (128, d) global tile), through shared memory, 16 bytes per global store (a quarter of the
-    global store instructions of 4-byte column-pair stores from registers, which queue on the
-    load/store unit). Each consumer warp writes its own 16 rows of the fragment by ``stmatrix`` and
-    reads them back as 16-byte row chunks, so only the warp itself synchronises."""
+def stage_tile(thr_stsm, smem: cute.Tensor, acc, dtype):
+    """An accumulator fragment in ``dtype`` into its shared-memory tile by ``stmatrix``."""
     r_out = cute.make_rmem_tensor(acc.shape, dtype)
     r_out.store(acc.load().to(dtype))
     cute.copy(thr_stsm, thr_stsm.retile(r_out), thr_stsm.partition_D(smem))
+
+
+@cute.jit
+def store_rows_staged(thr_stsm, smem: cute.Tensor, tidx, acc, gOut: cute.Tensor, n_rows, dtype, d: int):
+    """The rows < ``n_rows`` of an accumulator tile in ``dtype`` to ``gOut`` (its global tile), through
+    shared memory, 16 bytes per global store (a quarter of the global store instructions of 4-byte
+    column-pair stores from registers, which queue on the load/store unit). Warp ``tidx // 32`` owns
+    rows 16·(tidx // 32) onward of the tile (the wgmma accumulator's rows): it writes them by
+    ``stmatrix`` and reads them back as 16-byte row chunks, so only the warp itself synchronises."""
+    stage_tile(thr_stsm, smem, acc, dtype)
     cute.arch.sync_warp()
     chunks = d // 8  # 16-byte chunks per row
     rows_per_pass = 32 // chunks
     lane = tidx % 32
-    first = (tidx // 32) * 16 + lane // chunks  # this warp's 16 rows of the 128-row tile
+    first = (tidx // 32) * 16 + lane // chunks  # this warp's 16 rows of the tile
     col = (lane % chunks) * 8
     for i in cutlass.range_constexpr(16 // rows_per_pass):
         r = first + rows_per_pass * i

@@ -47,6 +47,7 @@ from ._sm90 import (
     gemm,
     row_major_smem,
     rows,
+    stage_tile,
     store_rows_staged,
     swap01,
     tma_ring,
@@ -58,7 +59,10 @@ from ._sm90 import (
 BLOCK_M = 128  # query rows per tile: 64 per consumer warpgroup
 BLOCK_N = 128  # keys per step
 
-_BAR_TURN = 1  # + warpgroup: this warpgroup's turn to issue its GEMMs (0 is the CTA-wide barrier)
+# named barriers (0 is the CTA-wide one)
+_BAR_TURN = 1  # + warpgroup: this warpgroup's turn to issue its GEMMs
+_BAR_EPI = 3  # + warpgroup: its output box is staged (or free again), among its own 128 threads
+ROWS = BLOCK_M // 2  # query rows per consumer warpgroup
 
 
 class GdpaFwdSm90:
@@ -78,7 +82,10 @@ class GdpaFwdSm90:
     P·V above the activation when the two share a basic block, so the activation sits in a branch
     that always runs; and since ptxas sees P dead once its wgmma is issued, a use of P after the
     wait that never runs (``_hold``) keeps the activation's temporaries out of P's registers,
-    without which ptxas copies S's registers aside instead (64 moves a step).
+    without which ptxas copies S's registers aside instead (64 moves a step). ``EPI_TMA``: a
+    warpgroup whose 64 rows all lie inside the sequence sends its output box by one TMA store from
+    shared memory, which runs while the warpgroup starts its next tile (the Gluon forward's default
+    epilogue); other boxes, and every box without the switch, leave as 16-byte row stores.
     """
 
     REGS: tuple[int, int] | None = (24, 240)
@@ -86,6 +93,7 @@ class GdpaFwdSm90:
     KV_STAGES: int | None = None
     Q_STAGES = 2
     OVERLAP = True
+    EPI_TMA = True
 
     def __init__(self, dtype, head_dim: int, act: int, deferred: bool):
         self.dtype = dtype
@@ -128,21 +136,36 @@ class GdpaFwdSm90:
             for _ in range(2)
         )  # fmt: skip
         # O += P V: P from registers, V read N(=D)-major as stored
-        mma_pv, mma_pv_last, mma_epi = (
+        mma_pv, mma_pv_last = (
             sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, K_MAJOR, MN_MAJOR, Float32, (2, 1, 1), (64, d),
                 warpgroup.OperandSource.RMEM,
             )
-            for _ in range(3)
+            for _ in range(2)
         )  # fmt: skip
+        # one warpgroup's 64 x D output box: partitions its fragment (the same registers in either
+        # warpgroup) for the stores
+        mma_epi = sm90_utils.make_trivial_tiled_mma(
+            self.dtype,
+            self.dtype,
+            K_MAJOR,
+            MN_MAJOR,
+            Float32,
+            (1, 1, 1),
+            (ROWS, d),
+            warpgroup.OperandSource.RMEM,
+        )
 
         sQ_layout = row_major_smem(self.dtype, bm, d, self.Q_STAGES)
         sK_layout = row_major_smem(self.dtype, bn, d, self.kv_stages)
-        sO_layout = row_major_smem(self.dtype, bm, d, None)
+        sO_layout = row_major_smem(self.dtype, ROWS, d, 2)  # a box per consumer warpgroup
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tQ = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (bm, d))
         tma_k, tK = cpasync.make_tiled_tma_atom(g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
         tma_v, tV = cpasync.make_tiled_tma_atom(g2s, mV, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
+        tma_o, tO = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, cute.slice_(sO_layout, (None, None, 0)), (ROWS, d)
+        )
         q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
         kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
 
@@ -161,8 +184,8 @@ class GdpaFwdSm90:
 
         mmas = (mma_qk0, mma_qk, mma_pv, mma_pv_last, mma_epi)
         self.kernel(
-            tma_q, tQ, tma_k, tK, tma_v, tV, mO, mCuQ, mCuK, mTiles, mCount, max_seqlen_q, m_tiles, heads,
-            group, scale, mmas, sQ_layout, sK_layout, sO_layout, q_bytes, kv_bytes, Storage,
+            tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, mO, mCuQ, mCuK, mTiles, mCount, max_seqlen_q, m_tiles,
+            heads, group, scale, mmas, sQ_layout, sK_layout, sO_layout, q_bytes, kv_bytes, Storage,
         ).launch(grid=[n_ctas, 1, 1], block=[384, 1, 1], stream=stream, min_blocks_per_mp=1)  # fmt: skip
 
     @cute.kernel
@@ -174,6 +197,8 @@ class GdpaFwdSm90:
         tK: cute.Tensor,
         tma_v: cute.CopyAtom,
         tV: cute.Tensor,
+        tma_o: cute.CopyAtom,
+        tO: cute.Tensor,
         mO: cute.Tensor,
         mCuQ: cute.Tensor,
         mCuK: cute.Tensor,
@@ -224,7 +249,7 @@ class GdpaFwdSm90:
             if const_expr(self.REGS is not None):
                 cute.arch.setmaxregister_increase(self.REGS[1])
             self._consume(
-                tidx - 128, mmas, sQ, sK, sV, sO, pipe_q, pipe_k, pipe_v, mO, mCuQ, mCuK,
+                tidx - 128, mmas, tma_o, tO, sQ, sK, sV, sO, pipe_q, pipe_k, pipe_v, mO, mCuQ, mCuK,
                 mTiles, count, block, n_ctas, max_seqlen_q, m_tiles, heads, group, scale,
             )  # fmt: skip
 
@@ -303,7 +328,7 @@ class GdpaFwdSm90:
 
     @cute.jit
     def _consume(
-        self, tidx, mmas, sQ, sK, sV, sO, pipe_q, pipe_k, pipe_v, mO, mCuQ, mCuK, mTiles,
+        self, tidx, mmas, tma_o, tO, sQ, sK, sV, sO, pipe_q, pipe_k, pipe_v, mO, mCuQ, mCuK, mTiles,
         count, block, n_ctas, max_seqlen_q, m_tiles, heads, group, scale,
     ):  # fmt: skip
         bm, bn, d = self.bm, self.bn, self.d
@@ -323,10 +348,13 @@ class GdpaFwdSm90:
         acc_o_shape = thr_pv.partition_shape_C((bm, d))
         # (query row, key) of this thread's S elements and (query row, column) of its O elements
         tScS = thr_qk.partition_C(cute.make_identity_tensor((bm, bn)))
-        tOcO = thr_pv.partition_C(cute.make_identity_tensor((bm, d)))
+        wtid = tidx % 128  # this thread in its warpgroup
+        tOcO = mma_epi.get_slice(wtid).partition_C(cute.make_identity_tensor((ROWS, d)))
         thr_epi = cute.make_tiled_copy_C(
             cute.make_copy_atom(StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), mma_epi
-        ).get_slice(tidx)
+        ).get_slice(wtid)
+        sO_w = sO[None, None, wg]
+        store_warp = wtid < 32  # the warp that issues this warpgroup's TMA stores
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.Q_STAGES)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
@@ -412,17 +440,43 @@ class GdpaFwdSm90:
                 if const_expr(self.deferred):
                     for i in cutlass.range_constexpr(cute.size(acc_o)):
                         acc_o[i] = acc_o[i] * scale
-                row0 = m * bm
+                row0 = m * bm + wg * ROWS  # this warpgroup's first row in the sequence
                 valid = lq_eff - row0  # rows from here to the sequence's end are written as zeros
-                if valid < bm:
+                if valid < ROWS:
                     zero_outside(tOcO, valid, d, acc_o)
-                gOut = cute.local_tile(cute.domain_offset((q0 + row0, 0), mO), (bm, d), (0, h))
-                store_rows_staged(thr_epi, sO, tidx, acc_o, gOut, lq - row0, self.dtype, d)
+                self._store(tma_o, tO, mO, thr_epi, sO_w, wtid, wg, store_warp, acc_o, q0, row0, lq - row0, h)
             t += n_ctas
+        if const_expr(self.EPI_TMA):
+            if store_warp:  # shared memory must outlive the last store's read
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _store(self, tma_o, tO, mO, thr_epi, sO_w, wtid, wg, store_warp, acc_o, q0, row0, n_rows, h):
+        """This warpgroup's output box (rows from ``row0`` of the sequence at ``q0``, head ``h``): its
+        rows < ``n_rows`` written, by one TMA store when all 64 are (``EPI_TMA``), else by 16-byte
+        row stores."""
+        d = self.d
+        if const_expr(self.EPI_TMA):
+            # the box's previous TMA store has read it
+            if store_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=_BAR_EPI + wg, number_of_threads=128)
+        if const_expr(self.EPI_TMA) and n_rows >= ROWS:
+            stage_tile(thr_epi, sO_w, acc_o, self.dtype)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=_BAR_EPI + wg, number_of_threads=128)
+            if store_warp:
+                gO = cute.local_tile(cute.domain_offset((q0 + row0, 0), tO), (ROWS, d), (None, None))
+                tS, tG = tma_tiles(tma_o, sO_w, gO[None, None, 0, h])
+                cute.copy(tma_o, tS, tG)
+                cute.arch.cp_async_bulk_commit_group()
+        else:
+            gOut = cute.local_tile(cute.domain_offset((q0 + row0, 0), mO), (ROWS, d), (0, h))
+            store_rows_staged(thr_epi, sO_w, wtid, acc_o, gOut, n_rows, self.dtype, d)
 
 
 _COMPILED: dict[tuple, object] = {}  # compile key -> compiled kernel (the DSL also caches on disk)
-_SWITCHES = ("REGS", "PINGPONG", "KV_STAGES", "Q_STAGES", "OVERLAP")
+_SWITCHES = ("REGS", "PINGPONG", "KV_STAGES", "Q_STAGES", "OVERLAP", "EPI_TMA")
 
 
 def _switches() -> tuple:
