@@ -92,19 +92,6 @@ _TENSOR_REDUCE = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
 _TENSOR_REDUCE_3D = "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add"  # column-block dQ box
 
 
-@pytest.fixture
-def cute_sass():
-    """``tests/cute_sass.py`` (offline SASS of a build), or a skip where nvdisasm is missing."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import cute_sass
-
-    try:
-        cute_sass.nvdisasm()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    return cute_sass
-
-
 _ROW_REDUCE = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
 
 

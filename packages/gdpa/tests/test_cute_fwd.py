@@ -150,19 +150,6 @@ def test_cute_forward_builds_for_sm90(tmp_path: Path):
     assert sum("tanh.approx.f32" in t for t in ptx) == 2
 
 
-@pytest.fixture
-def cute_sass():
-    """``tests/cute_sass.py`` (its SASS parser), or a skip where nvdisasm is missing."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import cute_sass
-
-    try:
-        cute_sass.nvdisasm()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    return cute_sass
-
-
 def _step_loop(cute_sass, tmp_path: Path, switches: dict):
     (cubin,) = _build(tmp_path, [("bfloat16", 128, 3)], switches, keep="cubin")
     text = subprocess.run(
