@@ -8,10 +8,11 @@ Per 128-row query tile of one head, one CTA of three warpgroups:
   O += P_{j-1} V_{j-1} issued together, S_j waited for alone, act(S_j) computed in S's fp32
   registers while P_{j-1}·V_{j-1} is still in flight, and only then, once that GEMM has retired,
   converted into the register A operand P_j (FA3's intra-warpgroup overlap). The Gluon forward
-  asks for the same order, but there the activation's temporaries share registers with P and
-  ptxas waits for P·V first (``ads_gdpa.gluon.fwd_sm90``); here P has registers of its own that
-  nothing in the activation touches. With ``PINGPONG`` the two warpgroups also take turns issuing
-  their GEMMs (named barriers), so one warpgroup's activation runs under the other's GEMMs.
+  asks for the same order and ptxas waits for P·V first (so does FA4's sm_90 forward, BENCHMARKS.md);
+  here the ``OVERLAP`` build keeps the order in SASS (``GdpaFwdSm90``). With ``PINGPONG`` the two
+  warpgroups also take turns issuing their GEMMs (named barriers), so one warpgroup's activation
+  runs under the other's GEMMs. Each warpgroup's 64 x D output box leaves through shared memory,
+  by a TMA store when all its rows are inside the sequence.
 
 Persistent CTAs walk the device-built query-tile list heaviest-first (``kernels.tile_list``), as the
 Gluon forward does. Rows of a sequence at or beyond min(Lq_b, max_seqlen_q) are written as zeros; no
