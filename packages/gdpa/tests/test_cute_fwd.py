@@ -65,6 +65,17 @@ def test_cute_fwd_builds(monkeypatch, build, case):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+@pytest.mark.parametrize("skip", ["1", "0"])
+@pytest.mark.parametrize("case", range(len(_cases(True))))
+def test_cute_fwd_dead_half_skip_forced(monkeypatch, skip, case):
+    """Both builds on every quick case (the launcher picks one by max_seqlen_q, as for the Gluon
+    forward): the skip on long maxima and its absence on short ones."""
+    monkeypatch.setenv("ADS_GDPA_SKIP_DEAD", skip)
+    _check(None, **_cases(True)[case], kernel=_kernel())
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
 def test_dispatch_takes_cute_forward(monkeypatch):
     """ADS_GDPA_BACKEND=cute sends a covered forward through the CuTe kernel, via the op and
     autograd (the backward then runs wherever ADS_GDPA_BWD_BACKEND sends it), within the rule."""
@@ -118,8 +129,9 @@ import torch
 from ads_gdpa.cute import fwd_sm90
 for key, value in {switches}.items():
     setattr(fwd_sm90.GdpaFwdSm90, key, value)
-for dtype, d, act in {configs}:
-    fwd_sm90.compiled(getattr(torch, dtype), d, act, fwd_sm90.defers_scale(getattr(torch, dtype), act))
+for dtype, d, act, *skip in {configs}:
+    dt = getattr(torch, dtype)
+    fwd_sm90.compiled(dt, d, act, fwd_sm90.defers_scale(dt, act), *skip)
 """
 
 
@@ -134,11 +146,11 @@ def _build(tmp_path: Path, configs, switches=None, keep="ptx") -> list[Path]:
 
 def test_cute_forward_builds_for_sm90(tmp_path: Path):
     """Offline sm_90a builds (no GPU needed) of bf16 and fp16, D 64 and 128, fast_gelu (deferred
-    scale in bf16) and relu: wgmma for both GEMMs, TMA loads, the output through ``stmatrix`` and
-    then a TMA store (full boxes) or 16-byte row stores, the hardware tanh for fast_gelu (spills: the
-    SASS test below)."""
+    scale in bf16) and relu (with the dead-half skip): wgmma for both GEMMs, TMA loads, the output
+    through ``stmatrix`` and then a TMA store (full boxes) or 16-byte row stores, the hardware tanh
+    for fast_gelu (spills: the SASS test below)."""
     # one dump folder per build: the DSL names its files by the kernel's signature, not its constants
-    configs = [("bfloat16", 128, 3), ("float16", 64, 3), ("bfloat16", 64, 5)]
+    configs = [("bfloat16", 128, 3), ("float16", 64, 3), ("bfloat16", 64, 5, True)]  # last: dead-half skip
     ptx = [p.read_text() for i, c in enumerate(configs) for p in _build(tmp_path / str(i), [c])]
     assert len(ptx) == 3
     for text in ptx:

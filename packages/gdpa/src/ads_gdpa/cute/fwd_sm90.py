@@ -67,12 +67,14 @@ ROWS = BLOCK_M // 2  # query rows per consumer warpgroup
 
 
 class GdpaFwdSm90:
-    """One compiled configuration: dtype, head dim, activation and whether the scale is deferred
-    (compile-time constants).
+    """One compiled configuration: dtype, head dim, activation, whether the scale is deferred and
+    whether dead halves are skipped (compile-time constants).
 
     ``deferred`` (bf16 with an activation of ``DEFERRED_GAIN``): P = act(S) / gain without the scale,
     and the output tile takes scale·gain, one multiply per score less; fp16 keeps the scale on every
-    score, since P without it could overflow fp16.
+    score, since P without it could overflow fp16. ``skip_dead`` (``config.skip_dead_halves``, as
+    the Gluon forward): a warpgroup whose 64 rows of a tile all lie at or past min(Lq, max_seqlen_q)
+    takes its turns and releases its stages without GEMMs or activation (its rows are zeros).
 
     Class attributes are build switches: ``REGS`` the (producer, consumer) register split or None;
     ``PINGPONG`` the warpgroups' turns for issuing GEMMs; ``KV_STAGES`` the K and V ring depth (None:
@@ -96,11 +98,12 @@ class GdpaFwdSm90:
     OVERLAP = True
     EPI_TMA = True
 
-    def __init__(self, dtype, head_dim: int, act: int, deferred: bool):
+    def __init__(self, dtype, head_dim: int, act: int, deferred: bool, skip_dead: bool = False):
         self.dtype = dtype
         self.d = head_dim
         self.act = act
         self.deferred = deferred
+        self.skip_dead = skip_dead
         self.bm, self.bn = BLOCK_M, BLOCK_N
         self.kv_stages = self.KV_STAGES or (2 if head_dim == 128 else 4)
         self.buffer_align = 1024
@@ -374,7 +377,36 @@ class GdpaFwdSm90:
             n_k = (lk + bn - 1) // bn
             if m * bm < lq:
                 acc_o.fill(0.0)
-                if n_k > 0:
+                live_k = n_k  # the key steps this warpgroup computes; a dead half computes none
+                if const_expr(self.skip_dead):
+                    live_k = cutlass.select_(lq_eff > m * bm + wg * ROWS, n_k, 0)
+                    if live_k < n_k:
+                        # the live path's waits, turns and releases in the same order, without its
+                        # GEMMs and activation, so the other warpgroup and the producer see the same
+                        # sequence of events (this half's rows are zeros)
+                        pipe_q.consumer_wait(q_state)
+                        pipe_k.consumer_wait(k_state)
+                        self._turn_take(wg)
+                        self._turn_pass(wg)
+                        pipe_k.consumer_release(k_state)
+                        k_state.advance()
+                        for _ in cutlass.range(1, n_k, unroll=1):
+                            pipe_k.consumer_wait(k_state)
+                            pipe_v.consumer_wait(v_state)
+                            self._turn_take(wg)
+                            self._turn_pass(wg)
+                            pipe_k.consumer_release(k_state)
+                            k_state.advance()
+                            pipe_v.consumer_release(v_state)
+                            v_state.advance()
+                        pipe_q.consumer_release(q_state)
+                        q_state.advance()
+                        pipe_v.consumer_wait(v_state)
+                        self._turn_take(wg)
+                        self._turn_pass(wg)
+                        pipe_v.consumer_release(v_state)
+                        v_state.advance()
+                if live_k > 0:
                     pipe_q.consumer_wait(q_state)
                     tQ_s = tSrQ[None, None, None, q_state.index]
                     # step 0: S_0 alone; its P·V goes out with S_1
@@ -484,16 +516,17 @@ def _switches() -> tuple:
     return tuple(getattr(GdpaFwdSm90, name) for name in _SWITCHES)
 
 
-def compiled(dtype: torch.dtype, head_dim: int, act: int, deferred: bool):
+def compiled(dtype: torch.dtype, head_dim: int, act: int, deferred: bool, skip_dead: bool = False):
     """The kernel for one configuration, compiled on first use (explicit key: dtype, D, activation,
-    deferral and the build switches' values, so a switch changed in the process builds anew)."""
-    key = (dtype, head_dim, act, deferred, _switches())
+    deferral, dead-half skip and the build switches' values, so a switch changed in the process
+    builds anew)."""
+    key = (dtype, head_dim, act, deferred, skip_dead, _switches())
     fn = _COMPILED.get(key)
     if fn is None:
         cdt = DTYPES[dtype]
         scalars = [Int32(1)] * 4 + [Float32(1.0), Int32(1)]
         fn = cute.compile(
-            GdpaFwdSm90(cdt, head_dim, act, deferred), *[fake_rows(cdt) for _ in range(4)],
+            GdpaFwdSm90(cdt, head_dim, act, deferred, skip_dead), *[fake_rows(cdt) for _ in range(4)],
             *[fake_vec() for _ in range(4)], *scalars, cuda.CUstream(0),
         )  # fmt: skip
         _COMPILED[key] = fn
@@ -544,7 +577,7 @@ def gdpa_fwd_cute(
     deferred = defers_scale(q.dtype, activation_id)
     if deferred:
         scale = scale * DEFERRED_GAIN[int(activation_id)]
-    fn = compiled(q.dtype, d, int(activation_id), deferred)
+    fn = compiled(q.dtype, d, int(activation_id), deferred, cfg.skip_dead_halves(max_seqlen_q))
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     fn(
         rows(q), rows(k), rows(v), rows(out), *(vec(x) for x in (cu_q, cu_k, tiles, count)),
