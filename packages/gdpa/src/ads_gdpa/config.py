@@ -22,8 +22,9 @@ Env:
         tensors' alignment allows, sm90+).
     ADS_GDPA_BWD_TMA=1  Triton backward with TMA Q/dO loads; ADS_GDPA_BWD_DQ_TMA=1 adds dQ by bulk
         TMA reductions. Opt-in: slower than the default on the H200 (BENCHMARKS.md).
-    ADS_GDPA_SKIP_DEAD=0|1  the Gluon forward's build that skips a consumer warpgroup's GEMMs when its
-        half of a tile is past the sequence (default: on for max_seqlen_q <= SKIP_DEAD_MAX_Q).
+    ADS_GDPA_SKIP_DEAD=0|1  the Hopper forwards' (Gluon and CuTe) build that skips a consumer
+        warpgroup's GEMMs when its half of a tile is past the sequence (default: on for
+        max_seqlen_q <= SKIP_DEAD_MAX_Q).
     ADS_GDPA_DEFER_SCALE=0  keep the scale on every score in the Gluon forward (tuning).
     ADS_GDPA_PACKED_ACT=1  the Gluon forward's bf16 fast_gelu in packed bf16x2 arithmetic, two scores
         per instruction (opt-in: slower than the default at long jagged rows, faster at short and
@@ -107,9 +108,9 @@ def tma_override() -> bool | None:
 
 
 def skip_dead_halves(max_seqlen_q: int) -> bool:
-    """Whether the Gluon forward takes its build that skips a consumer warpgroup's GEMMs when its
-    half of a tile is past the sequence: for max_seqlen_q <= SKIP_DEAD_MAX_Q by default;
-    ADS_GDPA_SKIP_DEAD overrides."""
+    """Whether the Hopper forwards (Gluon, CuTe) take their build that skips a consumer warpgroup's
+    GEMMs when its half of a tile is past the sequence: for max_seqlen_q <= SKIP_DEAD_MAX_Q by
+    default (measured on the Gluon forward); ADS_GDPA_SKIP_DEAD overrides."""
     forced = _flag("ADS_GDPA_SKIP_DEAD", None)
     return max_seqlen_q <= SKIP_DEAD_MAX_Q if forced is None else forced
 
