@@ -1,5 +1,6 @@
 """What the sm_90 CuTe DSL kernels of ads-gdpa share: shared-memory layouts and views, wgmma helpers,
-the sequence mask, the staged row store, and the host side's runtime tensors.
+the TMA rings, the tile-list decoder, the sequence mask, the staged row store, and the host side's
+runtime tensors.
 
 Device helpers are ``cute.jit`` functions called from the kernels; the runtime-tensor helpers build
 what a compiled kernel's ``_fake_rows`` / ``_fake_vec`` arguments expect at call time.
