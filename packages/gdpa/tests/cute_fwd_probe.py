@@ -7,7 +7,9 @@ context): the first compile's latency, two quick cases against the fp32 referenc
 the Gluon forward timed in the same process (B=1152, H=4, D=128, bf16 fast_gelu, scale 1; max 2048 at
 sparsity 1.0 and 0.5, max 1024, max 512 at 0.5, 2048 queries x 256 keys; medians of
 ``ads_kernel_tools.bench.time_fn``) with the largest difference between their outputs. Output lines
-start with the build's name.
+start with the build's name. ``python tests/cute_fwd_probe.py profile [BUILD]`` launches the Gluon and
+the CuTe forward once each at max 2048, sparsity 1.0 (after compiling), for a profiler:
+``ncu --set full -k regex:"gdpa_fwd_ws|GdpaFwdSm90" -c 2 -o fwd python tests/cute_fwd_probe.py profile``.
 """
 
 from __future__ import annotations
@@ -71,6 +73,25 @@ def _run(name: str) -> int:
     return 0
 
 
+def _profile(name: str) -> int:
+    from cute_probe import _ab_inputs
+    from test_cute_fwd import BUILDS
+
+    from ads_gdpa.cute import fwd_sm90
+    from ads_gdpa.gluon.fwd_sm90 import gdpa_fwd_gluon
+
+    for key, value in BUILDS.get(name, {}).items():
+        setattr(fwd_sm90.GdpaFwdSm90, key, value)
+    _, inputs = _ab_inputs(264, 1.0, 2048)
+    q, k, v, cu_q, cu_k, max_q, max_k = inputs[1:]
+    fwd_sm90.compiled(torch.bfloat16, 128, 3, True)
+    for fn in (gdpa_fwd_gluon, fwd_sm90.gdpa_fwd_cute):
+        fn(q, k, v, cu_q, cu_k, max_q, max_k, 3, 1.0, torch.empty_like(q), longest_q=max_q)
+        torch.cuda.synchronize()
+    print(f"[{name}] profile: one launch of each forward done", flush=True)
+    return 0
+
+
 def _all(names: list[str]) -> int:
     from test_cute_fwd import BUILDS
 
@@ -91,4 +112,6 @@ def _all(names: list[str]) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "run":
         sys.exit(_run(sys.argv[2]))
+    if len(sys.argv) > 1 and sys.argv[1] == "profile":
+        sys.exit(_profile(sys.argv[2] if len(sys.argv) > 2 else "default"))
     sys.exit(_all(sys.argv[1:]))
