@@ -11,6 +11,11 @@ Providers: ours (``jagged_flash_attention``), FA4-CuTe varlen when
 only for self attention, where its bottom-right local window equals our top-left band), cuDNN
 through torch SDPA on zero-padded (B, H, max, D) tensors with a boolean key-padding / band mask, and
 torch SDPA over nested (jagged) tensors (no windows: nested SDPA takes no mask).
+
+PMA's learned queries are one (Lq, H, D) tensor: a peer without broadcast_q gets them copied per
+sequence inside the timed step (``torch.repeat`` / ``expand().contiguous()`` of the query leaf), so
+its forward pays the copy and its backward the sum of the copies' gradients, as a training step with
+a learned query parameter does; ours takes the one tensor (``broadcast_q=True``).
 """
 
 from __future__ import annotations
@@ -125,13 +130,13 @@ class Bench:
         self.fwd_bwd(op, "ours", shape, ours, flop)
         fa4 = peers.fa4_varlen()
         if fa4 is not None and (window is None or kind == "self"):
-            qf = q.repeat(B, 1, 1) if bq else q
             cu_qf = lengths_to_offsets(lq_seq, device="cuda") if bq else cu_q
             win = (None, None) if window is None else (window, window)
 
             def fa(grad):
-                ls = [t.detach().requires_grad_(grad) for t in (qf, k, v)]
-                out = fa4(*ls, cu_seqlens_q=cu_qf, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                ls = [t.detach().requires_grad_(grad) for t in (q, k, v)]
+                qf = ls[0].repeat(B, 1, 1) if bq else ls[0]  # per step, see the module docstring
+                out = fa4(qf, *ls[1:], cu_seqlens_q=cu_qf, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
                           max_seqlen_k=max_len, window_size=win)  # fmt: skip
                 out = out[0] if isinstance(out, tuple) else out
                 return (out, ls) if grad else out
@@ -139,16 +144,15 @@ class Bench:
             self.fwd_bwd(op, "fa4-cute-varlen", shape, fa, flop)
         cudnn = peers.sdpa("cudnn")
         if cudnn is not None:
-            if bq:
-                qp = q.transpose(0, 1)[None].expand(B, H, lq_pma, D).contiguous()
-            else:
-                qp = _padded(q, lq, max_len)
+            qp = q if bq else _padded(q, lq, max_len)
             kp, vp = _padded(k, lk, max_len), _padded(v, lk, max_len)
-            mask = _mask(lq_seq, lk, qp.shape[2], max_len, window)
+            mask = _mask(lq_seq, lk, lq_pma if bq else qp.shape[2], max_len, window)
 
             def padded(grad):
                 ls = [t.detach().requires_grad_(grad) for t in (qp, kp, vp)]
-                out = cudnn(*ls, attn_mask=mask)
+                # PMA: the learned queries copied per sequence in the step (module docstring)
+                qs = ls[0].transpose(0, 1)[None].expand(B, H, lq_pma, D).contiguous() if bq else ls[0]
+                out = cudnn(qs, *ls[1:], attn_mask=mask)
                 return (out, ls) if grad else out
 
             self.fwd_bwd(op, "sdpa-cudnn(padded)", shape, padded, flop)
@@ -156,13 +160,13 @@ class Bench:
         if window is None:
             cu_q_seq = lengths_to_offsets(lq_seq, device="cuda", dtype=torch.int64)
             cu_k64 = cu_k.to(torch.int64)
-            qn_src = q.repeat(B, 1, 1) if bq else q
 
             def nested(grad):
-                ls = [t.detach().requires_grad_(grad) for t in (qn_src, k, v)]
+                ls = [t.detach().requires_grad_(grad) for t in (q, k, v)]
+                qs = ls[0].repeat(B, 1, 1) if bq else ls[0]  # per step, see the module docstring
                 qn, kn, vn = (
                     torch.nested.nested_tensor_from_jagged(t, offs).transpose(1, 2)
-                    for t, offs in zip(ls, (cu_q_seq, cu_k64, cu_k64))
+                    for t, offs in zip((qs, *ls[1:]), (cu_q_seq, cu_k64, cu_k64))
                 )
                 out = torch.nn.functional.scaled_dot_product_attention(qn, kn, vn).transpose(1, 2).values()
                 return (out, ls) if grad else out
