@@ -658,7 +658,9 @@ class GdpaBwdSm90:
             wdS[j] = mul_bf16x2(wG[j], acc_dp[2 * j], acc_dp[2 * j + 1])
 
 
-_COMPILED: dict[tuple, object] = {}  # compile key -> compiled kernel (the DSL also caches on disk)
+# compile key -> compiled kernel, for this process only: ``cute.compile`` always bypasses the DSL's
+# file cache, so a new process compiles again
+_COMPILED: dict[tuple, object] = {}
 
 
 _SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8", "ACT_PACKED")

@@ -102,6 +102,8 @@ class GdpaFwdSm90:
         self.dtype = dtype
         self.d = head_dim
         self.act = act
+        if deferred and act not in DEFERRED_GAIN:
+            raise ValueError(f"activation {act} has no deferred form (activations.DEFERRED_GAIN)")
         self.deferred = deferred
         self.skip_dead = skip_dead
         self.bm, self.bn = BLOCK_M, BLOCK_N
@@ -508,7 +510,9 @@ class GdpaFwdSm90:
             store_rows_staged(thr_epi, sO_w, wtid, acc_o, gOut, n_rows, self.dtype, d)
 
 
-_COMPILED: dict[tuple, object] = {}  # compile key -> compiled kernel (the DSL also caches on disk)
+# compile key -> compiled kernel, for this process only: ``cute.compile`` always bypasses the DSL's
+# file cache, so a new process compiles again
+_COMPILED: dict[tuple, object] = {}
 _SWITCHES = ("REGS", "PINGPONG", "KV_STAGES", "Q_STAGES", "OVERLAP", "EPI_TMA")
 
 
