@@ -206,3 +206,14 @@ def test_scale_deferred_for_bf16_fast_gelu_only(monkeypatch):
     assert not defers_scale(torch.bfloat16, int(Activation.SILU))
     monkeypatch.setenv("ADS_GDPA_DEFER_SCALE", "0")
     assert not defers_scale(torch.bfloat16, int(Activation.FAST_GELU))
+
+
+def test_deferred_build_needs_a_deferred_form():
+    """A build asked to defer the scale for an activation without a deferred form is refused."""
+    import cutlass
+
+    from ads_gdpa.cute.fwd_sm90 import GdpaFwdSm90
+
+    with pytest.raises(ValueError, match="no deferred form"):
+        GdpaFwdSm90(cutlass.BFloat16, 128, int(Activation.SILU), True)
+    assert GdpaFwdSm90(cutlass.BFloat16, 128, int(Activation.FAST_GELU), True).deferred
