@@ -220,3 +220,16 @@ def test_omitted_max_seqlen(device):
     a, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, causal=True)
     b, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 18, 7, causal=True)
     assert torch.equal(a, b)
+
+
+def test_sink_grad_carries_the_rounding_of_the_output(device):
+    """Known limitation (README): dsink uses rowsum(dO∘O) of the bf16-rounded output, as FA4's does.
+    On this input, found by random testing, the sink gradient (and only it) fails the tolerance rule:
+    2.9 % off where PyTorch's bf16 math is 0.02 % off. This test fails once the kernels give the exact
+    row sums Σ_j P_ij dP_ij: then it becomes a plain run_case. CPU only: on a GPU the forward rounds
+    O differently, so whether this input trips the rule is not fixed there."""
+    if device != "cpu":
+        pytest.skip("pinned on the interpreter's rounding")
+    case = Case((17, 31, 31), heads=1, kv_heads=1, d=64, window=(4, None), sink=True, scale=1.3, seed=30)
+    with pytest.raises(AssertionError, match=r"^dsink\["):
+        run_case(case, device)
