@@ -16,6 +16,9 @@ Env:
         where it measured faster (``dispatch.PREFER``: D=128, more than 256 keys per sequence) and
         Gluon elsewhere; ``cute`` takes it wherever its support table covers the call, ``gluon``
         never; outside its table either goes where auto would.
+    ADS_GDPA_CUTE_CACHE=0  keep the CuTe DSL kernels compiled in memory only (default: also on disk,
+        so a later process loads them instead of compiling; ``ads_gdpa.cute.kernel_cache``);
+        ADS_GDPA_CUTE_CACHE_DIR moves that folder (default ~/.cache/ads_gdpa/cute).
     ADS_GDPA_DISABLE_AUTOTUNE=1  pin one config per Triton kernel (always on under the interpreter).
     ADS_GDPA_PERSISTENT=1  persistent Triton forward grid (2 programs per SM) when a tile map exists.
     ADS_GDPA_TMA=0|1  force the Triton kernels' TMA descriptor loads off or on (default: where the
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import triton
 
@@ -88,6 +92,17 @@ def bwd_backend() -> str:
     ADS_GDPA_BACKEND=triton forces Triton here too."""
     b = _choice("ADS_GDPA_BWD_BACKEND", "auto", ("auto", "triton", "gluon", "cute"))
     return "triton" if backend() == "triton" else b
+
+
+def cute_disk_cache() -> bool:
+    """Whether compiled CuTe DSL kernels are kept on disk across processes (ADS_GDPA_CUTE_CACHE)."""
+    return bool(_flag("ADS_GDPA_CUTE_CACHE", True))
+
+
+def cute_cache_dir() -> Path:
+    """The folder of the CuTe DSL kernel cache (ADS_GDPA_CUTE_CACHE_DIR)."""
+    raw = os.environ.get("ADS_GDPA_CUTE_CACHE_DIR", "").strip()
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "ads_gdpa" / "cute"
 
 
 def bwd_tma() -> bool:

@@ -15,7 +15,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 from cutlass.tensor_utils import LayoutEnum
 
 DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
@@ -167,22 +167,25 @@ def fake_vec():
     return make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
 
 
-# The runtime tensors must carry the same dynamic modes as the fake ones above: the compiled host
-# code reads each tensor's extents and row stride from the descriptor ``from_dlpack`` builds, and a
-# tensor left with its default static layout contributes only its pointer (the call does not compare
-# the two), so the TMA descriptors would be encoded from whatever follows it in host memory and the
-# first TMA load faults with an illegal instruction.
-def rows(x: torch.Tensor, assumed_align: int = 16):
-    """(T, H, D) -> the (T, H*D) runtime tensor of a ``fake_rows`` argument. Detached: inside
-    autograd's backward the saved inputs still require grad, and DLPack refuses to export those."""
+def env_stream():
+    """The stream argument of a compiled kernel: the caller's current torch stream, which TVM-FFI
+    passes at each call."""
+    return make_fake_stream(use_tvm_ffi_env_stream=True)
+
+
+# At a call TVM-FFI checks each torch tensor against its fake argument (dtype, rank, the divisible
+# width, 16-byte alignment) and raises on a mismatch, so the views below must match ``fake_rows`` /
+# ``fake_vec`` exactly.
+def rows(x: torch.Tensor) -> torch.Tensor:
+    """(T, H, D) -> the (T, H*D) view a ``fake_rows`` argument takes. Detached: inside autograd's
+    backward the saved inputs still require grad, and DLPack refuses to export those."""
     x = x.detach()
     t, h, d = x.shape
     if t == 0:  # TMA descriptors need a row; the kernel never reads or writes it
-        x = x.new_zeros(1, h, d)
-        t = 1
-    return from_dlpack(x.view(t, h * d), assumed_align=assumed_align).mark_layout_dynamic(leading_dim=1)
+        return x.new_zeros(1, h * d)
+    return x.view(t, h * d)
 
 
-def vec(x: torch.Tensor):
-    """An int32 vector -> the runtime tensor of a ``fake_vec`` argument."""
-    return from_dlpack(x.to(torch.int32).contiguous(), assumed_align=4).mark_layout_dynamic(leading_dim=0)
+def vec(x: torch.Tensor) -> torch.Tensor:
+    """An int32 vector for a ``fake_vec`` argument (no copy when it is one already)."""
+    return x.to(torch.int32).contiguous()

@@ -20,7 +20,6 @@ Persistent CTAs walk the device-built tile list heaviest-first (``ads_gdpa.bwd_p
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -35,10 +34,12 @@ from cutlass.memory import SmemAllocator
 
 from ..activations import Activation
 from ..bwd_plan import plan_kv_tiles
+from . import kernel_cache
 from ._act import act_and_grad, fast_gelu_and_grad_bf16x2, mul_bf16x2
 from ._sm90 import (
     DTYPES,
     as_operand_a,
+    env_stream,
     fake_rows,
     fake_vec,
     gemm,
@@ -658,11 +659,6 @@ class GdpaBwdSm90:
             wdS[j] = mul_bf16x2(wG[j], acc_dp[2 * j], acc_dp[2 * j + 1])
 
 
-# compile key -> compiled kernel, for this process only: ``cute.compile`` always bypasses the DSL's
-# file cache, so a new process compiles again
-_COMPILED: dict[tuple, object] = {}
-
-
 _SWITCHES = ("REGS", "DQ_MODE", "L2_HINT", "DS_KMAJOR", "DQ_COL8", "ACT_PACKED")
 
 
@@ -681,23 +677,23 @@ def use_dq_col8(max_seqlen_k: int | None = None) -> bool:
 
 
 def compiled(dtype: torch.dtype, head_dim: int, act: int, dq_col8: bool | None = None):
-    """The kernel for one configuration, compiled on first use (explicit key: dtype, D, activation,
-    dQ staging (None: ``use_dq_col8()``) and the build switches' values, so a switch changed in the
-    process builds anew)."""
+    """The kernel for one configuration (``kernel_cache``: compiled once, then loaded; explicit key:
+    dtype, D, activation, dQ staging (None: ``use_dq_col8()``) and the build switches' values, so a
+    switch changed in the process builds anew)."""
     dq_col8 = use_dq_col8() if dq_col8 is None else dq_col8
-    key = (dtype, head_dim, act, dq_col8, _switches())
-    fn = _COMPILED.get(key)
-    if fn is None:
+    key = ("gdpa_bwd_sm90", str(dtype), head_dim, act, dq_col8, _switches())
+
+    def build():
         cdt = DTYPES[dtype]
         ins = [fake_rows(cdt) for _ in range(4)]
         outs = [fake_rows(Float32), fake_rows(cdt), fake_rows(cdt)]
         scalars = [Int32(1)] * 4 + [Float32(1.0), Int32(1)]
-        fn = cute.compile(
+        return (
             GdpaBwdSm90(cdt, head_dim, act, dq_col8), *ins, *outs, *[fake_vec() for _ in range(4)],
-            *scalars, cuda.CUstream(0),
+            *scalars, env_stream(),
         )  # fmt: skip
-        _COMPILED[key] = fn
-    return fn
+
+    return kernel_cache.compiled(key, build)
 
 
 def gdpa_bwd_cute(
@@ -725,10 +721,8 @@ def gdpa_bwd_cute(
     if p is None:
         return
     fn = compiled(q.dtype, p.head_dim, int(activation_id), use_dq_col8(max_seqlen_k))
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     fn(
         rows(p.q), rows(p.k), rows(p.v), rows(p.do), rows(dq_acc), rows(dk), rows(dv),
         *(vec(x) for x in (p.cu_q, p.cu_k, p.tiles, p.count)),
-        Int32(p.max_seqlen_q), Int32(p.n_kv_tiles), Int32(p.kv_heads), Int32(p.group), Float32(scale),
-        Int32(p.programs), stream,
+        p.max_seqlen_q, p.n_kv_tiles, p.kv_heads, p.group, float(scale), p.programs,
     )  # fmt: skip

@@ -22,7 +22,6 @@ to a score of 0 before the activation (act(0) = 0 for every activation here).
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -38,11 +37,13 @@ from ads_kernel_tools.kernels.tile_list import schedule
 
 from .. import config as cfg
 from ..activations import DEFERRED_GAIN
+from . import kernel_cache
 from ._act import act_and_grad
 from ._sm90 import (
     DTYPES,
     as_operand_a,
     decode_q_tile,
+    env_stream,
     fake_rows,
     fake_vec,
     gemm,
@@ -510,9 +511,6 @@ class GdpaFwdSm90:
             store_rows_staged(thr_epi, sO_w, wtid, acc_o, gOut, n_rows, self.dtype, d)
 
 
-# compile key -> compiled kernel, for this process only: ``cute.compile`` always bypasses the DSL's
-# file cache, so a new process compiles again
-_COMPILED: dict[tuple, object] = {}
 _SWITCHES = ("REGS", "PINGPONG", "KV_STAGES", "Q_STAGES", "OVERLAP", "EPI_TMA")
 
 
@@ -521,20 +519,20 @@ def _switches() -> tuple:
 
 
 def compiled(dtype: torch.dtype, head_dim: int, act: int, deferred: bool, skip_dead: bool = False):
-    """The kernel for one configuration, compiled on first use (explicit key: dtype, D, activation,
-    deferral, dead-half skip and the build switches' values, so a switch changed in the process
-    builds anew)."""
-    key = (dtype, head_dim, act, deferred, skip_dead, _switches())
-    fn = _COMPILED.get(key)
-    if fn is None:
+    """The kernel for one configuration (``kernel_cache``: compiled once, then loaded; explicit key:
+    dtype, D, activation, deferral, dead-half skip and the build switches' values, so a switch
+    changed in the process builds anew)."""
+    key = ("gdpa_fwd_sm90", str(dtype), head_dim, act, deferred, skip_dead, _switches())
+
+    def build():
         cdt = DTYPES[dtype]
         scalars = [Int32(1)] * 4 + [Float32(1.0), Int32(1)]
-        fn = cute.compile(
+        return (
             GdpaFwdSm90(cdt, head_dim, act, deferred, skip_dead), *[fake_rows(cdt) for _ in range(4)],
-            *[fake_vec() for _ in range(4)], *scalars, cuda.CUstream(0),
+            *[fake_vec() for _ in range(4)], *scalars, env_stream(),
         )  # fmt: skip
-        _COMPILED[key] = fn
-    return fn
+
+    return kernel_cache.compiled(key, build)
 
 
 def defers_scale(dtype: torch.dtype, activation_id: int) -> bool:
@@ -582,10 +580,8 @@ def gdpa_fwd_cute(
     if deferred:
         scale = scale * DEFERRED_GAIN[int(activation_id)]
     fn = compiled(q.dtype, d, int(activation_id), deferred, cfg.skip_dead_halves(max_seqlen_q))
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     fn(
         rows(q), rows(k), rows(v), rows(out), *(vec(x) for x in (cu_q, cu_k, tiles, count)),
-        Int32(max_seqlen_q), Int32(m_tiles), Int32(heads), Int32(heads // kv_heads), Float32(scale),
-        Int32(programs), stream,
+        max_seqlen_q, m_tiles, heads, heads // kv_heads, float(scale), programs,
     )  # fmt: skip
     zero_rows_past_tiles(out, cu_q, m_tiles * BLOCK_M, longest_q)
