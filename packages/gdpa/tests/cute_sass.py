@@ -162,9 +162,10 @@ bwd_sm90.compiled(torch.bfloat16, 128, {act})
 
 def build_sass(switches: dict, act: int = 3, python: str = sys.executable) -> str:
     """The ``nvdisasm -c`` listing of one offline sm_90a build (a child process: the DSL compiles
-    each configuration once per process)."""
+    each configuration once per process; the disk cache is off, since a loaded kernel dumps nothing)."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=tmp)
+        env["ADS_GDPA_CUTE_CACHE"] = "0"
         script = textwrap.dedent(_BUILD.format(switches=switches, act=act))
         run = subprocess.run([python, "-c", script], env=env, capture_output=True, text=True, timeout=600)
         if run.returncode != 0:
