@@ -42,6 +42,22 @@ def test_cute_bwd(case):
     _check(**CASES[case], kernel=gdpa_bwd_cute)
 
 
+@pytest.mark.gpu
+@pytest.mark.sm90
+def test_cute_bwd_runs_on_the_callers_stream():
+    """TVM-FFI launches on the caller's current torch stream: on a side stream held busy by a sleep,
+    the inputs and the NaN-poisoned dK/dV are written after the sleep, so a launch on any other stream
+    would read them unwritten and leave NaN or wrong values."""
+    import torch
+
+    from ads_gdpa.cute.bwd_sm90 import gdpa_bwd_cute
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        _check([300, 129], [300, 65], kernel=gdpa_bwd_cute)
+
+
 # the matrix's bf16 fast_gelu cases, those the packed build changes
 PACKED_CASES = [
     c for c in CASES if int(c.get("act", Activation.FAST_GELU)) == Activation.FAST_GELU and "dtype" not in c

@@ -53,6 +53,19 @@ def test_cute_fwd(case):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
+def test_cute_fwd_runs_on_the_callers_stream():
+    """The launch is on the caller's current torch stream (TVM-FFI's environment stream): on a side
+    stream held busy by a sleep, inputs and the poisoned output are written after the sleep."""
+    import torch
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        _check(None, [300, 129], [300, 65], kernel=_kernel())
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("build", sorted(BUILDS))
 @pytest.mark.parametrize("case", range(len(_cases(True))))
 def test_cute_fwd_builds(monkeypatch, build, case):
