@@ -10,7 +10,7 @@ Env:
         table covers the call (``ads_gdpa.dispatch``: the warp-specialised Gluon kernels on sm90), the
         portable Triton kernels everywhere else; ``triton`` forces Triton (forward and backward);
         ``cute`` takes the CuTe DSL sm_90 forward (``pip install ads-gdpa[cute]``) wherever its table
-        covers the call, Gluon elsewhere (opt-in: not yet timed, BENCHMARKS.md).
+        covers the call, Gluon elsewhere (opt-in: 0.97-1.01x the Gluon forward, BENCHMARKS.md).
     ADS_GDPA_BWD_BACKEND=auto|triton|gluon|cute  the same for the backward alone. With the CuTe DSL
         installed (``pip install ads-gdpa[cute]``) auto takes its sm_90 kernel in the shape class
         where it measured faster (``dispatch.PREFER``: D=128, more than 256 keys per sequence) and

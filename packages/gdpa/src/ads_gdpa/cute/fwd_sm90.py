@@ -5,12 +5,12 @@ Per 128-row query tile of one head, one CTA of three warpgroups:
 * warp 0 (producer): the Q tile, then K and V of every 128-key step through two rings of
   shared-memory stages (TMA, mbarrier pipelines);
 * warpgroups 1 and 2 (consumers), 64 query rows each, per key step j: S_j = Q K_jᵀ and
-  O += P_{j-1} V_{j-1} issued together, S_j waited for alone, act(S_j) computed in S's fp32
-  registers while P_{j-1}·V_{j-1} is still in flight, and only then, once that GEMM has retired,
-  converted into the register A operand P_j (FA3's intra-warpgroup overlap). The Gluon forward
-  asks for the same order and ptxas waits for P·V first (so does FA4's sm_90 forward, BENCHMARKS.md);
-  here the ``OVERLAP`` build keeps the order in SASS (``GdpaFwdSm90``). With ``PINGPONG`` the two
-  warpgroups also take turns issuing their GEMMs (named barriers), so one warpgroup's activation
+  O += P_{j-1} V_{j-1} issued together, S_j waited for alone, then act(S_j) in S's fp32 registers,
+  converted into the register A operand P_j. FA3 runs that activation while P_{j-1}·V_{j-1} is in
+  flight; as written, ptxas waits for P·V first (here, in the Gluon forward and in FA4's sm_90
+  forward, BENCHMARKS.md). The ``OVERLAP`` build keeps FA3's order in SASS (``GdpaFwdSm90``) and
+  measured slower than the default, which leaves the wait where ptxas puts it. With ``PINGPONG``
+  the two warpgroups also take turns issuing their GEMMs (named barriers), so one warpgroup's activation
   runs under the other's GEMMs. Each warpgroup's 64 x D output box leaves through shared memory,
   by a TMA store when all its rows are inside the sequence.
 
@@ -78,25 +78,26 @@ class GdpaFwdSm90:
     takes its turns and releases its stages without GEMMs or activation (its rows are zeros).
 
     Class attributes are build switches: ``REGS`` the (producer, consumer) register split or None;
-    ``PINGPONG`` the warpgroups' turns for issuing GEMMs; ``KV_STAGES`` the K and V ring depth (None:
-    2 at D=128, 4 at D=64, within 227 KB of shared memory with two Q buffers and the output tile);
-    ``Q_STAGES`` Q buffers, so one tile's Q loads while the previous tile finishes; ``OVERLAP``
-    the activation of step j under the warpgroup's own P_{j-1}·V (offline SASS: all 64 of the
-    step's ``MUFU.TANH`` between the two waits, against 2 without it). ptxas hoists the wait for
-    P·V above the activation when the two share a basic block, so the activation sits in a branch
-    that always runs; and since ptxas sees P dead once its wgmma is issued, a use of P after the
-    wait that never runs (``_hold``) keeps the activation's temporaries out of P's registers,
-    without which ptxas copies S's registers aside instead (64 moves a step). ``EPI_TMA``: a
-    warpgroup whose 64 rows all lie inside the sequence sends its output box by one TMA store from
-    shared memory, which runs while the warpgroup starts its next tile (the Gluon forward's default
-    epilogue); other boxes, and every box without the switch, leave as 16-byte row stores.
+    ``PINGPONG`` the warpgroups' turns for issuing GEMMs; ``KV_STAGES`` the K and V ring depth (None: 2
+    at D=128, 4 at D=64, within 227 KB of shared memory with two Q buffers and the output tile);
+    ``Q_STAGES`` Q buffers, so one tile's Q loads while the previous tile finishes; ``OVERLAP`` (off by
+    default: measured slower, as the same order was in the Gluon forward, BENCHMARKS.md) the activation
+    of step j under the warpgroup's own P_{j-1}·V (offline SASS: all 64 of the step's ``MUFU.TANH``
+    between the two waits, against 2 without it). ptxas hoists the wait for P·V above the activation
+    when the two share a basic block, so the activation sits in a branch that always runs; and since
+    ptxas sees P dead once its wgmma is issued, a use of P after the wait that never runs (``_hold``)
+    keeps the activation's temporaries out of P's registers, without which ptxas copies S's registers
+    aside instead (64 moves a step). ``EPI_TMA``: a warpgroup whose 64 rows all lie inside the sequence
+    sends its output box by one TMA store from shared memory, which runs while the warpgroup starts its
+    next tile (the Gluon forward's default epilogue); other boxes, and every box without the switch,
+    leave as 16-byte row stores.
     """
 
     REGS: tuple[int, int] | None = (24, 240)
     PINGPONG = True
     KV_STAGES: int | None = None
     Q_STAGES = 2
-    OVERLAP = True
+    OVERLAP = False
     EPI_TMA = True
 
     def __init__(self, dtype, head_dim: int, act: int, deferred: bool, skip_dead: bool = False):
