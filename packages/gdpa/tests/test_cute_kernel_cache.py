@@ -60,3 +60,13 @@ def test_cache_off_writes_nothing(tmp_path: Path):
     assert _get(tmp_path, enabled="0") == "compiled"
     assert _get(tmp_path, enabled="0") == "compiled"
     assert _entries(tmp_path) == []
+
+
+def test_a_failed_export_leaves_no_entry_and_the_kernel_works(tmp_path: Path):
+    """A cache folder that cannot be written (here: a file where the folder should be) costs the
+    next process a compile; this one still gets its kernel."""
+    blocked = tmp_path / "cache"
+    blocked.write_text("not a folder")
+    assert _get(blocked) == "compiled"
+    assert _get(blocked) == "compiled"
+    assert blocked.read_text() == "not a folder"

@@ -16,6 +16,7 @@ Env (read in ``ads_gdpa.config``): ``ADS_GDPA_CUTE_CACHE=0`` keeps compiled kern
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -86,13 +87,14 @@ def _load(path: Path) -> Callable | None:
 
 
 def _store(fn, path: Path) -> None:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.o")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.o")
         fn.export_to_c(object_file_path=str(tmp), function_name=_FUNCTION)
         os.replace(tmp, path)
-    except OSError:  # a read-only or full disk costs the next process a compile, nothing else
-        pass
+    except Exception:  # a failed export (read-only or full disk, the DSL) costs the next process a compile
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def compiled(key: tuple, build: Callable[[], tuple]) -> Callable:
