@@ -105,6 +105,12 @@ def cute_cache_dir() -> Path:
     return Path(raw).expanduser() if raw else Path.home() / ".cache" / "ads_gdpa" / "cute"
 
 
+def cute_dsl_arch() -> str | None:
+    """The CuTe DSL's own ``CUTE_DSL_ARCH`` (set for offline builds without a GPU), or None: the
+    disk cache names its entries by the architecture the DSL compiles for."""
+    return os.environ.get("CUTE_DSL_ARCH", "").strip() or None
+
+
 def bwd_tma() -> bool:
     return bool(_flag("ADS_GDPA_BWD_TMA", False))
 

@@ -62,7 +62,7 @@ def _load_runtime_libraries() -> None:
 def target_arch() -> str:
     """The architecture the DSL compiles for: ``CUTE_DSL_ARCH`` where set (offline builds), else the
     current GPU's (sm_90a on Hopper)."""
-    forced = os.environ.get("CUTE_DSL_ARCH", "").strip()
+    forced = cfg.cute_dsl_arch()
     if forced:
         return forced
     import torch
