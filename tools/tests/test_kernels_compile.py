@@ -22,8 +22,12 @@ JOBS = {
                  constexprs=dict(BLOCK=128, WIDTH=64)),
     "clamp": dict(module="ads_kernel_tools.kernels.offsets", kernel="_clamp_offsets",
                   types=dict(src_a=I32, dst_a=I32, n_a="i32", rows_a="i64", src_b="*i64", dst_b=I32,
-                             n_b="i32", rows_b="i64"),
-                  constexprs=dict(CHUNK=1024, TWO=True)),
+                             n_b="i32", rows_b="i64", buf=I32),
+                  constexprs=dict(CHUNK=1024, TWO=True, ZERO=False, BLOCK=4096)),
+    "clamp_zero": dict(module="ads_kernel_tools.kernels.offsets", kernel="_clamp_offsets",
+                       types=dict(src_a="*i64", dst_a=I32, n_a="i32", rows_a="i32", src_b="*i64", dst_b=I32,
+                                  n_b="i32", rows_b="i32", buf="*bf16", width="i32", total="i64"),
+                       constexprs=dict(CHUNK=1024, TWO=True, ZERO=True, BLOCK=4096)),
 }  # fmt: skip
 
 

@@ -72,3 +72,34 @@ def test_clamp_keeps_valid_offsets_and_bounds_bad_ones(device, dtype):
     (c, _) = clamp_offsets(long.to(device), 2000)
     want = torch.cummax(long.clamp(0, 2000), 0).values
     assert c.cpu().tolist() == want.tolist()
+
+
+@pytest.mark.parametrize(
+    ("cu", "rows"),
+    [([2, 6, 9], 12), ([0, 5, 12], 12), ([0], 7), ([-3, 4, 40], 10), ([6, 2, 3], 9), ([3, 3], 5)],
+    ids=["both-ends", "spanning", "no-sequence", "out-of-range", "decreasing", "empty-sequence"],
+)
+def test_clamp_zeroes_rows_no_sequence_owns(device, cu, rows):
+    """``zero_outside``: rows before the first and from the last clamped offset on become 0, the
+    owned rows keep their (NaN) contents, and the clamped offsets are those of a plain call."""
+    pytest.importorskip("triton")
+    from ads_kernel_tools.kernels.offsets import clamp_offsets
+
+    offs = torch.tensor(cu, dtype=torch.int64, device=device)
+    buf = torch.full((rows, 3, 5), float("nan"), dtype=torch.bfloat16, device=device)
+    (a, _) = clamp_offsets(offs, rows, zero_outside=buf)
+    (plain, _) = clamp_offsets(offs, rows)
+    assert a.tolist() == plain.tolist()
+    first, last = a[0].item(), a.max().item()
+    owned = (torch.arange(rows) >= first) & (torch.arange(rows) < last)
+    assert torch.isnan(buf[owned.to(device)].float()).all(), "owned rows must not be written"
+    assert (buf[~owned.to(device)] == 0).all(), "rows no sequence owns must be zero"
+
+
+def test_clamp_zero_outside_rejects_a_buffer_of_other_rows(device):
+    pytest.importorskip("triton")
+    from ads_kernel_tools.kernels.offsets import clamp_offsets
+
+    offs = torch.tensor([0, 4], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="zero_outside must be contiguous with 4 rows"):
+        clamp_offsets(offs, 4, zero_outside=torch.zeros(5, 2, device=device))

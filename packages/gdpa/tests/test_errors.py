@@ -46,6 +46,13 @@ CASES = {
     "max_k_too_small": (lambda: _inputs(), {"max_k": 3}, "max_seqlen_k"),
     "broadcast_offsets": (lambda: _inputs(), {"broadcast_q": True}, "broadcast_q"),
     "fp8_no_descale": (lambda: _inputs(torch.float8_e4m3fn), {}, "descale"),
+    "float_window": (lambda: _inputs(), {"window_size": 2.7}, "window_size must be an integer"),
+    "float_local_window": (lambda: _inputs(), {"local_window": (1.5, 2)}, r"local_window\[0\] must be an"),
+    "local_window_one_side": (lambda: _inputs(), {"local_window": (1,)}, "local_window must be a pair"),
+    "float_max_q": (lambda: _inputs(), {"max_q": 6.5}, "max_seqlen_q must be an integer"),
+    "nan_scale": (lambda: _inputs(), {"scale": float("nan")}, "scale must be a finite"),
+    "inf_scale": (lambda: _inputs(), {"scale": float("inf")}, "scale must be a finite"),
+    "string_scale": (lambda: _inputs(), {"scale": "1"}, "scale must be a finite"),
 }  # fmt: skip
 
 

@@ -144,6 +144,31 @@ def test_poisoned_output_rows(max_q, device):
         assert torch.all(rows == 0), "rows past max_seqlen_q must be zero"
 
 
+@pytest.mark.parametrize("host", [False, True], ids=["device-offsets", "host-offsets"])
+def test_rows_no_sequence_owns_are_zero(monkeypatch, host, device):
+    """Offsets need not span q: rows before cu_seqlens_q[0] and from cu_seqlens_q[-1] on belong to no
+    sequence and come out as 0, not as ``torch.empty``'s leftovers (NaN-filled here); the sequences'
+    rows equal those of the same call on the tensors cut to the spans."""
+    q, k, v, cu_q, cu_k = _inputs(device)
+    lead, tail = 3, 4
+    rows = [randn((n, *q.shape[1:]), dtype=q.dtype, device=device, seed=9 + n) for n in (lead, tail)]
+    qp = torch.cat([rows[0], q, rows[1]])
+    cu_qp = cu_q + lead
+    hosts = dict(cu_seqlens_q_cpu=cu_qp.cpu(), cu_seqlens_k_cpu=cu_k.cpu()) if host else {}
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    out = gdpa_varlen(qp, k, v, cu_qp, cu_k, max(LQ), max(LK), activation="silu", **hosts)
+    monkeypatch.setattr(torch, "empty", empty)
+    want = gdpa_varlen(q, k, v, cu_q, cu_k, max(LQ), max(LK), activation="silu")
+    assert (out[:lead] == 0).all() and (out[lead + q.shape[0] :] == 0).all()
+    assert torch.equal(out[lead : lead + q.shape[0]], want)
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_poisoned_grads(deterministic, device):
     """Backward outputs come from torch.empty; NaN-filled allocations prove every element is written."""

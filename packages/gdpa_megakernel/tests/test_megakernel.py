@@ -59,11 +59,20 @@ def test_rows_past_max_seqlen_q(device):
     check(Case(lengths=[20, 3, 12], max_q=10), device)
 
 
-def test_rows_outside_every_sequence(device):
+@pytest.mark.parametrize("name", ["all", "none", "ln_only"])
+def test_rows_outside_every_sequence(name, device, monkeypatch):
     """Offsets that leave leading and trailing rows to no sequence (rows 0, 1 and 14..18 of 19):
-    those rows are written with the attention output taken as 0 (ads-gdpa writes nothing there),
-    and their gradients follow the rest of the chain."""
-    check(Case(offsets=[2, 5, 5, 14], total=19), device)
+    those rows take the attention output as 0 (ads-gdpa zeroes them) and the rest of the chain, with
+    or without an epilogue, and their gradients follow it. Fresh allocations are NaN-filled, so a row
+    left unwritten fails the comparison."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    check(Case(offsets=[2, 5, 5, 14], total=19, **OPTIONS[name]), device)
 
 
 def test_empty_batch(device):

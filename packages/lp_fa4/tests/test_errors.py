@@ -130,6 +130,10 @@ def test_check_inputs_reads_device_values(monkeypatch):
         )
     with pytest.raises(ValueError, match="spans"):
         jagged_attention(q, k, v, bad, cu, 5)
+    # broadcast_q: one block of q's rows per kv sequence, so the query offsets must span q exactly
+    short = torch.tensor([0, q.shape[0] - 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"broadcast_q needs cu_seqlens_q == \[0, "):
+        flash_attn_varlen_func(q, k, v, short, cu, None, 5, broadcast_q=True)
 
 
 def test_bad_jagged_inputs():

@@ -36,6 +36,7 @@ BAD = {
         "norm_bias",
     ),
     "negative eps": (lambda: linear_layernorm(_t(4, 32), _t(16, 32), eps=-1.0), "eps"),
+    "infinite eps": (lambda: linear_layernorm(_t(4, 32), _t(16, 32), eps=float("inf")), "finite"),
     "rmsnorm_linear weight over N": (lambda: rmsnorm_linear(_t(4, 32), _t(16), _t(16, 32)), "norm_weight"),
     "not a tensor": (lambda: linear_rmsnorm([[1.0]], _t(16, 32)), "tensor"),
     "input grad K": (

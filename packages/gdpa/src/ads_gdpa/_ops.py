@@ -212,12 +212,13 @@ def _call(a: FwdArgs | BwdArgs, dtype: torch.dtype) -> dispatch.Call:
     )  # fmt: skip
 
 
-def _safe(a: FwdArgs | BwdArgs) -> tuple[Tensor, Tensor, int | None]:
-    """Offsets the kernels may trust (``problem.safe_offsets``) and the longest host query sequence."""
+def _safe(a: FwdArgs | BwdArgs, out: Tensor | None = None) -> tuple[Tensor, Tensor, int | None]:
+    """Offsets the kernels may trust (``problem.safe_offsets``, which zeroes the rows of a forward's
+    ``out`` that no sequence owns) and the longest host query sequence."""
     q, k, _ = _views(a)
     longest_q, _ = check_offsets(q, k, a.cu_q, a.cu_k, a.host_q, a.host_k, a.max_k, a.broadcast_q)
     checked = a.host_q is not None and a.host_k is not None
-    cu_q, cu_k = safe_offsets(q, k, a.cu_q, a.cu_k, checked)
+    cu_q, cu_k = safe_offsets(q, k, a.cu_q, a.cu_k, checked, zero_outside=out, host_q=a.host_q)
     return cu_q, cu_k, longest_q
 
 
@@ -249,16 +250,18 @@ def fwd_impl(
         bkt_0, bkt_1, bkt_2, bkt_3, bkt_4,
     )  # fmt: skip
     qv, kv, vv = _views(a)
-    span_tbl = None
-    if _has_spans(a):
-        span_tbl, _ = _span_setup(a)
-    else:
-        cu_q, cu_k, longest_q = _safe(a)
     fp8 = q_descale is not None
     out_dtype = torch.bfloat16 if fp8 else q.dtype
     # start/end outputs: rows no sequence writes are zeros (total_num_objects need not be covered)
     alloc = torch.zeros if start_end else torch.empty
     out = alloc((_out_rows(a), q.shape[1], vv.shape[2]), dtype=out_dtype, device=q.device)
+    span_tbl = None
+    if _has_spans(a):
+        span_tbl, _ = _span_setup(a)
+    else:
+        # rows outside [cu_q[0], cu_q[-1]) belong to no sequence: zeroed with the offsets' clamp
+        # (a broadcast output has a row block per kv sequence instead, all of them written)
+        cu_q, cu_k, longest_q = _safe(a, None if broadcast_q else out)
     descale = (q_descale, k_descale, v_descale) if fp8 else None
     if fp8:
         check_descales(descale)

@@ -7,6 +7,8 @@ they live on the CPU or CPU copies are given (no host sync on the hot path).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -66,9 +68,30 @@ def _host_offsets(name: str, t: torch.Tensor, cpu_copy) -> torch.Tensor | None:
     return host_copy(name, t, cpu_copy, prefix="ads_gdpa: ")
 
 
+def _as_int(name: str, value) -> int:
+    """An integer argument: a float (12.7) or a string is refused rather than truncated."""
+    if isinstance(value, (str, bytes)) or (
+        isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+    ):
+        raise _err(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _as_scale(value) -> float:
+    """A finite real scale (NaN or inf would turn every output row non-finite)."""
+    if (
+        isinstance(value, (str, bytes, bool))
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+    ):
+        raise _err(f"scale must be a finite real number, got {value!r}")
+    return float(value)
+
+
 def _mask(window_size, causal, local_window) -> tuple[MaskMode, int, int]:
     """(mode, left, right) of the band; an unbounded side is ``BIG``."""
     if window_size is not None:
+        window_size = _as_int("window_size", window_size)
         if causal or local_window is not None:
             raise _err("window_size (top-left, upstream) cannot be combined with causal/local_window")
         if int(window_size) < 0:
@@ -79,9 +102,13 @@ def _mask(window_size, causal, local_window) -> tuple[MaskMode, int, int]:
         return MaskMode.TOP_LEFT, w, w
     if local_window is None and not causal:
         return MaskMode.NONE, BIG, BIG
+    if local_window is not None and not (isinstance(local_window, (tuple, list)) and len(local_window) == 2):
+        raise _err(f"local_window must be a pair (left, right) of ints or None, got {local_window!r}")
     left, right = (None, None) if local_window is None else local_window
-    left = BIG if left is None or left < 0 else min(int(left), BIG)
-    right = BIG if right is None or right < 0 else min(int(right), BIG)
+    left = None if left is None else _as_int("local_window[0]", left)
+    right = None if right is None else _as_int("local_window[1]", right)
+    left = BIG if left is None or left < 0 else min(left, BIG)
+    right = BIG if right is None or right < 0 else min(right, BIG)
     if causal:
         right = min(right, 0)
     return MaskMode.BOTTOM_RIGHT, left, right
@@ -190,7 +217,8 @@ def gdpa_varlen(
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.device != q.device:
             raise _err(f"{name} is on {t.device}, q on {q.device}")
-    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    max_seqlen_q, max_seqlen_k = _as_int("max_seqlen_q", max_seqlen_q), _as_int("max_seqlen_k", max_seqlen_k)
+    scale = _as_scale(scale)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
         raise _err("max_seqlen_q and max_seqlen_k must be >= 0")
     if broadcast_q:

@@ -124,18 +124,28 @@ def safe_offsets(
     cu_q: torch.Tensor,
     cu_k: torch.Tensor,
     checked: bool,
+    zero_outside: torch.Tensor | None = None,
+    host_q: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Offsets every kernel may trust to stay inside q/k/v and the outputs: int32 copies clamped
     on the device (``ads_kernel_tools.kernels.offsets``), unless host copies were validated against
-    the tensors (``checked``: both sides had host offsets), which the caller promises equal the
-    device ones. One small launch, no sync; self-attention offsets are clamped once."""
-    if checked and cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32:
-        return cu_q, cu_k
+    the tensors (``checked``: both sides had host offsets, ``host_q`` the queries'), which the caller
+    promises equal the device ones. One small launch, no sync; self-attention offsets are clamped once.
+
+    ``zero_outside``: a forward output with q's rows. Its rows before cu_q[0] and from cu_q[-1] on
+    belong to no sequence, so no kernel writes them; they are zeroed here (in the clamp launch, or
+    from the host copy's two bounds), instead of returning ``torch.empty``'s leftovers."""
     if checked:
+        if zero_outside is not None:
+            first, last = int(host_q[0]), int(host_q[-1])
+            zero_outside[:first].zero_()
+            zero_outside[last:].zero_()
+        if cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32:
+            return cu_q, cu_k
         return cu_q.to(torch.int32), (cu_q.to(torch.int32) if cu_k is cu_q else cu_k.to(torch.int32))
     from ads_kernel_tools.kernels.offsets import clamp_offsets
 
-    return clamp_offsets(cu_q, q.shape[0], cu_k, k.shape[0])
+    return clamp_offsets(cu_q, q.shape[0], cu_k, k.shape[0], zero_outside=zero_outside)
 
 
 def grad_buffers(

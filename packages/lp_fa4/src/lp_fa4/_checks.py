@@ -170,6 +170,9 @@ def _host_checks(
     q_rows, k_rows, cu_q, cu_k, used_q, used_k, page_table, n_pages, max_q, max_k, broadcast_q
 ) -> None:
     """ADS_CHECK_INPUTS=1: the value checks that need device data (one sync)."""
+    if broadcast_q and cu_q is not None and cu_q.tolist() != [0, q_rows]:
+        # the output holds one block of q_rows rows per kv sequence: other offsets leave rows unwritten
+        raise ValueError(f"lp_fa4: broadcast_q needs cu_seqlens_q == [0, {q_rows}], got {cu_q.tolist()}")
     for name, cu, rows, mx in (("cu_seqlens_q", cu_q, q_rows, max_q), ("cu_seqlens_k", cu_k, k_rows, max_k)):
         if cu is None:
             continue

@@ -8,6 +8,7 @@ attribute once, and a device's capability once per process.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import Tensor
@@ -72,8 +73,8 @@ _RMS_VECTORS = ("bias", "norm_weight")
 
 
 def _check_eps(eps: object) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps must be a finite non-negative float, got {eps!r}")
     return float(eps)
 
 

@@ -11,6 +11,12 @@ value past 2^31 cannot wrap into range.
 
 One program walks the offsets in chunks with a carried running maximum; both offset tensors of an
 attention call (queries and keys) go through the same launch.
+
+``zero_outside``: the same launch can also zero the rows of an output that no sequence owns, those
+before the first clamped offset and from the last one on. A jagged forward writes only its
+sequences' rows, so without this a caller passing offsets that do not span the tensor would get
+``torch.empty``'s leftovers there; a separate fill would cost a launch on every call, while here the
+extra programs find nothing to write when the offsets span the rows (the usual call).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import triton.language as tl
 __all__ = ["clamp_offsets"]
 
 _CHUNK = 1024
+_ZERO_PROGRAMS = 32  # beside the clamp: enough to zero a long unowned tail in parallel
+_ZERO_BLOCK = 4096  # elements per store step
 
 
 @triton.jit
@@ -43,16 +51,47 @@ def _clamp_one(src, dst, n, rows, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _zero_range(buf, lo, hi, part, parts, BLOCK: tl.constexpr):
+    for start in range(lo + part * BLOCK, hi, parts * BLOCK):
+        r = start + tl.arange(0, BLOCK)
+        tl.store(buf + r, tl.zeros([BLOCK], buf.dtype.element_ty), mask=r < hi)
+
+
+@triton.jit
+def _zero_unowned(src, n, rows, buf, width, total, part, parts, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows of buf (rows x width = total elements) outside [first, last) of the clamped offsets:
+    first is the clamped src[0], last the largest clamped value (the running maximum's end)."""
+    first = tl.minimum(tl.maximum(tl.load(src).to(tl.int64), 0), rows)
+    last = first
+    for c in range(0, n, CHUNK):
+        r = c + tl.arange(0, CHUNK)
+        x = tl.load(src + r, mask=r < n, other=0).to(tl.int64)
+        last = tl.maximum(last, tl.max(tl.minimum(tl.maximum(x, 0), rows), 0))
+    _zero_range(buf, 0, first * width, part, parts, BLOCK)
+    _zero_range(buf, last * width, total, part, parts, BLOCK)
+
+
+@triton.jit
 def _clamp_offsets(
-    src_a, dst_a, n_a, rows_a, src_b, dst_b, n_b, rows_b, CHUNK: tl.constexpr, TWO: tl.constexpr
-):
-    _clamp_one(src_a, dst_a, n_a, rows_a, CHUNK)
-    if TWO:
-        _clamp_one(src_b, dst_b, n_b, rows_b, CHUNK)
+    src_a, dst_a, n_a, rows_a, src_b, dst_b, n_b, rows_b, buf, width, total, CHUNK: tl.constexpr,
+    TWO: tl.constexpr, ZERO: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    if pid == 0:
+        _clamp_one(src_a, dst_a, n_a, rows_a, CHUNK)
+        if TWO:
+            _clamp_one(src_b, dst_b, n_b, rows_b, CHUNK)
+    elif ZERO:
+        _zero_unowned(src_a, n_a, rows_a, buf, width, total, pid - 1, tl.num_programs(0) - 1, CHUNK, BLOCK)
 
 
 def clamp_offsets(
-    cu_a: torch.Tensor, rows_a: int, cu_b: torch.Tensor | None = None, rows_b: int = 0
+    cu_a: torch.Tensor,
+    rows_a: int,
+    cu_b: torch.Tensor | None = None,
+    rows_b: int = 0,
+    *,
+    zero_outside: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Clamped int32 copies of one or two offset tensors (see the module docstring), no host sync.
 
@@ -60,6 +99,10 @@ def clamp_offsets(
         cu_a: (B+1,) int32/int64 offsets into a tensor of ``rows_a`` rows.
         cu_b: optional second offsets (e.g. the keys'), into ``rows_b`` rows; the same tensor object
             as ``cu_a`` with the same rows gives the same result object twice.
+        zero_outside: optional contiguous tensor of ``rows_a`` rows (e.g. the output of a jagged
+            forward): its rows before the first and from the last clamped ``cu_a`` offset on are
+            zeroed in the same launch; rows inside are not touched, so the order against the kernel
+            that writes them does not matter.
 
     Returns:
         ``(a, b)``: new contiguous int32 tensors on the offsets' device (``b`` None without ``cu_b``).
@@ -71,9 +114,16 @@ def clamp_offsets(
     dst_a = torch.empty(cu_a.shape, dtype=torch.int32, device=cu_a.device)
     dst_b = torch.empty(cu_b.shape, dtype=torch.int32, device=cu_b.device) if two else dst_a
     src_b = cu_b if two else cu_a
-    _clamp_offsets[(1,)](
+    if zero_outside is not None and (zero_outside.shape[0] != rows_a or not zero_outside.is_contiguous()):
+        shape = tuple(zero_outside.shape)
+        raise ValueError(f"clamp_offsets: zero_outside must be contiguous with {rows_a} rows, got {shape}")
+    zero = zero_outside is not None and zero_outside.numel() > 0 and cu_a.numel() > 0
+    width = zero_outside.numel() // rows_a if zero else 0
+    _clamp_offsets[(1 + (_ZERO_PROGRAMS if zero else 0),)](
         cu_a.contiguous(), dst_a, cu_a.numel(), rows_a, src_b.contiguous(), dst_b, src_b.numel(),
-        rows_b if two else rows_a, CHUNK=_CHUNK, TWO=two,
+        rows_b if two else rows_a, zero_outside if zero else dst_a, width, width * rows_a, CHUNK=_CHUNK,
+        TWO=two, ZERO=zero,
+        BLOCK=_ZERO_BLOCK,
     )  # fmt: skip
     if cu_b is None:
         return dst_a, None

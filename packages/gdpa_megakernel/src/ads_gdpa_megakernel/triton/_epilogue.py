@@ -1,9 +1,9 @@
 """The fused epilogue per token: y = a + q_res → RMSNorm over H·D → + residual, and its backward.
 
-``a`` is ads-gdpa's output. Rows outside ``[cu_q[0], cu_q[-1])`` belong to no sequence and ads-gdpa
-leaves them unwritten: they are read as a = 0 (like rows past max_seqlen_q, which ads-gdpa zeroes),
-so every output row is defined. The offsets only mask rows: every address comes from the grid and
-the tensors' own sizes, so no offsets can move an access outside a tensor.
+``a`` is ads-gdpa's output. Rows outside ``[cu_q[0], cu_q[-1])`` belong to no sequence; ads-gdpa
+zeroes them (as it does rows past max_seqlen_q), and they are read here as a = 0 regardless, so every
+output row is defined whatever ``a`` holds there. The offsets only mask rows: every address comes
+from the grid and the tensors' own sizes, so no offsets can move an access outside a tensor.
 
 Saved for the backward: rrms (fp32 per token). y is recomputed there from a and q_res (two reads
 of tensors that are alive anyway) instead of being stored (a write and a read), which costs the
