@@ -138,8 +138,10 @@ def safe_offsets(
     if checked:
         if zero_outside is not None:
             first, last = int(host_q[0]), int(host_q[-1])
-            zero_outside[:first].zero_()
-            zero_outside[last:].zero_()
+            if first > 0:  # host-bound small calls: no slice or fill where the offsets span q
+                zero_outside[:first].zero_()
+            if last < zero_outside.shape[0]:
+                zero_outside[last:].zero_()
         if cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32:
             return cu_q, cu_k
         return cu_q.to(torch.int32), (cu_q.to(torch.int32) if cu_k is cu_q else cu_k.to(torch.int32))
