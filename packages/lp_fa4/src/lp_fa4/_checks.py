@@ -120,7 +120,11 @@ def _check_index(name: str, t: Tensor | None, length: int | None, device) -> Non
 
 
 def _resolve_window(causal: bool, window_size) -> tuple[int, int]:
-    """FA4's rules: causal sets right = 0; left + right < 0 drops the window; None is unbounded."""
+    """FA4's rules: left + right < 0 drops the window; causal sets right = 0; None is unbounded.
+
+    The window is dropped before causal applies, so ``causal=True`` always masks the future: FA4
+    4.0.0b36 sets right = 0 first, which turns FA2's "no window" (-1, -1) into a dropped window and
+    silently runs ``causal=True, window_size=(-1, -1)`` non-causal (README, "Differences from FA4")."""
     if not isinstance(causal, bool):
         raise ValueError(f"lp_fa4: causal must be a bool, got {causal!r}")
     try:
@@ -130,10 +134,10 @@ def _resolve_window(causal: bool, window_size) -> tuple[int, int]:
     for side in (left, right):
         if side is not None and (isinstance(side, bool) or not isinstance(side, int)):
             raise ValueError(f"lp_fa4: window_size entries must be int or None, got {window_size!r}")
-    if causal:
-        right = 0
     if left is not None and right is not None and left + right < 0:
         left, right = None, None
+    if causal:
+        right = 0
     wl = BIG if left is None else max(min(left, BIG), -BIG)
     wr = BIG if right is None else max(min(right, BIG), -BIG)
     return wl, wr
