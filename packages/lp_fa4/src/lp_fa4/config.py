@@ -40,11 +40,13 @@ Env:
         walk at W = 256 on the H100 (BENCHMARKS.md); ``0`` walks each kv tile's range in order.
     LP_FA4_BWD_CAUSAL_WALK=1|0  the Gluon Hopper causal backward walks the first kv tile of each slot's
         pair from the last query tile down and the second up (``bwd_sm90._q_tile_at``), so the slots
-        of a head meet the same query tile at the same step. Opt-in: not yet timed.
+        of a head meet the same query tile at the same step. Opt-in: 3-6 % slower dense and at
+        varlen s = 1.0, 2-5 % faster at varlen s = 0.5 on the H100 (BENCHMARKS.md).
     LP_FA4_BWD_EPI=regs|tma  how the Gluon Hopper backward writes a kv tile's dK/dV: ``regs`` (default)
         re-laid out through scratch shared memory and stored by the consumers, ``tma`` (full tiles;
-        opt-in, not yet timed) staged in the warpgroup's dQ buffer and sent by TMA stores
-        (``bwd_sm90._store_dkdv``), so the next kv tile starts while they drain.
+        opt-in) staged in the warpgroup's dQ buffer and sent by TMA stores (``bwd_sm90._store_dkdv``),
+        so the next kv tile starts while they drain: 2-8 % slower than ``regs`` on the H100 at every
+        jagged shape timed, level dense (BENCHMARKS.md).
     LP_FA4_BROADCAST_Q=auto|repeat|resident|kernel  how a ``broadcast_q`` call (PMA) runs
         (``lp_fa4.broadcast``): ``repeat`` repeats the queries per kv sequence before the op, so
         forward and backward run as ordinary jagged attention (the Gluon Hopper kernels where they
