@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .span_fill import _zero_range
+
 __all__ = ["clamp_offsets"]
 
 _CHUNK = 1024
@@ -51,13 +53,6 @@ def _clamp_one(src, dst, n, rows, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _zero_range(buf, lo, hi, part, parts, BLOCK: tl.constexpr):
-    for start in range(lo + part * BLOCK, hi, parts * BLOCK):
-        r = start + tl.arange(0, BLOCK)
-        tl.store(buf + r, tl.zeros([BLOCK], buf.dtype.element_ty), mask=r < hi)
-
-
-@triton.jit
 def _zero_unowned(src, n, rows, buf, width, total, part, parts, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Rows of buf (rows x width = total elements) outside [first, last) of the clamped offsets:
     first is the clamped src[0], last the largest clamped value (the running maximum's end)."""
@@ -67,8 +62,8 @@ def _zero_unowned(src, n, rows, buf, width, total, part, parts, CHUNK: tl.conste
         r = c + tl.arange(0, CHUNK)
         x = tl.load(src + r, mask=r < n, other=0).to(tl.int64)
         last = tl.maximum(last, tl.max(tl.minimum(tl.maximum(x, 0), rows), 0))
-    _zero_range(buf, 0, first * width, part, parts, BLOCK)
-    _zero_range(buf, last * width, total, part, parts, BLOCK)
+    _zero_range(buf, buf, 0, first * width, part, parts, False, BLOCK)
+    _zero_range(buf, buf, last * width, total, part, parts, False, BLOCK)
 
 
 @triton.jit

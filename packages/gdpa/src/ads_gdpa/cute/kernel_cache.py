@@ -92,7 +92,7 @@ def _store(fn, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fn.export_to_c(object_file_path=str(tmp), function_name=_FUNCTION)
         os.replace(tmp, path)
-    except Exception:  # a failed export (read-only or full disk, the DSL) costs the next process a compile
+    except OSError:  # a read-only, full or blocked cache folder costs the next process a compile
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
 
