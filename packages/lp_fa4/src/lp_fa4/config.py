@@ -147,8 +147,8 @@ def bwd_windows() -> bool:
 
 def bwd_early() -> int:
     mode = os.environ.get("LP_FA4_BWD_EARLY", "0").strip()
-    if mode not in ("0", "1", "2"):
-        raise ValueError(f"LP_FA4_BWD_EARLY must be 0, 1 or 2, got {mode!r}")
+    if mode not in ("0", "1", "2", "3"):
+        raise ValueError(f"LP_FA4_BWD_EARLY must be 0, 1, 2 or 3, got {mode!r}")
     return int(mode)
 
 

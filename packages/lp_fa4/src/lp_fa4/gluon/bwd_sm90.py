@@ -209,14 +209,14 @@ def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, S
                     m = _q_tile_at(i, lo, hi, down, WALK)
                     s = it % STAGES
                     if STATS == "smem":
-                        if EARLY >= 1:
+                        if (EARLY == 1) or (EARLY == 2):
                             # slot it mod 2·STAGES was last read in step it - 2·STAGES, which released
                             # the ring slot this loop waited for STAGES steps ago: it is free before
                             # the wait, so the loads run while the producer waits
                             _stage_stats(args, hk * G + g, q0, m, rows, it % (2 * STAGES), r_idx, BM)
                     mbarrier.wait(qd_empty.index(s), ((it // STAGES) & 1) ^ 1)
                     if STATS == "smem":
-                        if EARLY == 0:
+                        if (EARLY == 0) or (EARLY == 3):
                             _stage_stats(args, hk * G + g, q0, m, rows, s, r_idx, BM)
                     ready = qd_ready.index(s)
                     mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
@@ -295,7 +295,8 @@ def _consumer_operands(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr
 def _consumer(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, STATS: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
+              TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr,
+              EARLY: gl.constexpr = 0):  # fmt: skip
     """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2).
     LSE·log2e and delta of a query tile (16 registers each in the Sᵀ column layout) come per STATS:
     "regs" loaded from global at the top of the step, "smem" read from the stage's ``stat_smem`` slot
@@ -348,12 +349,23 @@ def _consumer(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
                                      qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
                                      WINDOW)  # fmt: skip
                     # dSᵀ halves exchanged through shared memory; dV, dK accumulated; dQ over all 128 keys
-                    dv, dk, dq = bwd_grad_step(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
-                                               ds_free, qd_empty.index(s), dq_zero, WG, p_layout)  # fmt: skip
-                    # rows past the sequence carry exact zeros (dSᵀ is masked): the whole box may be
-                    # added, a neighbouring sequence's rows included
-                    stage_for_tma(dq_s, dq * scale)
-                    tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
+                    if EARLY == 3:
+                        # the stage is released after dQ's reduction is sent, ahead of the next loads
+                        dv, dk, dq = bwd_grad_issue(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph,
+                                                    ds_full, ds_free, dq_zero, WG, p_layout, False)  # fmt: skip
+                        dq = warpgroup_mma_wait(0, deps=(dq,))
+                        stage_for_tma(dq_s, dq * scale)
+                        tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
+                        mbarrier.arrive(qd_empty.index(s), count=1)
+                        mbarrier.arrive(ds_free.index(db), count=1)
+                    else:
+                        dv, dk, dq = bwd_grad_step(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph,
+                                                   ds_full, ds_free, qd_empty.index(s), dq_zero, WG,
+                                                   p_layout)  # fmt: skip
+                        # rows past the sequence carry exact zeros (dSᵀ is masked): the whole box may be
+                        # added, a neighbouring sequence's rows included
+                        stage_for_tma(dq_s, dq * scale)
+                        tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
                     it += 1
             dk = warpgroup_mma_wait(0, deps=(dk,))
             dv = warpgroup_mma_wait(0, deps=(dv,))
@@ -606,7 +618,7 @@ def attn_bwd_ws(
     if STATS == "smem":
         # per slot: LSE·log2e, delta of 64 query rows; a slot per stage, two under EARLY
         stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        STAT_SLOTS: gl.constexpr = 2 * STAGES if EARLY >= 1 else STAGES
+        STAT_SLOTS: gl.constexpr = 2 * STAGES if (EARLY == 1) or (EARLY == 2) else STAGES
         stat_smem = gl.allocate_shared_memory(gl.float32, [2 * STAT_SLOTS, BM], stat_layout)
         cargs = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty,
                  ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr,
@@ -622,9 +634,9 @@ def attn_bwd_ws(
     gl.warp_specialize(
         [
             (_consumer_any, (cargs, band, epi, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS,
-                             PIPE, WINDOW, TOP_LEFT, WALK, EPI)),
+                             PIPE, WINDOW, TOP_LEFT, WALK, EPI, EARLY)),
             (_consumer_any, (cargs, band, epi, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS,
-                             PIPE, WINDOW, TOP_LEFT, WALK, EPI)),
+                             PIPE, WINDOW, TOP_LEFT, WALK, EPI, EARLY)),
             (_producer, (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW,
                          TOP_LEFT, WALK, EARLY)),
         ],
@@ -637,11 +649,12 @@ def attn_bwd_ws(
 def _consumer_any(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
                   HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr,
-                  TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
+                  TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr,
+                  EARLY: gl.constexpr = 0):  # fmt: skip
     """Consumer warpgroup WG under step schedule PIPE (``_consumer`` or ``_consumer_pipe``)."""
     if PIPE == 0:
         _consumer(args, band, epi, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW,
-                  TOP_LEFT, WALK, EPI)  # fmt: skip
+                  TOP_LEFT, WALK, EPI, EARLY)  # fmt: skip
     else:
         _consumer_pipe(args, band, epi, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE,
                        WINDOW, TOP_LEFT, WALK, EPI)  # fmt: skip
