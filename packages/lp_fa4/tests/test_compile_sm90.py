@@ -110,7 +110,6 @@ def _gluon_bwd_job(
     top_left: bool = False,
     walk: int | None = None,
     epi: str = "regs",
-    early: int = 0,
 ) -> dict:
     import torch
     from triton.experimental.gluon import language as gl
@@ -137,7 +136,7 @@ def _gluon_bwd_job(
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, CAUSAL=causal, HAS_USED_Q=used,
                   HAS_USED_K=used, CONSUMER_REGS=g.CONSUMER_REGS, PRODUCER_REGS=g.PRODUCER_REGS,
                   STATS=stats, PIPE=pipe, WINDOW=window, TOP_LEFT=top_left,
-                  WALK=(1 if window else 0) if walk is None else walk, EPI=epi, EARLY=early)  # fmt: skip
+                  WALK=(1 if window else 0) if walk is None else walk, EPI=epi)  # fmt: skip
     job = dict(module=g.__name__, kernel="attn_bwd_ws", types=types, constexprs=consts, gluon=True)
     return job | ({"sass_between": SASS_SPILLS} if sass else {})
 
@@ -178,13 +177,6 @@ GLUON_BWD_JOBS = {
     "d128-epi-tma": dict(d=128, epi="tma"),
     "d128-window-epi-tma": dict(d=128, window=True, epi="tma"),
     "d64-causal-seqused-fp16-epi-tma-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2, epi="tma"),
-    # LP_FA4_BWD_EARLY=1|2: statistics staged before the ring wait; a kv tile's first Q/dO before K/V
-    "d128-early1": dict(d=128, early=1),
-    "d128-early2": dict(d=128, early=2),
-    "d128-causal-seqused-fp16-early2": dict(d=128, causal=True, used=True, fp16=True, early=2),
-    "d128-window-top-left-early2": dict(d=128, window=True, top_left=True, early=2),
-    "d64-causal-seqused-fp16-early2-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2, early=2),
-    "d128-early2-stats-regs": dict(d=128, stats="regs", early=2),
 }
 
 

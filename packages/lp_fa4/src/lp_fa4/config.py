@@ -42,10 +42,6 @@ Env:
         pair from the last query tile down and the second up (``bwd_sm90._q_tile_at``), so the slots
         of a head meet the same query tile at the same step. Opt-in: 3-6 % slower dense and at
         varlen s = 1.0, 2-5 % faster at varlen s = 0.5 on the H100 (BENCHMARKS.md).
-    LP_FA4_BWD_EARLY=0|1|2  when the Gluon Hopper backward's TMA producer sends its loads
-        (``bwd_sm90._producer``): ``1`` stages each query tile's LSE/delta before it waits for the ring
-        slot (two statistics slots per stage), so the Q/dO loads go out as soon as the slot is free;
-        ``2`` also sends a kv tile's first Q/dO load before waiting to load its K/V; ``0`` neither.
     LP_FA4_BWD_EPI=regs|tma  how the Gluon Hopper backward writes a kv tile's dK/dV: ``regs`` (default)
         re-laid out through scratch shared memory and stored by the consumers, ``tma`` (full tiles;
         opt-in) staged in the warpgroup's dQ buffer and sent by TMA stores (``bwd_sm90._store_dkdv``),
@@ -143,13 +139,6 @@ def fwd_lpt_balance() -> bool:
 
 def bwd_windows() -> bool:
     return _flag("LP_FA4_BWD_WINDOWS", "1")
-
-
-def bwd_early() -> int:
-    mode = os.environ.get("LP_FA4_BWD_EARLY", "0").strip()
-    if mode not in ("0", "1", "2", "3"):
-        raise ValueError(f"LP_FA4_BWD_EARLY must be 0, 1, 2 or 3, got {mode!r}")
-    return int(mode)
 
 
 def bwd_epilogue() -> str:

@@ -169,14 +169,11 @@ def _walk_down(first, lo, hi, WALK: gl.constexpr):
 def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr,
               STATS: gl.constexpr, WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr,
-              WALK: gl.constexpr, EARLY: gl.constexpr):  # fmt: skip
+              WALK: gl.constexpr):  # fmt: skip
     """TMA loads: per kv tile its K and V, then Q/dO tiles into the ring (``it`` continues across
-    items, as the consumers count it). STATS == "smem": also each tile's LSE·log2e and delta into a
-    ``stat_smem`` slot, by plain loads and stores before the stage's arrival (which releases them to
-    the consumers' wait). EARLY (``config.bwd_early``): 0 stages the statistics after the ring slot
-    is free, in slot ``it % STAGES``, and loads each kv tile's K/V before its first Q/dO tile; 1
-    stages them before the wait, in slot ``it % (2·STAGES)``, so that the TMA loads go out as soon as
-    the slot is free; 2 also sends a kv tile's first Q/dO load before its K/V."""
+    items, as the consumers count it). STATS == "smem": also each tile's LSE·log2e and delta into the
+    stage's ``stat_smem`` slot, by plain loads and stores before the stage's arrival (which releases
+    them to the consumers' wait)."""
     (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_ready, qd_empty, kv_ready,
      kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap,
      max_k, H_KV, G) = args[0:23]  # fmt: skip
@@ -194,13 +191,10 @@ def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, S
         start, stop, step = _kv_tiles(n_first, k_len, N_TILES, BN, CAUSAL)
         for n in range(start, stop, step):
             lo, hi = _q_tiles(n, rows, off, band, BM, BN, CAUSAL, WINDOW)
-            kv_row = k0 + n * BN
-            kv_phase = (kc & 1) ^ 1
-            if EARLY == 2:
-                if hi <= lo:  # no query tile: the consumers still take the K/V tile
-                    _load_kv(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, kv_row, hk * D, kv_phase)
-            else:
-                _load_kv(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, kv_row, hk * D, kv_phase)
+            mbarrier.wait(kv_empty, (kc & 1) ^ 1)
+            mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k0 + n * BN, hk * D], kv_ready, k_smem)
+            tma.async_copy_global_to_shared(v_desc, [k0 + n * BN, hk * D], kv_ready, v_smem)
             kc += 1
             down = _walk_down(n == start, lo, hi, WALK)
             for g in range(G):
@@ -208,49 +202,19 @@ def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, S
                 for i in range(lo, hi):
                     m = _q_tile_at(i, lo, hi, down, WALK)
                     s = it % STAGES
-                    if STATS == "smem":
-                        if (EARLY == 1) or (EARLY == 2):
-                            # slot it mod 2·STAGES was last read in step it - 2·STAGES, which released
-                            # the ring slot this loop waited for STAGES steps ago: it is free before
-                            # the wait, so the loads run while the producer waits
-                            _stage_stats(args, hk * G + g, q0, m, rows, it % (2 * STAGES), r_idx, BM)
                     mbarrier.wait(qd_empty.index(s), ((it // STAGES) & 1) ^ 1)
                     if STATS == "smem":
-                        if (EARLY == 0) or (EARLY == 3):
-                            _stage_stats(args, hk * G + g, q0, m, rows, s, r_idx, BM)
+                        base = (hk * G + g).to(gl.int64) * TO + q0
+                        lse2, delta = _row_stats(lse_ptr + base, delta_ptr + base, m * BM + r_idx, rows)
+                        stat_smem.index(2 * s).store(lse2)
+                        stat_smem.index(2 * s + 1).store(delta)
+                        # every lane's stores precede the one elected arrival that releases them
+                        gl.thread_barrier()
                     ready = qd_ready.index(s)
                     mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
                     tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, col], ready, q_smem.index(s))
                     tma.async_copy_global_to_shared(do_desc, [q0 + m * BM, col], ready, do_smem.index(s))
-                    if EARLY == 2:
-                        # the tile's first Q/dO load goes out before the wait for the previous tile's
-                        # K/V to be released, so it lands while that tile's last step runs
-                        if (g == 0) & (i == lo):
-                            _load_kv(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, kv_row, hk * D,
-                                     kv_phase)  # fmt: skip
                     it += 1
-
-
-@gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, kv_ready, kv_empty, row, col, phase):
-    """One kv tile's K and V into their buffers once the consumers released the last one."""
-    mbarrier.wait(kv_empty, phase)
-    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [row, col], kv_ready, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [row, col], kv_ready, v_smem)
-
-
-@gluon.jit
-def _stage_stats(args, h, q0, m, rows, slot, r_idx, BM: gl.constexpr):
-    """Query tile m's LSE·log2e and delta (head h) into ``stat_smem`` slot ``slot``; released to the
-    consumers by the producer's next arrival on a ready barrier."""
-    lse_ptr, delta_ptr, TO, stat_smem = args[23:27]
-    base = h.to(gl.int64) * TO + q0
-    lse2, delta = _row_stats(lse_ptr + base, delta_ptr + base, m * BM + r_idx, rows)
-    stat_smem.index(2 * slot).store(lse2)
-    stat_smem.index(2 * slot + 1).store(delta)
-    # every lane's stores precede the one elected arrival that releases them
-    gl.thread_barrier()
 
 
 @gluon.jit
@@ -295,8 +259,7 @@ def _consumer_operands(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr
 def _consumer(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, STATS: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr,
-              EARLY: gl.constexpr = 0):  # fmt: skip
+              TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2).
     LSE·log2e and delta of a query tile (16 registers each in the Sᵀ column layout) come per STATS:
     "regs" loaded from global at the top of the step, "smem" read from the stage's ``stat_smem`` slot
@@ -345,27 +308,16 @@ def _consumer(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
                     do_s = do_smem.index(s)
                     st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, it, m, rows, off, kv_first, kv_valid,
+                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
                                      qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
                                      WINDOW)  # fmt: skip
                     # dSᵀ halves exchanged through shared memory; dV, dK accumulated; dQ over all 128 keys
-                    if EARLY == 3:
-                        # the stage is released after dQ's reduction is sent, ahead of the next loads
-                        dv, dk, dq = bwd_grad_issue(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph,
-                                                    ds_full, ds_free, dq_zero, WG, p_layout, False)  # fmt: skip
-                        dq = warpgroup_mma_wait(0, deps=(dq,))
-                        stage_for_tma(dq_s, dq * scale)
-                        tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
-                        mbarrier.arrive(qd_empty.index(s), count=1)
-                        mbarrier.arrive(ds_free.index(db), count=1)
-                    else:
-                        dv, dk, dq = bwd_grad_step(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph,
-                                                   ds_full, ds_free, qd_empty.index(s), dq_zero, WG,
-                                                   p_layout)  # fmt: skip
-                        # rows past the sequence carry exact zeros (dSᵀ is masked): the whole box may be
-                        # added, a neighbouring sequence's rows included
-                        stage_for_tma(dq_s, dq * scale)
-                        tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
+                    dv, dk, dq = bwd_grad_step(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
+                                               ds_free, qd_empty.index(s), dq_zero, WG, p_layout)  # fmt: skip
+                    # rows past the sequence carry exact zeros (dSᵀ is masked): the whole box may be
+                    # added, a neighbouring sequence's rows included
+                    stage_for_tma(dq_s, dq * scale)
+                    tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
                     it += 1
             dk = warpgroup_mma_wait(0, deps=(dk,))
             dv = warpgroup_mma_wait(0, deps=(dv,))
@@ -401,24 +353,21 @@ def _store_dkdv(dk, dv, dk_ptr, dv_ptr, epi, dq_s, row0, kv_valid, col0, stride_
 
 
 @gluon.jit
-def _probs(st, dpt, lse2, delta, stat_smem, step, m, rows, off, kv_first, kv_valid, qk_scale2, rows2, cols2,
+def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid, qk_scale2, rows2, cols2,
            band, BM: gl.constexpr, ROWS: gl.constexpr, CAUSAL: gl.constexpr, STATS: gl.constexpr,
            WINDOW: gl.constexpr):  # fmt: skip
     """Pᵀ and dSᵀ of query tile m from the in-flight Sᵀ and dPᵀ (issued in that order, nothing
     after them): exp2 under dPᵀ, then the product; masked on edge tiles only. STATS == "smem" reads
-    LSE·log2e and delta from the slot of step ``step`` (``lse2``/``delta`` unused; the producer writes
-    step j's into slot j mod the slots ``stat_smem`` holds), else takes them."""
+    LSE·log2e and delta from stage s's slot (``lse2``/``delta`` unused), else takes them."""
     col_l: gl.constexpr = gl.SliceLayout(0, st.type.tensor_type.layout)
-    N_SLOTS: gl.constexpr = stat_smem.shape[0] // 2
-    slot = step % N_SLOTS
     # Sᵀ retires first (groups complete in order); dPᵀ keeps running under exp2
     st = warpgroup_mma_wait(1, deps=(st,))
     if STATS == "smem":
-        lse2 = stat_smem.index(2 * slot).load(col_l)
+        lse2 = stat_smem.index(2 * s).load(col_l)
     pt = gl.exp2(st * qk_scale2 - gl.expand_dims(lse2, 0))
     dpt = warpgroup_mma_wait(0, deps=(dpt,))
     if STATS == "smem":
-        delta = stat_smem.index(2 * slot + 1).load(col_l)
+        delta = stat_smem.index(2 * s + 1).load(col_l)
     dst = pt * (dpt - gl.expand_dims(delta, 0))
     q_valid = rows - m * BM
     edge = (kv_valid < ROWS) | (q_valid < BM)
@@ -506,7 +455,7 @@ def _consumer_pipe(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.co
                                         is_async=True)  # fmt: skip
                     dp0 = warpgroup_mma(v_half, do_smem.index(s0).permute((1, 0)), s_zero, use_acc=False,
                                         is_async=True)  # fmt: skip
-                    pt, dst = _probs(st0, dp0, lse2, delta, stat_smem, it, m0, rows, off, kv_first, kv_valid,
+                    pt, dst = _probs(st0, dp0, lse2, delta, stat_smem, s0, m0, rows, off, kv_first, kv_valid,
                                      qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
                                      WINDOW)  # fmt: skip
             for j in range(n_steps):
@@ -528,7 +477,7 @@ def _consumer_pipe(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.co
                     mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
                     st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, it, m, rows, off, kv_first, kv_valid,
+                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
                                      qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
                                      WINDOW)  # fmt: skip
                 if PIPE == 3:
@@ -547,10 +496,8 @@ def _consumer_pipe(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.co
                     gn = jn // n_m
                     mn = _q_tile_at(lo + jn - gn * n_m, lo, hi, down, WALK)
                     sn = s
-                    it_n = it
                     if more:
                         sn = (it + 1) % STAGES
-                        it_n = it + 1
                     lse2 = no_stat
                     delta = no_stat
                     if STATS == "regs":
@@ -574,7 +521,7 @@ def _consumer_pipe(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.co
                     mbarrier.arrive(ds_free.index(db), count=1)
                     if more:
                         mbarrier.arrive(qd_empty.index(s), count=1)
-                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, it_n, mn, rows, off, kv_first, kv_valid,
+                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, sn, mn, rows, off, kv_first, kv_valid,
                                      qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
                                      WINDOW)  # fmt: skip
                     if not more:
@@ -603,7 +550,6 @@ def attn_bwd_ws(
     HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr = False,
     TOP_LEFT: gl.constexpr = False, WALK: gl.constexpr = 0, EPI: gl.constexpr = "regs",
-    EARLY: gl.constexpr = 0,
 ):  # fmt: skip
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free) = bwd_buffers(q_desc, do_desc, k_desc, v_desc, dq_desc, STAGES)  # fmt: skip
@@ -616,10 +562,9 @@ def attn_bwd_ws(
              kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap,
              max_k, H_KV, G)  # fmt: skip
     if STATS == "smem":
-        # per slot: LSE·log2e, delta of 64 query rows; a slot per stage, two under EARLY
+        # per stage: LSE·log2e, delta of its 64 query rows (1 KB at 2 stages)
         stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        STAT_SLOTS: gl.constexpr = 2 * STAGES if (EARLY == 1) or (EARLY == 2) else STAGES
-        stat_smem = gl.allocate_shared_memory(gl.float32, [2 * STAT_SLOTS, BM], stat_layout)
+        stat_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BM], stat_layout)
         cargs = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty,
                  ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr,
                  cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale,
@@ -634,11 +579,11 @@ def attn_bwd_ws(
     gl.warp_specialize(
         [
             (_consumer_any, (cargs, band, epi, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS,
-                             PIPE, WINDOW, TOP_LEFT, WALK, EPI, EARLY)),
+                             PIPE, WINDOW, TOP_LEFT, WALK, EPI)),
             (_consumer_any, (cargs, band, epi, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS,
-                             PIPE, WINDOW, TOP_LEFT, WALK, EPI, EARLY)),
+                             PIPE, WINDOW, TOP_LEFT, WALK, EPI)),
             (_producer, (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW,
-                         TOP_LEFT, WALK, EARLY)),
+                         TOP_LEFT, WALK)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -649,12 +594,11 @@ def attn_bwd_ws(
 def _consumer_any(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
                   HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr,
-                  TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr,
-                  EARLY: gl.constexpr = 0):  # fmt: skip
+                  TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG under step schedule PIPE (``_consumer`` or ``_consumer_pipe``)."""
     if PIPE == 0:
         _consumer(args, band, epi, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW,
-                  TOP_LEFT, WALK, EPI, EARLY)  # fmt: skip
+                  TOP_LEFT, WALK, EPI)  # fmt: skip
     else:
         _consumer_pipe(args, band, epi, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE,
                        WINDOW, TOP_LEFT, WALK, EPI)  # fmt: skip
@@ -718,7 +662,7 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
         STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), WINDOW=window is not None, TOP_LEFT=bool(top_left),
-        WALK=walk, EPI=epi, EARLY=config.bwd_early(),
+        WALK=walk, EPI=epi,
         num_warps=4,
     )  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
