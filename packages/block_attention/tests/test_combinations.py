@@ -324,5 +324,5 @@ def test_non_int_sizes_rejected() -> None:
     with pytest.raises(ValueError, match="block_size"):
         block_attention(q, k, v, offsets, block_size=64.0)
     x, w, sinu = torch.randn(10, 64), torch.randn(64, 4 * 32), torch.randn(10, 32)
-    with pytest.raises(ValueError, match="must be ints"):
+    with pytest.raises(ValueError, match="num_heads must be an integer, got 2.0"):
         qkv_proj_rotary_block_attention(x, w, sinu, offsets, num_heads=2.0, num_kv_heads=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -43,6 +44,23 @@ def test_rejects_block_size_and_offsets_cpu_mismatch() -> None:
         block_attention(*_inputs(dim=256), block_size=128)
     with pytest.raises(ValueError, match="offsets_cpu"):
         block_attention(q, k, v, offsets, offsets_cpu=torch.tensor([0, 10]))
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.5", True])
+def test_rejects_bad_scale(scale) -> None:
+    with pytest.raises(ValueError, match="scale must be None or a finite real number, got "):
+        block_attention(*_inputs(), scale=scale)
+    x, w, s = torch.randn(10, 64), torch.randn(64, 4 * 32), torch.randn(10, 32)
+    with pytest.raises(ValueError, match="scale must be None or a finite real number, got "):
+        qkv_proj_rotary_block_attention(x, w, s, _inputs()[3], num_heads=2, num_kv_heads=1, scale=scale)
+
+
+def test_numpy_scalars_taken_like_python_numbers(device: str) -> None:
+    """numpy.float32 scale and numpy.int64 block_size: the output of the Python numbers."""
+    q, k, v, offsets = (t.to(device) for t in _inputs())
+    want = block_attention(q, k, v, offsets, block_size=64, scale=0.25)
+    got = block_attention(q, k, v, offsets, block_size=np.int64(64), scale=np.float32(0.25))
+    assert torch.equal(got, want)
 
 
 @pytest.mark.gpu

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from ads_gdpa import gdpa, gdpa_varlen
+from ads_gdpa import gdpa, gdpa_varlen, generalized_dot_product_attention
+from ads_kernel_tools.testing import randn
 
 
 def _inputs(dtype=torch.bfloat16, d=32, dv=None, heads=2, kv_heads=1):
@@ -53,6 +55,9 @@ CASES = {
     "nan_scale": (lambda: _inputs(), {"scale": float("nan")}, "scale must be a finite"),
     "inf_scale": (lambda: _inputs(), {"scale": float("inf")}, "scale must be a finite"),
     "string_scale": (lambda: _inputs(), {"scale": "1"}, "scale must be a finite"),
+    "bool_scale": (lambda: _inputs(), {"scale": True}, "scale must be a finite real number, got bool True"),
+    "bool_window": (lambda: _inputs(), {"window_size": True}, "window_size must be an integer, got bool"),
+    "numpy_float_max_k": (lambda: _inputs(), {"max_k": np.float64(6)}, "max_seqlen_k must be an integer"),
 }  # fmt: skip
 
 
@@ -95,3 +100,33 @@ def test_backend_env(monkeypatch):
     monkeypatch.setenv("ADS_GDPA_BACKEND", "cuda")
     with pytest.raises(ValueError, match="ADS_GDPA_BACKEND"):
         _call(*_inputs())
+
+
+def test_upstream_qk_scale_checked():
+    """The upstream entry refuses what float() would parse ("0.5", True) under its own argument name."""
+    q, k, v, cu_q, cu_k = _inputs()
+    for bad, shown in (("0.5", "str '0.5'"), (True, "bool True"), (float("nan"), "nan")):
+        with pytest.raises(ValueError, match=f"qk_scale must be a finite real number, got {shown}"):
+            generalized_dot_product_attention(q, k, v, cu_q, cu_k, 6, 6, qk_scale=bad)
+
+
+def test_start_end_total_out_not_truncated():
+    q, k, v, _, _ = _inputs()
+    se = torch.tensor([0, 4, 4, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match="total_out must be an integer, got 7.5"):
+        gdpa_varlen(q, k, v, se, se, 6, 6, start_end_offsets=True, total_out=7.5)
+
+
+def test_numpy_scalars_taken_like_python_numbers(device):
+    """numpy.float32 scale and numpy.int64 bounds and window: the output of the Python numbers."""
+    q, k, v = (
+        randn((10, h, 32), dtype=torch.bfloat16, device=device, seed=i) for i, h in enumerate((2, 1, 1))
+    )
+    cu_q = torch.tensor([0, 4, 10], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 5, 10], dtype=torch.int32, device=device)
+    want = gdpa_varlen(q, k, v, cu_q, cu_k, 6, 5, activation="silu", scale=0.25, window_size=2)
+    got = gdpa_varlen(
+        q, k, v, cu_q, cu_k, np.int64(6), np.int64(5), activation="silu", scale=np.float32(0.25),
+        window_size=np.int64(2),
+    )  # fmt: skip
+    assert torch.equal(got, want)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from ads_gdpa_megakernel import gdpa_megakernel
-from ads_kernel_tools.testing import lengths_to_offsets
+from ads_gdpa_megakernel import GDPABlock, gdpa_megakernel
+from ads_kernel_tools.testing import lengths_to_offsets, randn
 
 T, H, D = 6, 2, 16
 N = H * D
@@ -33,8 +34,12 @@ BAD = {
     "residual must have q's dtype": dict(residual=torch.zeros(T, H, D, dtype=torch.float16)),
     "residual must be a torch.Tensor": dict(residual=1.0),
     "q_residual must be a bool": dict(q_residual=1),
-    "eps must be a finite number": dict(eps=0.0),
-    "scale must be finite": dict(scale=float("inf")),
+    "eps must be a finite real number > 0, got 0.0": dict(eps=0.0),
+    "eps must be a finite real number > 0, got str '1e-5'": dict(eps="1e-5"),
+    "scale must be a finite real number, got inf": dict(scale=float("inf")),
+    "scale must be a finite real number, got str '0.5'": dict(scale="0.5"),
+    "scale must be a finite real number, got bool True": dict(scale=True),
+    "max_seqlen_q must be an integer, got 4.5": dict(max_seqlen_q=4.5),
     "unknown GDPA activation": dict(activation="softmax"),
 }
 
@@ -44,6 +49,26 @@ def test_bad_option(match):
     kw = _base() | dict(activation="silu") | BAD[match]
     with pytest.raises(ValueError, match=match):
         gdpa_megakernel(**kw)
+
+
+def test_block_checks_scale_and_eps():
+    """The module refuses at construction what the call would refuse (it stores the floats)."""
+    with pytest.raises(ValueError, match="scale must be a finite real number, got str '0.5'"):
+        GDPABlock(H, D, activation="silu", scale="0.5")
+    with pytest.raises(ValueError, match="eps must be a finite real number > 0"):
+        GDPABlock(H, D, activation="silu", eps=-1.0)
+
+
+def test_numpy_scalars_taken_like_python_numbers(device):
+    """numpy.float32 scale and eps, numpy.int64 bounds: the same output as the Python numbers."""
+    q, k, v = (randn((T, H, D), dtype=torch.bfloat16, device=device, seed=i) for i in range(3))
+    cu = lengths_to_offsets([2, 4], device=device)
+    kw = dict(activation="silu", rms_norm=True)
+    want = gdpa_megakernel(q, k, v, cu, cu, 4, 4, scale=0.5, eps=2.0**-16, **kw)
+    got = gdpa_megakernel(
+        q, k, v, cu, cu, np.int64(4), np.int64(4), scale=np.float32(0.5), eps=np.float32(2.0**-16), **kw
+    )
+    assert torch.equal(got, want)
 
 
 def test_bad_tensors():

@@ -4,6 +4,7 @@ GPU) are checked too; CPU offsets are host data and always checked."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,6 +66,9 @@ def test_bad_inputs(name, device):
         (dict(window_size=-1), "window_size"),
         (dict(window_size=True), "window_size"),
         (dict(sm_scale=float("nan")), "sm_scale"),
+        (dict(sm_scale="0.5"), "sm_scale must be None or a finite real number, got str '0.5'"),
+        (dict(sm_scale=True), "sm_scale must be None or a finite real number, got bool True"),
+        (dict(window_size=2.0), "window_size must be None or an integer >= 0, got 2.0"),
         (dict(broadcast_q=1), "broadcast_q must be a bool"),
         (dict(return_lse="yes"), "return_lse"),
         (dict(output_offset=torch.tensor([0, 3, 9], dtype=torch.int32)), "output_offset"),
@@ -101,3 +105,12 @@ def test_device_offsets_unread_without_check_inputs(device, monkeypatch):
             jagged_flash_attention(*args)
     else:
         assert torch.isfinite(jagged_flash_attention(*args)).all()
+
+
+def test_numpy_scalars_taken_like_python_numbers(device):
+    """numpy.float32 sm_scale and numpy.int64 bounds and window: the output of the Python numbers."""
+    args, _ = _args(device)
+    want = jagged_flash_attention(*args, sm_scale=0.25, window_size=2)
+    args[5:7] = np.int64(args[5]), np.int64(args[6])
+    got = jagged_flash_attention(*args, sm_scale=np.float32(0.25), window_size=np.int64(2))
+    assert torch.equal(got, want)

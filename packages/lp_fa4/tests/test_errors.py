@@ -3,6 +3,7 @@ gives a NotImplementedError naming it. Nothing reaches a kernel."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,6 +82,10 @@ def test_bad_dense_inputs(make, match):
         (dict(window_size=(1.5, None)), "window_size"),
         (dict(softcap=-1.0), "softcap"),
         (dict(softmax_scale=float("nan")), "softmax_scale"),
+        (dict(softmax_scale="0.5"), "softmax_scale must be None or a finite real number, got str '0.5'"),
+        (dict(softmax_scale=True), "softmax_scale must be None or a finite real number, got bool True"),
+        (dict(softcap=float("inf")), "softcap must be None or a finite real number >= 0, got inf"),
+        (dict(window_size=(True, None)), r"window_size\[0\] must be None or an integer, got bool True"),
         (dict(learnable_sink=torch.zeros(3)), "learnable_sink"),
         (dict(causal=1), "causal"),
         (dict(pack_gqa="yes"), "pack_gqa"),
@@ -93,6 +98,10 @@ def test_bad_options(kw, match):
 
 def test_bad_varlen_inputs():
     q, k, v, cu = _varlen()
+    with pytest.raises(ValueError, match="max_seqlen_k must be None or an integer >= 0, got 5.0"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 5, 5.0)
+    with pytest.raises(ValueError, match="num_splits must be an integer >= 0, got bool True"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, num_splits=True)
     with pytest.raises(ValueError, match="1-D int32"):
         flash_attn_varlen_func(q, k, v, cu.float(), cu, 5, 5)
     with pytest.raises(ValueError, match="entries"):
@@ -140,6 +149,8 @@ def test_bad_jagged_inputs():
     q, k, v, cu = _varlen()
     with pytest.raises(ValueError, match="window_size"):
         jagged_attention(q, k, v, cu, cu, 5, window_size=-1)
+    with pytest.raises(ValueError, match="max_seqlen_q must be None or an integer >= 0, got 5.5"):
+        jagged_attention(q, k, v, cu, cu, 5.5)
     with pytest.raises(ValueError, match="2 entries"):
         jagged_attention(q, k, v, cu, cu, 5, broadcast_q=True)
 
@@ -161,3 +172,25 @@ def test_check_inputs_with_seqused(monkeypatch, device):
     flash_attn_varlen_func(q, k, v, cu, cu, 2, 2, seqused_q=used, seqused_k=used)
     with pytest.raises(ValueError, match="seqused_q"):
         flash_attn_varlen_func(q, k, v, cu, cu, 1, 2, seqused_q=used, seqused_k=used)
+
+
+def test_numpy_scalars_taken_like_python_numbers(device):
+    """numpy.float32 softmax_scale / softcap and numpy.int64 bounds and window sides: the output of the
+    Python numbers."""
+    q, k, v = (t.to(device) for t in _dense())
+    want, _ = flash_attn_func(q, k, v, softmax_scale=0.25, softcap=2.0, window_size=(3, 1))
+    got, _ = flash_attn_func(
+        q,
+        k,
+        v,
+        softmax_scale=np.float32(0.25),
+        softcap=np.float32(2.0),
+        window_size=(np.int64(3), np.int64(1)),
+    )
+    assert torch.equal(got, want)
+    q, k, v, cu = (t.to(device) for t in _varlen())
+    want, _ = jagged_attention(q, k, v, cu, cu, 5, 5, softmax_scale=0.25, window_size=2)
+    got, _ = jagged_attention(
+        q, k, v, cu, cu, np.int64(5), np.int64(5), softmax_scale=np.float32(0.25), window_size=np.int64(2)
+    )
+    assert torch.equal(got, want)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,6 +69,14 @@ def test_meta_spec_example(device):
         meta.max_seqlen = 5
 
 
+def test_meta_numpy_integers():
+    """NumPy integers are lengths and a max_seqlen like ints (stored as ints)."""
+    meta = Mxfp8VarlenMeta.from_lengths([np.int64(17), np.int32(0)], device="cpu")
+    assert meta.cu_seqlens_sf.tolist() == [0, 128, 128] and type(meta.max_seqlen) is int
+    again = Mxfp8VarlenMeta(meta.cu_seqlens, meta.cu_seqlens_sf, np.int64(17), meta.cpu_cu_seqlens)
+    assert type(again.max_seqlen) is int and again.max_seqlen == 17
+
+
 def _i32(values):
     return torch.tensor(values, dtype=torch.int32)
 
@@ -77,6 +86,8 @@ META_ERRORS = {
     "negative-length": lambda: Mxfp8VarlenMeta.from_lengths([3, -1], device="cpu"),
     "float-length": lambda: Mxfp8VarlenMeta.from_lengths([3, 2.0], device="cpu"),
     "bool-length": lambda: Mxfp8VarlenMeta.from_lengths([True], device="cpu"),
+    "str-length": lambda: Mxfp8VarlenMeta.from_lengths(["3"], device="cpu"),
+    "float-max": lambda: Mxfp8VarlenMeta(_i32([0, 17]), _i32([0, 128]), 17.0, _i32([0, 17])),
     "int64-offsets": lambda: Mxfp8VarlenMeta.from_cu_seqlens(torch.tensor([0, 4])),
     "2d-offsets": lambda: Mxfp8VarlenMeta.from_cu_seqlens(_i32([[0, 4]])),
     "one-entry": lambda: Mxfp8VarlenMeta.from_cu_seqlens(_i32([0])),
@@ -372,6 +383,14 @@ def _operands(device, lengths=(5, 7), heads=2):
     return meta, [quantize_mxfp8_varlen(t, meta) for t in (q, k, v)]
 
 
+def test_numpy_scale_taken_like_a_float(attn_device):
+    """A numpy.float32 softmax_scale gives the output of the same float."""
+    meta, (mq, mk, mv) = _operands(attn_device)
+    want, _ = mxfp8_flash_attn_varlen_forward(mq, mk, mv, meta, meta, softmax_scale=0.0625)
+    got, _ = mxfp8_flash_attn_varlen_forward(mq, mk, mv, meta, meta, softmax_scale=np.float32(0.0625))
+    assert torch.equal(got, want)
+
+
 def test_attention_errors(device):
     """Every bad input raises before a kernel runs (so CPU tensors need no interpreter here)."""
     meta, (mq, mk, mv) = _operands(device)
@@ -409,6 +428,8 @@ def test_attention_errors(device):
         fwd(mq.hdim, mk, mv, meta, meta)
     with pytest.raises(ValueError, match="softmax_scale"):
         fwd(mq, mk, mv, meta, meta, softmax_scale=float("nan"))
+    with pytest.raises(ValueError, match="lp_fa4 mxfp8: softmax_scale must be None or a finite real number"):
+        fwd(mq, mk, mv, meta, meta, softmax_scale="0.0625")
 
     with pytest.raises(ValueError, match="q has no seq orientation"):
         bwd(q=dataclasses.replace(mq, seq=None, seq_scale=None))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from _cases import DEVICE
@@ -37,6 +38,9 @@ BAD = {
     ),
     "negative eps": (lambda: linear_layernorm(_t(4, 32), _t(16, 32), eps=-1.0), "eps"),
     "infinite eps": (lambda: linear_layernorm(_t(4, 32), _t(16, 32), eps=float("inf")), "finite"),
+    "NaN eps": (lambda: linear_rmsnorm(_t(4, 32), _t(16, 32), eps=float("nan")), "eps must be a finite"),
+    "string eps": (lambda: rmsnorm_linear(_t(4, 32), None, _t(16, 32), eps="1e-6"), "got str '1e-6'"),
+    "bool eps": (lambda: linear_layernorm(_t(4, 32), _t(16, 32), eps=True), "got bool True"),
     "rmsnorm_linear weight over N": (lambda: rmsnorm_linear(_t(4, 32), _t(16), _t(16, 32)), "norm_weight"),
     "not a tensor": (lambda: linear_rmsnorm([[1.0]], _t(16, 32)), "tensor"),
     "input grad K": (
@@ -59,3 +63,10 @@ def test_bad_input(name: str) -> None:
     fn, words = BAD[name]
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
         fn()
+
+
+def test_numpy_eps_taken_like_a_float() -> None:
+    """A numpy.float32 eps gives what the same float gives (2**-16: exact in both)."""
+    x, w = _t(4, 32), _t(16, 32)
+    for fn in (linear_layernorm, linear_rmsnorm):
+        assert torch.equal(fn(x, w, eps=np.float32(2.0**-16)), fn(x, w, eps=2.0**-16))

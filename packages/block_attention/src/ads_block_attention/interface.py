@@ -12,6 +12,8 @@ import math
 import torch
 from torch import Tensor
 
+from ads_kernel_tools import checks
+
 from . import _ops
 from .config import MAX_BLOCK_ELEMS, SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_DIMS
 from .triton.launch import exact_num_blocks, max_blocks_bound
@@ -53,9 +55,10 @@ def _num_slots(host: Tensor | None, total: int, batch: int, block_size: int) -> 
     return max_blocks_bound(total, batch, block_size)
 
 
-def _is_int(value: object) -> bool:
-    # 64.0 == 64 would pass a membership test, then fail deep inside the int-typed custom op schema.
-    return isinstance(value, int) and not isinstance(value, bool)
+def _scale(scale: object, head_dim: int) -> float:
+    """The softmax scale: finite (NaN or inf would make every row non-finite); None: 1/sqrt(D)."""
+    scale = checks.real("scale", scale, allow_none=True)
+    return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
 def _last_dim_contiguous(x: Tensor) -> Tensor:
@@ -106,7 +109,9 @@ def block_attention(
         raise ValueError(f"H={heads} must be a multiple of H_kv={heads_kv}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dim {head_dim} unsupported; supported: {SUPPORTED_HEAD_DIMS}")
-    if not _is_int(block_size) or block_size not in SUPPORTED_BLOCK_SIZES:
+    # an integer first: 64.0 == 64 would pass the membership test, then fail inside the op's int schema
+    block_size = checks.integer("block_size", block_size)
+    if block_size not in SUPPORTED_BLOCK_SIZES:
         raise ValueError(f"block_size {block_size} unsupported; supported: {SUPPORTED_BLOCK_SIZES}")
     if block_size * head_dim > MAX_BLOCK_ELEMS:
         # the backward keeps block x D tiles of q, k, v, dO and dQ/dK/dV on chip: 288 KB at 128 x 256
@@ -115,7 +120,7 @@ def block_attention(
             f"use block_size <= {MAX_BLOCK_ELEMS // head_dim} at this head dim"
         )
     host = _check_offsets(offsets, total, q.device, offsets_cpu)
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    scale = _scale(scale, head_dim)
     num_slots = _num_slots(host, total, offsets.numel() - 1, block_size)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     out, _table = _ops.fwd(q, k, v, offsets, num_slots, block_size, scale, host)
@@ -158,8 +163,8 @@ def qkv_proj_rotary_block_attention(
         )
     if w.device != x.device or sinu_pos.device != x.device:
         raise ValueError("x, w and sinu_pos must be on one device")
-    if not (_is_int(num_heads) and _is_int(num_kv_heads)):
-        raise ValueError(f"num_heads and num_kv_heads must be ints, got {num_heads!r}, {num_kv_heads!r}")
+    num_heads = checks.integer("num_heads", num_heads)
+    num_kv_heads = checks.integer("num_kv_heads", num_kv_heads)
     if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
     groups = num_heads + 2 * num_kv_heads
@@ -174,7 +179,7 @@ def qkv_proj_rotary_block_attention(
     if bias is not None and (bias.shape != (w.shape[1],) or bias.dtype != x.dtype or bias.device != x.device):
         raise ValueError(f"bias must be ({w.shape[1]},) of x's dtype and device")
     host = _check_offsets(offsets, total, x.device, offsets_cpu)
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    scale = _scale(scale, head_dim)
     num_slots = _num_slots(host, total, offsets.numel() - 1, 64)
     qkv = torch.addmm(bias, x, w) if bias is not None else x @ w
     sinu = _last_dim_contiguous(sinu_pos)

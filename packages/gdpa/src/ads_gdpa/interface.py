@@ -7,12 +7,11 @@ they live on the CPU or CPU copies are given (no host sync on the hot path).
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Sequence
 
 import torch
 
+from ads_kernel_tools import checks
 from ads_kernel_tools.offsets import host_copy
 
 from . import _ops  # registers torch.ops.ads_gdpa.*
@@ -24,10 +23,11 @@ __all__ = ["gdpa_varlen", "gdpa", "generalized_dot_product_attention"]
 _HALF = (torch.bfloat16, torch.float16)
 _FP8 = (torch.float8_e4m3fn,)
 _HEAD_DIMS = {(16, 16), (32, 32), (64, 64), (96, 96), (128, 128), (192, 128)}
+_P = "ads_gdpa: "
 
 
 def _err(msg: str) -> ValueError:
-    return ValueError(f"ads_gdpa: {msg}")
+    return ValueError(_P + msg)
 
 
 def _check_tensors(q, k, v, rank: int) -> None:
@@ -65,27 +65,17 @@ def _host_offsets(name: str, t: torch.Tensor, cpu_copy) -> torch.Tensor | None:
     tensors even under torch.compile: a CPU tensor argument then stays a graph input, so new offsets
     neither break the graph nor recompile it.
     """
-    return host_copy(name, t, cpu_copy, prefix="ads_gdpa: ")
+    return host_copy(name, t, cpu_copy, prefix=_P)
 
 
 def _as_int(name: str, value) -> int:
     """An integer argument: a float (12.7) or a string is refused rather than truncated."""
-    if isinstance(value, (str, bytes)) or (
-        isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
-    ):
-        raise _err(f"{name} must be an integer, got {value!r}")
-    return int(value)
+    return checks.integer(name, value, prefix=_P)
 
 
-def _as_scale(value) -> float:
+def _as_scale(value, name: str = "scale") -> float:
     """A finite real scale (NaN or inf would turn every output row non-finite)."""
-    if (
-        isinstance(value, (str, bytes, bool))
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-    ):
-        raise _err(f"scale must be a finite real number, got {value!r}")
-    return float(value)
+    return checks.real(name, value, prefix=_P)
 
 
 def _mask(window_size, causal, local_window) -> tuple[MaskMode, int, int]:
@@ -94,11 +84,11 @@ def _mask(window_size, causal, local_window) -> tuple[MaskMode, int, int]:
         window_size = _as_int("window_size", window_size)
         if causal or local_window is not None:
             raise _err("window_size (top-left, upstream) cannot be combined with causal/local_window")
-        if int(window_size) < 0:
+        if window_size < 0:
             raise _err(f"window_size must be >= 0, got {window_size}")
         # clamp to BIG (longer than any sequence, so the same mask): the kernels add a side to a row
         # index in int32, and a side near INT_MAX (a common "unbounded") wrapped to an empty band
-        w = min(int(window_size), BIG)
+        w = min(window_size, BIG)
         return MaskMode.TOP_LEFT, w, w
     if local_window is None and not causal:
         return MaskMode.NONE, BIG, BIG
@@ -286,7 +276,7 @@ def _extras(
     qv = split_fused(q, q, q, fused)[0] if fused == Fused.QKV else q
     tq, heads, d = qv.shape
     if start_end:
-        if total_out is None or int(total_out) < 0:
+        if total_out is None or _as_int("total_out", total_out) < 0:
             raise _err("start/end offsets need total_out (upstream total_num_objects), the output rows")
         if cu_q.shape[0] % 2 or cu_k.shape[0] != cu_q.shape[0]:
             raise _err(
@@ -474,8 +464,8 @@ def generalized_dot_product_attention(
     cu_o = None if output_offset is None or output_offset is query_offset else output_offset
     return gdpa_varlen(
         query, key, value, query_offset, key_offset, max_seq_len_q, max_seq_len_kv,
-        activation=activation, scale=1.0 if qk_scale is None else float(qk_scale), window_size=window_size,
-        broadcast_q=broadcast_q, activation_per_head=ensemble_activation_list,
+        activation=activation, scale=1.0 if qk_scale is None else _as_scale(qk_scale, "qk_scale"),
+        window_size=window_size, broadcast_q=broadcast_q, activation_per_head=ensemble_activation_list,
         kv_index=ad_to_request_offset, start_end_offsets=use_start_end_offsets, cu_seqlens_o=cu_o,
         total_out=total_num_objects, encodings=encodings or None,
     )  # fmt: skip

@@ -13,11 +13,11 @@ Validation never reads device memory (no host sync on the hot path).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
+from ads_kernel_tools import checks
 from ads_kernel_tools.offsets import host_copy
 
 from . import _ops  # registers torch.ops.ads_gdpa_megakernel.*
@@ -29,10 +29,16 @@ _HALF = (torch.bfloat16, torch.float16)
 _WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # ads-gdpa 0.2's head dims with D_qk == D_v (the q residual adds q to the attention output)
 HEAD_DIMS = (16, 32, 64, 96, 128)
+_P = "ads_gdpa_megakernel: "
 
 
 def _err(msg: str) -> ValueError:
-    return ValueError(f"ads_gdpa_megakernel: {msg}")
+    return ValueError(_P + msg)
+
+
+def _check_eps_scale(eps, scale) -> tuple[float, float]:
+    """(eps, scale) as floats: eps finite and > 0, scale finite (bools and strings refused)."""
+    return checks.real("eps", eps, prefix=_P, exclusive_minimum=0), checks.real("scale", scale, prefix=_P)
 
 
 def _check_qkv(q, k, v) -> None:
@@ -78,7 +84,7 @@ def _check_weight(name: str, w, n: int, heads: int, dim: int, device) -> torch.T
 
 
 def _host_offsets(name: str, t, cpu_copy) -> torch.Tensor | None:
-    return host_copy(name, t, cpu_copy, prefix="ads_gdpa_megakernel: ")
+    return host_copy(name, t, cpu_copy, prefix=_P)
 
 
 def _layernorm_params(q_layernorm, n, h, d, device):
@@ -149,7 +155,8 @@ def gdpa_megakernel(
             raise _err(f"{name} is on {off.device}, q on {q.device}")
     if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
         raise _err(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries, cu_seqlens_k {cu_seqlens_k.shape[0]}")
-    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    max_seqlen_q = checks.integer("max_seqlen_q", max_seqlen_q, prefix=_P)
+    max_seqlen_k = checks.integer("max_seqlen_k", max_seqlen_k, prefix=_P)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
         raise _err("max_seqlen_q and max_seqlen_k must be >= 0")
     if not isinstance(q_residual, bool):
@@ -172,11 +179,7 @@ def gdpa_megakernel(
         if residual.device != q.device:
             raise _err(f"residual is on {residual.device}, q on {q.device}")
         residual = residual.contiguous()
-    eps, scale = float(eps), float(scale)
-    if not (math.isfinite(eps) and eps > 0):
-        raise _err(f"eps must be a finite number > 0, got {eps}")
-    if not math.isfinite(scale):
-        raise _err(f"scale must be finite, got {scale}")
+    eps, scale = _check_eps_scale(eps, scale)
     out = _ops.fwd_op(
         q.contiguous(), k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, act, scale, ln_w, ln_b,
         rms_w, residual, layer_norm, q_residual, rms_norm, eps, host_q, host_k, bool(deterministic),

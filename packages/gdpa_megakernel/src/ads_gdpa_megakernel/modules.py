@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ._gdpa import Activation, activation_id
-from .interface import _err, gdpa_megakernel
+from .interface import _check_eps_scale, _err, gdpa_megakernel
 
 __all__ = ["GDPABlock"]
 
@@ -46,13 +46,9 @@ class GDPABlock(nn.Module):
         super().__init__()
         n = num_heads * head_dim
         self.num_heads, self.head_dim = num_heads, head_dim
-        self.activation, self.scale = activation_id(activation), float(scale)
-        self.q_layernorm, self.q_residual, self.rms_norm, self.eps = (
-            q_layernorm,
-            q_residual,
-            rms_norm,
-            float(eps),
-        )
+        self.eps, self.scale = _check_eps_scale(eps, scale)  # not float(): "0.5" would pass as 0.5
+        self.activation = activation_id(activation)
+        self.q_layernorm, self.q_residual, self.rms_norm = q_layernorm, q_residual, rms_norm
         kw = {"device": device, "dtype": dtype}
         self.ln_weight = nn.Parameter(torch.ones(n, **kw)) if q_layernorm and ln_affine else None
         self.ln_bias = nn.Parameter(torch.zeros(n, **kw)) if q_layernorm and ln_affine and ln_bias else None

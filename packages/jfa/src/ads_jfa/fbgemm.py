@@ -32,7 +32,8 @@ Tensor = torch.Tensor
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _check(fn: str, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_seq_len: int, dims: int) -> None:
+def _check(fn: str, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_seq_len: int, dims: int) -> int:
+    """The arguments checked; returns max_seq_len as an int."""
     for name, t in (("q_weights", q), ("k_weights", k), ("v_weights", v)):
         if not isinstance(t, Tensor) or t.dim() != dims:
             desc = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
@@ -58,10 +59,11 @@ def _check(fn: str, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_seq_le
         raise _err(f"{fn}: offsets must be int32 or int64, got {offsets.dtype}")
     if offsets.device != q.device:
         raise _err(f"{fn}: offsets is on {offsets.device}, q on {q.device}")
-    check_bound("max_seq_len", max_seq_len)
+    max_seq_len = check_bound("max_seq_len", max_seq_len)
     host = host_offsets("offsets", offsets, None)
     if host is not None:
         validate_offsets("offsets", host, q.shape[-2], prefix=f"ads_jfa: {fn}: ")
+    return max_seq_len
 
 
 def _kept_rows(offsets: Tensor, rows: int, max_seq_len: int) -> Tensor:
@@ -108,7 +110,7 @@ def jagged_flash_attention_basic(
     """FBGEMM ``jagged_flash_attention_basic``: one head, q/k/v (ΣB, D) jagged with shared
     ``offsets`` (B+1,); returns (ΣB, D). Math in the module docstring; differentiable."""
     fn = "jagged_flash_attention_basic"
-    _check(fn, q_weights, k_weights, v_weights, offsets, max_seq_len, 2)
+    max_seq_len = _check(fn, q_weights, k_weights, v_weights, offsets, max_seq_len, 2)
     if not isinstance(use_mask, bool) or not isinstance(allow_tf32, bool):
         raise _err(f"{fn}: use_mask and allow_tf32 must be bools, got {use_mask!r}, {allow_tf32!r}")
     q3, k3, v3 = (t[:, None, :] for t in (q_weights, k_weights, v_weights))
@@ -126,7 +128,7 @@ def multi_head_jagged_flash_attention(
     """FBGEMM ``multi_head_jagged_flash_attention``: q/k/v (H, ΣB, D) with shared ``offsets``
     (B+1,); returns (H, ΣB, D) contiguous. Math in the module docstring (no mask); differentiable."""
     fn = "multi_head_jagged_flash_attention"
-    _check(fn, q_weights, k_weights, v_weights, offsets, max_seq_len, 3)
+    max_seq_len = _check(fn, q_weights, k_weights, v_weights, offsets, max_seq_len, 3)
     if not isinstance(allow_tf32, bool):
         raise _err(f"{fn}: allow_tf32 must be a bool, got {allow_tf32!r}")
     q3, k3, v3 = (t.transpose(0, 1) for t in (q_weights, k_weights, v_weights))

@@ -9,13 +9,13 @@ span to its tensor, so offsets that lie give wrong numbers, never an access outs
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 import lp_fa4
+from ads_kernel_tools import checks
 from ads_kernel_tools.offsets import check_inputs_enabled, host_values, validate_offsets
 
 __all__ = ["jagged_flash_attention"]
@@ -29,10 +29,6 @@ _P = "ads_jfa: "
 
 def _err(msg: str) -> ValueError:
     return ValueError(_P + msg)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool)
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -72,21 +68,9 @@ def check_offsets(name: str, t, device, entries: int | None = None) -> None:
         raise _err(f"{name} must have {entries} entries, got {t.shape[0]}")
 
 
-def check_bound(name: str, value) -> None:
-    if not _is_int(value) or value < 0:
-        raise _err(f"{name} must be a non-negative int, got {value!r}")
-
-
-def _check_window(window_size) -> None:
-    if window_size is not None and (not _is_int(window_size) or window_size < 0):
-        raise _err(f"window_size must be None or an int >= 0, got {window_size!r}")
-
-
-def _check_scale(sm_scale) -> None:
-    if sm_scale is None:
-        return
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
-        raise _err(f"sm_scale must be a finite float, got {sm_scale!r}")
+def check_bound(name: str, value) -> int:
+    """A sequence bound: an integer >= 0 (NumPy integers too, a traced SymInt as is)."""
+    return checks.integer(name, value, prefix=_P, minimum=0)
 
 
 def host_offsets(name: str, t: Tensor, cpu_copy: HostOffsets | None) -> np.ndarray | None:
@@ -200,10 +184,10 @@ def jagged_flash_attention(
     n_b = key_offset.shape[0] - 1
     if output_offset is not None:
         check_offsets("output_offset", output_offset, dev, n_b + 1)
-    check_bound("max_seq_len_q", max_seq_len_q)
-    check_bound("max_seq_len_kv", max_seq_len_kv)
-    _check_window(window_size)
-    _check_scale(sm_scale)
+    max_seq_len_q = check_bound("max_seq_len_q", max_seq_len_q)
+    max_seq_len_kv = check_bound("max_seq_len_kv", max_seq_len_kv)
+    window_size = checks.integer("window_size", window_size, prefix=_P, minimum=0, allow_none=True)
+    sm_scale = checks.real("sm_scale", sm_scale, prefix=_P, allow_none=True)
     for name, flag in (("return_lse", return_lse), ("deterministic", deterministic)):
         if not isinstance(flag, bool):
             raise _err(f"{name} must be a bool, got {flag!r}")
@@ -221,7 +205,7 @@ def jagged_flash_attention(
         key_offset,
         max_seq_len_q,
         max_seq_len_kv,
-        softmax_scale=None if sm_scale is None else float(sm_scale),
+        softmax_scale=sm_scale,
         window_size=window_size,
         broadcast_q=broadcast_q,
         deterministic=deterministic,

@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .interface import _err, jagged_flash_attention
+from ads_kernel_tools import checks
+
+from .interface import _P, _err, jagged_flash_attention
 
 
 class PoolingByMultiheadAttention(nn.Module):
@@ -40,14 +42,15 @@ class PoolingByMultiheadAttention(nn.Module):
     ) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        for name, x in (
-            ("num_queries", num_queries),
-            ("num_heads", num_heads),
-            ("head_dim", head_dim),
-            ("num_kv_heads", num_kv_heads),
-        ):
-            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-                raise _err(f"PoolingByMultiheadAttention: {name} must be a positive int, got {x!r}")
+        num_queries, num_heads, head_dim, num_kv_heads = (
+            checks.integer(name, x, prefix=_P + "PoolingByMultiheadAttention: ", minimum=1)
+            for name, x in (
+                ("num_queries", num_queries),
+                ("num_heads", num_heads),
+                ("head_dim", head_dim),
+                ("num_kv_heads", num_kv_heads),
+            )
+        )
         if num_heads % num_kv_heads:
             raise _err(f"PoolingByMultiheadAttention: num_heads ({num_heads}) must be a multiple of "
                        f"num_kv_heads ({num_kv_heads})")  # fmt: skip

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from ads_kernel_tools import checks
 from ads_kernel_tools.offsets import validate_offsets
 
 from . import config as cfg
@@ -20,6 +21,7 @@ Tensor = torch.Tensor
 DTYPES = (torch.bfloat16, torch.float16)
 FP8 = torch.float8_e4m3fn
 MAX_HEAD_DIM = 256
+_P = "lp_fa4: "
 
 
 def _unsupported(**kw) -> None:
@@ -30,8 +32,7 @@ def _unsupported(**kw) -> None:
 
 
 def _check_splits(num_splits: int) -> None:
-    if not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"lp_fa4: num_splits must be a non-negative int, got {num_splits!r}")
+    num_splits = checks.integer("num_splits", num_splits, prefix=_P, minimum=0)
     if num_splits > 1:
         raise NotImplementedError(f"lp_fa4: num_splits={num_splits} (split-KV) is not supported; use 1")
 
@@ -131,9 +132,10 @@ def _resolve_window(causal: bool, window_size) -> tuple[int, int]:
         left, right = window_size
     except (TypeError, ValueError):
         raise ValueError(f"lp_fa4: window_size must be a pair (left, right), got {window_size!r}") from None
-    for side in (left, right):
-        if side is not None and (isinstance(side, bool) or not isinstance(side, int)):
-            raise ValueError(f"lp_fa4: window_size entries must be int or None, got {window_size!r}")
+    left, right = (
+        checks.integer(f"window_size[{i}]", side, prefix=_P, allow_none=True)
+        for i, side in enumerate((left, right))
+    )
     if left is not None and right is not None and left + right < 0:
         left, right = None, None
     if causal:
@@ -144,30 +146,20 @@ def _resolve_window(causal: bool, window_size) -> tuple[int, int]:
 
 
 def _scale(softmax_scale, d: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(d)
-    if (
-        isinstance(softmax_scale, bool)
-        or not isinstance(softmax_scale, (int, float))
-        or not math.isfinite(softmax_scale)
-    ):
-        raise ValueError(f"lp_fa4: softmax_scale must be a finite float, got {softmax_scale!r}")
-    return float(softmax_scale)
+    """The softmax scale: finite (NaN or inf would make every row non-finite); None: 1/sqrt(d)."""
+    scale = checks.real("softmax_scale", softmax_scale, prefix=_P, allow_none=True)
+    return 1.0 / math.sqrt(d) if scale is None else scale
 
 
 def _softcap(softcap) -> float:
-    if softcap is None:
-        return 0.0
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (softcap >= 0):
-        raise ValueError(f"lp_fa4: softcap must be a float >= 0 (0 = off), got {softcap!r}")
-    if not math.isfinite(softcap):
-        raise ValueError(f"lp_fa4: softcap must be finite, got {softcap!r}")
-    return float(softcap)
+    """The softcap, finite and >= 0; None or 0: off (0.0)."""
+    softcap = checks.real("softcap", softcap, prefix=_P, minimum=0, allow_none=True)
+    return 0.0 if softcap is None else softcap
 
 
-def _check_max(name: str, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"lp_fa4: {name} must be a non-negative int, got {value!r}")
+def _check_max(name: str, value) -> int | None:
+    """None or an integer >= 0 (a sequence bound, a window width), returned as an int."""
+    return checks.integer(name, value, prefix=_P, minimum=0, allow_none=True)
 
 
 def _host_checks(

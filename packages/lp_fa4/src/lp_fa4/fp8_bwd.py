@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ads_kernel_tools import checks
+
 from .triton.launch import BIG, _pad
 
 Tensor = torch.Tensor
@@ -224,8 +226,8 @@ def quantize_fp8(x: Tensor, kv_heads: int | None = None, cu_seqlens: Tensor | No
     if x.dim() != dims:
         raise ValueError(f"lp_fa4: quantize_fp8 needs a {dims}-D x here, got shape {tuple(x.shape)}")
     hx = x.shape[-2]
-    n_kv = hx if kv_heads is None else kv_heads
-    if isinstance(n_kv, bool) or not isinstance(n_kv, int) or n_kv <= 0 or hx % n_kv:
+    n_kv = hx if kv_heads is None else checks.integer("kv_heads", kv_heads, prefix="lp_fa4: ", minimum=1)
+    if hx % n_kv:
         raise ValueError(f"lp_fa4: kv_heads must be a positive divisor of x's {hx} heads, got {kv_heads!r}")
     if cu_seqlens is None:
         b, s = x.shape[0], x.shape[1]

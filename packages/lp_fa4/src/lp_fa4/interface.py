@@ -296,12 +296,9 @@ def flash_attn_varlen_func(
         gather_kv_indices=gather_kv_indices,
         scheduler_metadata=scheduler_metadata,
     )
-    for name, value in (
-        ("max_seqlen_q", max_seqlen_q),
-        ("max_seqlen_k", max_seqlen_k),
-        ("min_seqlen_k", min_seqlen_k),
-    ):
-        _check_max(name, value)
+    max_seqlen_q = _check_max("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _check_max("max_seqlen_k", max_seqlen_k)
+    _check_max("min_seqlen_k", min_seqlen_k)
     if not isinstance(broadcast_q, bool):
         raise ValueError(f"lp_fa4: broadcast_q must be a bool, got {broadcast_q!r}")
     dense_q = cu_seqlens_q is None
@@ -446,14 +443,11 @@ def jagged_attention(
     dev = q.device
     _check_index("cu_seqlens_q", cu_seqlens_q, 2 if broadcast_q else None, dev)
     _check_index("cu_seqlens_k", cu_seqlens_k, None if broadcast_q else cu_seqlens_q.shape[0], dev)
-    _check_max("max_seqlen_q", max_seqlen_q)
-    _check_max("max_seqlen_k", max_seqlen_k)
+    max_seqlen_q = _check_max("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _check_max("max_seqlen_k", max_seqlen_k)
     if max_seqlen_q is None:
         raise ValueError("lp_fa4: jagged_attention needs max_seqlen_q")
-    if window_size is not None and (
-        isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 0
-    ):
-        raise ValueError(f"lp_fa4: window_size must be None or an int >= 0, got {window_size!r}")
+    window_size = _check_max("window_size", window_size)
     host_q = _host_copy("cu_seqlens_q_cpu", cu_seqlens_q_cpu, cu_seqlens_q.shape[0])
     host_k = _host_copy("cu_seqlens_k_cpu", cu_seqlens_k_cpu, cu_seqlens_k.shape[0])
     if max_seqlen_k is not None:

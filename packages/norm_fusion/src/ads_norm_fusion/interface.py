@@ -8,11 +8,11 @@ attribute once, and a device's capability once per process.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 from torch import Tensor
 
+from ads_kernel_tools import checks
 from ads_kernel_tools.capability import interpreter_active
 
 from . import _ops
@@ -73,9 +73,7 @@ _RMS_VECTORS = ("bias", "norm_weight")
 
 
 def _check_eps(eps: object) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
-        raise ValueError(f"eps must be a finite non-negative float, got {eps!r}")
-    return float(eps)
+    return checks.real("eps", eps, minimum=0)
 
 
 def _linear_inputs(x: Tensor, w: Tensor) -> tuple[Tensor, Tensor, int, int]:

@@ -23,9 +23,9 @@ What the dequantise path does with the upstream contract:
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from ads_kernel_tools import checks
 
 from ..interface import flash_attn_varlen_func
 from .quantize import (
@@ -117,15 +117,8 @@ def _check_operand(name: str, t, meta: Mxfp8VarlenMeta, heads: int, orientations
             )
 
 
-def _check_scale(softmax_scale) -> None:
-    if softmax_scale is not None and (
-        isinstance(softmax_scale, bool)
-        or not isinstance(softmax_scale, (int, float))
-        or not math.isfinite(softmax_scale)
-    ):
-        raise ValueError(
-            f"lp_fa4 mxfp8: softmax_scale must be a finite number or None, got {softmax_scale!r}"
-        )
+def _check_scale(softmax_scale) -> float | None:
+    return checks.real("softmax_scale", softmax_scale, prefix="lp_fa4 mxfp8: ", allow_none=True)
 
 
 def _attend(qd, kd, vd, q_meta, k_meta, softmax_scale, broadcast_q, return_lse):
@@ -167,7 +160,7 @@ def mxfp8_flash_attn_varlen_forward(
     On Hopper this is the dequantise-then-BF16 path (module docstring): correct, not yet faster than BF16.
     """
     _check_metas(q_meta, k_meta, broadcast_q)
-    _check_scale(softmax_scale)
+    softmax_scale = _check_scale(softmax_scale)
     heads = _num_heads(q)
     _check_operand("q", q, q_meta, heads, ("hdim",))
     _check_operand("k", k, k_meta, heads, ("hdim",))
@@ -205,7 +198,7 @@ def mxfp8_flash_attn_varlen_backward(
     dequantised operands through the BF16 engine (module docstring): correct, not yet faster than BF16.
     """
     _check_metas(q_meta, k_meta, broadcast_q)
-    _check_scale(softmax_scale)
+    softmax_scale = _check_scale(softmax_scale)
     if dq_accum_dtype not in _DQ_ACCUM_DTYPES:
         raise ValueError(
             f"lp_fa4 mxfp8: dq_accum_dtype must be torch.float32 or torch.float16, got {dq_accum_dtype!r}"

@@ -48,6 +48,8 @@ from typing import Literal
 
 import torch
 
+from ads_kernel_tools import checks
+
 __all__ = [
     "HEAD_DIM",
     "SCALE_TILE",
@@ -71,6 +73,7 @@ _NAN_BYTE = 255
 _MIN_NORMAL = 2.0**-126
 _SCALING_MODES = ("rceil", "floor")
 _ORIENTATIONS = ("both", "hdim", "seq")
+_P = "Mxfp8VarlenMeta: "
 
 
 def _round_up(n: int, m: int) -> int:
@@ -92,9 +95,7 @@ def _check_lengths(lengths) -> tuple[int, ...]:
     lengths = tuple(lengths)
     if not lengths:
         raise ValueError("Mxfp8VarlenMeta: at least one sequence length is required")
-    for n in lengths:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"Mxfp8VarlenMeta: sequence lengths must be non-negative ints, got {n!r}")
+    lengths = tuple(checks.integer("sequence length", n, prefix=_P, minimum=0) for n in lengths)
     if sum(_round_up(n, SCALE_TILE) for n in lengths) >= 2**31:
         raise ValueError("Mxfp8VarlenMeta: the padded token count does not fit int32 offsets")
     return lengths
@@ -157,8 +158,8 @@ class Mxfp8VarlenMeta:
                 f"Mxfp8VarlenMeta: cu_seqlens_sf must pad every sequence to {SCALE_TILE} tokens: "
                 f"expected {list(expected)}, got {list(sf)}"
             )
-        if isinstance(self.max_seqlen, bool) or not isinstance(self.max_seqlen, int):
-            raise ValueError(f"Mxfp8VarlenMeta: max_seqlen must be an int, got {self.max_seqlen!r}")
+        # a NumPy integer is stored as an int (frozen: set through object)
+        object.__setattr__(self, "max_seqlen", checks.integer("max_seqlen", self.max_seqlen, prefix=_P))
         if self.max_seqlen != max(lengths):
             raise ValueError(
                 f"Mxfp8VarlenMeta: max_seqlen {self.max_seqlen} != the largest length {max(lengths)}"

@@ -1,0 +1,113 @@
+"""Scalar arguments of the public APIs (scales, eps, softcap, sequence bounds, window sides), checked
+one way in every package.
+
+``real`` takes any ``numbers.Real`` and ``integer`` any ``numbers.Integral``, Python and NumPy
+scalars alike (``numpy.float32(0.125)`` is as good a scale as ``0.125``). Both refuse:
+
+* a bool: ``True`` is an int to Python, but as a scale or a length it is a bug;
+* a string or bytes: ``float("0.5")`` would parse it;
+* NaN and ±inf (``real``): one non-finite scale makes every output row non-finite;
+* a non-integral real (``integer``): ``12.7`` and ``12.0`` are refused, never truncated.
+
+``integer`` also takes a ``torch.SymInt`` (a length traced symbolically) and returns it unconverted,
+so that it stays symbolic; ``minimum`` then compares it (a guard). A bad value raises ValueError
+naming the argument, the rule and the value, after the caller's prefix, e.g.
+``lp_fa4: softmax_scale must be None or a finite real number, got nan``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = ["integer", "real"]
+
+
+def _got(value: object) -> str:
+    if value is None or (isinstance(value, numbers.Number) and not isinstance(value, bool)):
+        return repr(value)
+    return f"{type(value).__name__} {value!r}"  # "str '0.5'", "bool True": the type is the reason
+
+
+def _rule(kind: str, minimum, exclusive_minimum, allow_none: bool) -> str:
+    if minimum is not None:
+        kind += f" >= {minimum}"
+    if exclusive_minimum is not None:
+        kind += f" > {exclusive_minimum}"
+    return f"None or {kind}" if allow_none else kind
+
+
+def real(
+    name: str,
+    value: object,
+    *,
+    prefix: str = "",
+    minimum: float | None = None,
+    exclusive_minimum: float | None = None,
+    allow_none: bool = False,
+) -> float | None:
+    """``value`` as a finite float, or None when it is None and ``allow_none``.
+
+    Args:
+        name: the argument's name in the message.
+        value: a ``numbers.Real`` (not a bool), finite.
+        prefix: put before the message, e.g. ``"ads_gdpa: "``.
+        minimum: the value must be >= it; ``exclusive_minimum``: must be > it.
+        allow_none: None is accepted (and returned): the caller's default applies.
+
+    Raises:
+        ValueError: ``"{prefix}{name} must be a finite real number[ >= minimum][ > exclusive_minimum],
+            got {value}"`` ("must be None or ..." with ``allow_none``).
+    """
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if ok:
+        try:
+            out = float(value)
+        except OverflowError:  # an int too large for a float
+            ok = False
+        else:
+            ok = math.isfinite(out)
+            ok = ok and (minimum is None or out >= minimum)
+            ok = ok and (exclusive_minimum is None or out > exclusive_minimum)
+    if not ok:
+        rule = _rule("a finite real number", minimum, exclusive_minimum, allow_none)
+        raise ValueError(f"{prefix}{name} must be {rule}, got {_got(value)}")
+    return out
+
+
+def integer(
+    name: str,
+    value: object,
+    *,
+    prefix: str = "",
+    minimum: int | None = None,
+    allow_none: bool = False,
+) -> int | None:
+    """``value`` as an int (a ``torch.SymInt`` as is), or None when it is None and ``allow_none``.
+
+    Args:
+        name: the argument's name in the message.
+        value: a ``numbers.Integral`` (not a bool) or a ``torch.SymInt``.
+        prefix: put before the message, e.g. ``"lp_fa4: "``.
+        minimum: the value must be >= it.
+        allow_none: None is accepted (and returned): the caller's default applies.
+
+    Raises:
+        ValueError: ``"{prefix}{name} must be an integer[ >= minimum], got {value}"`` ("must be None
+            or ..." with ``allow_none``).
+    """
+    if value is None and allow_none:
+        return None
+    symbolic = isinstance(value, torch.SymInt)
+    ok = symbolic or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
+    if ok and minimum is not None:
+        ok = value >= minimum
+    if not ok:
+        rule = _rule("an integer", minimum, None, allow_none)
+        raise ValueError(f"{prefix}{name} must be {rule}, got {_got(value)}")
+    # int() only where needed: a plain int (or what torch.compile traces as one) passes through untouched
+    return value if symbolic or type(value) is int else int(value)
