@@ -94,22 +94,14 @@ def test_compiles_for_sm90_with_wgmma(name, counts):
 SMEM_LIMIT = 232448
 
 
-# SASS lines that touch local memory (ptxas spills: the PTX has none), counted over the whole kernel
-SASS_SPILLS = {"spills": [r"^\.text\.attn_bwd_ws:", r"(?!)", r"\b(STL|LDL)\b"]}
-
-
 def _gluon_bwd_job(
     d: int,
     causal: bool = False,
     used: bool = False,
     fp16: bool = False,
-    stats: str = "smem",
-    sass: bool = False,
-    pipe: int = 0,
     window: bool = False,
     top_left: bool = False,
     walk: int | None = None,
-    epi: str = "regs",
 ) -> dict:
     import torch
     from triton.experimental.gluon import language as gl
@@ -128,55 +120,33 @@ def _gluon_bwd_job(
 
     types = {"q_desc": desc(g.BLOCK_M), "do_desc": desc(g.BLOCK_M), "k_desc": desc(g.BLOCK_N),
              "v_desc": desc(g.BLOCK_N), "dq_desc": desc(g.BLOCK_M, d // 2, gl.float32, torch.float32),
-             "dk_desc": desc(g.BLOCK_N // 2), "dv_desc": desc(g.BLOCK_N // 2),
              "dk_ptr": f"*{name}", "dv_ptr": f"*{name}", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
              "scale": "fp32", "qk_scale2": "fp32",
              **{n: "*i32" for n in ("tiles_ptr", "count_ptr", "cu_q_ptr", "cu_k_ptr", "used_q_ptr",
                                     "used_k_ptr")}}  # fmt: skip
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=g.STAGES, CAUSAL=causal, HAS_USED_Q=used,
                   HAS_USED_K=used, CONSUMER_REGS=g.CONSUMER_REGS, PRODUCER_REGS=g.PRODUCER_REGS,
-                  STATS=stats, PIPE=pipe, WINDOW=window, TOP_LEFT=top_left,
-                  WALK=(1 if window else 0) if walk is None else walk, EPI=epi)  # fmt: skip
-    job = dict(module=g.__name__, kernel="attn_bwd_ws", types=types, constexprs=consts, gluon=True)
-    return job | ({"sass_between": SASS_SPILLS} if sass else {})
+                  WINDOW=window, TOP_LEFT=top_left,
+                  WALK=(1 if window else 0) if walk is None else walk)  # fmt: skip
+    return dict(module=g.__name__, kernel="attn_bwd_ws", types=types, constexprs=consts, gluon=True)
 
 
 GLUON_BWD_JOBS = {
-    # LP_FA4_BWD_STATS=smem (the default): LSE/delta staged in shared memory by the producer
+    # dense, causal (bottom-right), seqused_q/k, fp16
     "d128": dict(d=128),
     "d128-causal": dict(d=128, causal=True),
     "d128-causal-seqused-fp16": dict(d=128, causal=True, used=True, fp16=True),
     "d64": dict(d=64),
     "d64-causal-seqused-fp16": dict(d=64, causal=True, used=True, fp16=True),
-    # LP_FA4_BWD_STATS=regs: loaded by the consumers (opt-in; spills in ptxas, none in the PTX)
-    "d128-stats-regs": dict(d=128, stats="regs"),
-    "d128-causal-stats-regs": dict(d=128, causal=True, stats="regs"),
-    "d128-causal-seqused-fp16-stats-regs": dict(d=128, causal=True, used=True, fp16=True, stats="regs"),
-    "d64-causal-seqused-fp16-stats-regs": dict(d=64, causal=True, used=True, fp16=True, stats="regs"),
-    # LP_FA4_BWD_PIPE=1 (dV, dQ, dK order) and 2 (the next step's Sᵀ/dPᵀ issued behind this step's dK)
-    "d128-pipe1": dict(d=128, pipe=1),
-    "d128-pipe2": dict(d=128, pipe=2),
-    "d128-pipe2-stats-regs": dict(d=128, stats="regs", pipe=2),
-    "d128-causal-pipe2": dict(d=128, causal=True, pipe=2),
-    "d128-causal-seqused-fp16-pipe2": dict(d=128, causal=True, used=True, fp16=True, pipe=2),
-    "d64-pipe2": dict(d=64, pipe=2),
-    "d64-causal-seqused-fp16-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2),
-    "d128-causal-seqused-fp16-pipe3": dict(d=128, causal=True, used=True, fp16=True, pipe=3),
-    "d64-pipe3": dict(d=64, pipe=3),
     # windows (the default unless LP_FA4_BWD_WINDOWS=0): local (bottom-right) and jagged top-left
     # bands, walked in phase (WALK=1, the default) or in order (LP_FA4_BWD_WINDOW_PHASE=0)
     "d128-window": dict(d=128, window=True),
     "d128-window-top-left-seqused-fp16": dict(d=128, window=True, top_left=True, used=True, fp16=True),
     "d64-window-top-left": dict(d=64, window=True, top_left=True),
-    "d128-window-top-left-pipe2": dict(d=128, window=True, top_left=True, pipe=2),
     "d128-window-plain": dict(d=128, window=True, walk=0),
     # LP_FA4_BWD_CAUSAL_WALK=1 (WALK=2): causal pairs walked down, then up
     "d128-causal-walk": dict(d=128, causal=True, walk=2),
-    "d64-causal-seqused-fp16-walk-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2, walk=2),
-    # LP_FA4_BWD_EPI=tma: dK/dV of full tiles through the dQ staging buffer by TMA stores
-    "d128-epi-tma": dict(d=128, epi="tma"),
-    "d128-window-epi-tma": dict(d=128, window=True, epi="tma"),
-    "d64-causal-seqused-fp16-epi-tma-pipe2": dict(d=64, causal=True, used=True, fp16=True, pipe=2, epi="tma"),
+    "d64-causal-seqused-fp16-walk": dict(d=64, causal=True, used=True, fp16=True, walk=2),
 }
 
 
@@ -196,30 +166,6 @@ def test_gluon_bwd_compiles_for_sm90(name, gluon_bwd_counts):
     assert 0 < c["shared_bytes"] <= SMEM_LIMIT, c["shared_bytes"]
 
 
-# ptxas spills of the D=128 builds, LP_FA4_BWD_STATS=regs vs the default smem (SASS of the whole kernel)
-SPILL_PAIRS = {"d128": dict(d=128), "d128-causal": dict(d=128, causal=True)}
-
-
-@pytest.fixture(scope="module")
-def gluon_bwd_spills():
-    jobs = [
-        _gluon_bwd_job(**kw, stats=st, sass=True) for kw in SPILL_PAIRS.values() for st in ("regs", "smem")
-    ]
-    res = iter(ptx_counts_batch(jobs))
-    return {(name, st): next(res) for name in SPILL_PAIRS for st in ("regs", "smem")}
-
-
-@pytest.mark.parametrize("name", list(SPILL_PAIRS))
-def test_gluon_bwd_stats_in_smem_spill_less(name, gluon_bwd_spills):
-    """Staging LSE/delta in shared memory more than halves the consumers' local-memory traffic
-    (offline: 118/126 STL/LDL -> 52/54 at D=128, 187/199 -> 43/47 causal, triton 3.6)."""
-    regs, smem = gluon_bwd_spills[name, "regs"], gluon_bwd_spills[name, "smem"]
-    assert "error" not in regs and "error" not in smem, (regs.get("error"), smem.get("error"))
-    (n_regs,), (n_smem,) = regs["spills"], smem["spills"]
-    assert n_regs > 0, "the regs build no longer spills: revisit LP_FA4_BWD_STATS"
-    assert 2 * n_smem < n_regs, f"{name}: {n_smem} spill instructions with smem stats vs {n_regs} with regs"
-
-
 # SASS of the whole kernel: HGMMA instructions, and those that close a commit group (gsb0). When
 # ptxas cannot keep an accumulator's registers untouched while its wgmma is in flight it serialises
 # every wgmma of the kernel (warning C7514): each HGMMA then closes its own group.
@@ -227,29 +173,25 @@ SASS_WGMMA = {
     "hgmma": [r"^\.text\.attn_bwd_ws:", r"(?!)", r"\bHGMMA\."],
     "hgmma_gsb0": [r"^\.text\.attn_bwd_ws:", r"(?!)", r"\bHGMMA\..*\bgsb0\b"],
 }
-PIPE_BUILDS = {
-    f"d128{'-causal' * causal}-{stats}-pipe{pipe}": dict(d=128, causal=causal, stats=stats, pipe=pipe)
-    for causal in (False, True)
-    for stats in ("regs", "smem")
-    for pipe in (0, 1, 2, 3)
-} | {
-    "d128-window-smem-pipe0": dict(d=128, window=True),
-    "d128-window-top-left-smem-pipe2": dict(d=128, window=True, top_left=True, pipe=2),
+WGMMA_BUILDS = {
+    "d128": dict(d=128),
+    "d128-causal": dict(d=128, causal=True),
+    "d128-window": dict(d=128, window=True),
 }
 
 
 @pytest.fixture(scope="module")
 def gluon_bwd_wgmma():
-    jobs = [_gluon_bwd_job(**kw) | {"sass_between": SASS_WGMMA} for kw in PIPE_BUILDS.values()]
-    return dict(zip(PIPE_BUILDS, ptx_counts_batch(jobs)))
+    jobs = [_gluon_bwd_job(**kw) | {"sass_between": SASS_WGMMA} for kw in WGMMA_BUILDS.values()]
+    return dict(zip(WGMMA_BUILDS, ptx_counts_batch(jobs)))
 
 
-@pytest.mark.parametrize("name", list(PIPE_BUILDS))
+@pytest.mark.parametrize("name", list(WGMMA_BUILDS))
 def test_gluon_bwd_wgmma_stays_asynchronous(name, gluon_bwd_wgmma):
-    """Every LP_FA4_BWD_STATS x LP_FA4_BWD_PIPE build keeps its wgmma asynchronous: one commit group
-    per GEMM of the step (8 or 4 HGMMA each), not one per instruction. A wgmma accumulator that is in
-    flight across the loop's back edge or through a branch that yields it makes ptxas serialise them
-    all (PIPE=2's first draft did: 80 of 80 HGMMA closed a group)."""
+    """The dense, causal and windowed builds keep their wgmma asynchronous: one commit group per GEMM
+    of the step (8 or 4 HGMMA each), not one per instruction. A wgmma accumulator that is in flight
+    across the loop's back edge or through a branch that yields it makes ptxas serialise them all (a
+    pipelined step schedule's first draft did: 80 of 80 HGMMA closed a group)."""
     c = gluon_bwd_wgmma[name]
     assert "error" not in c, c.get("error")
     (hgmma,), (groups,) = c["hgmma"], c["hgmma_gsb0"]
@@ -260,7 +202,7 @@ def test_gluon_bwd_wgmma_stays_asynchronous(name, gluon_bwd_wgmma):
 def _launch_args(monkeypatch, keys, calls):
     """Run ``bwd_sm90.bwd`` once per (env, causal, window) of ``calls`` with the kernel replaced by a
     recorder (the offsets clamp and the tile list still run as kernels: on the GPU where there is
-    one); returns the constexprs ``keys`` of each launch."""
+    one); returns the constexprs ``keys`` of each launch (``"grid"``: the launch grid). One SM."""
     import torch
 
     from lp_fa4.gluon import bwd_sm90
@@ -269,7 +211,7 @@ def _launch_args(monkeypatch, keys, calls):
 
     class Recorder:
         def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append(tuple(kw[k] for k in keys))
+            return lambda *args, **kw: seen.append(tuple(grid if k == "grid" else kw[k] for k in keys))
 
     monkeypatch.setattr(bwd_sm90, "attn_bwd_ws", Recorder())
     monkeypatch.setattr(bwd_sm90, "num_sms", lambda device: 1)
@@ -284,36 +226,32 @@ def _launch_args(monkeypatch, keys, calls):
     return seen
 
 
-def test_bwd_stats_and_pipe_switches_are_read(monkeypatch):
-    """LP_FA4_BWD_STATS and LP_FA4_BWD_PIPE pick the kernel's STATS and PIPE constexprs: default smem
-    and 0, the others opt-in, anything else an error; the launcher passes the values it reads (the
-    kernel is replaced by a recorder: no GPU needed)."""
+def test_bwd_grid_switch_is_read(monkeypatch):
+    """LP_FA4_BWD_GRID: ``auto`` launches one program per work item under a window and one per SM
+    otherwise; ``persistent`` / ``items`` force either; anything else is an error. The recorder's
+    call has 2 kv heads x 1 kv tile = 2 items on a 1-SM device."""
     from lp_fa4 import config
 
-    monkeypatch.delenv("LP_FA4_BWD_STATS", raising=False)
-    monkeypatch.delenv("LP_FA4_BWD_PIPE", raising=False)
-    assert config.bwd_stats() == "smem" and config.bwd_pipe() == 0
-    monkeypatch.setenv("LP_FA4_BWD_STATS", " REGS ")
-    monkeypatch.setenv("LP_FA4_BWD_PIPE", " 2")
-    assert config.bwd_stats() == "regs" and config.bwd_pipe() == 2
-    monkeypatch.setenv("LP_FA4_BWD_STATS", "late")
-    with pytest.raises(ValueError, match="LP_FA4_BWD_STATS"):
-        config.bwd_stats()
-    monkeypatch.setenv("LP_FA4_BWD_PIPE", "4")
-    with pytest.raises(ValueError, match="LP_FA4_BWD_PIPE"):
-        config.bwd_pipe()
-
-    modes = (("regs", "1"), ("smem", "0"), ("smem", "2"), ("smem", "3"))
-    calls = [({"LP_FA4_BWD_STATS": mode, "LP_FA4_BWD_PIPE": pipe}, False, None) for mode, pipe in modes]
-    seen = _launch_args(monkeypatch, ("STATS", "PIPE"), calls)
-    assert seen == [("regs", 1), ("smem", 0), ("smem", 2), ("smem", 3)]
+    monkeypatch.delenv("LP_FA4_BWD_GRID", raising=False)
+    assert (config.bwd_grid(True), config.bwd_grid(False)) == ("items", "persistent")
+    calls = [
+        ({}, False, (8, 8)),
+        ({}, False, None),
+        ({}, True, None),
+        ({"LP_FA4_BWD_GRID": " Persistent"}, False, (8, 8)),
+        ({"LP_FA4_BWD_GRID": "items"}, False, None),
+    ]
+    assert _launch_args(monkeypatch, ("grid",), calls) == [((2,),), ((1,),), ((1,),), ((1,),), ((2,),)]
+    monkeypatch.setenv("LP_FA4_BWD_GRID", "sm")
+    with pytest.raises(ValueError, match="LP_FA4_BWD_GRID"):
+        config.bwd_grid(False)
 
 
-def test_bwd_walk_and_epilogue_switches_are_read(monkeypatch):
+def test_bwd_walk_switches_are_read(monkeypatch):
     """The backward's query-tile walk (``_q_tile_at``'s WALK): a window walks in phase unless
     LP_FA4_BWD_WINDOW_PHASE=0, a causal call in order unless LP_FA4_BWD_CAUSAL_WALK=1, anything else
-    in order; LP_FA4_BWD_EPI regs (default) or tma, anything else an error; the launcher passes what
-    it reads."""
+    in order; the launcher passes what it reads (the kernel is replaced by a recorder: no GPU
+    needed)."""
     from lp_fa4 import config
 
     monkeypatch.delenv("LP_FA4_BWD_WINDOW_PHASE", raising=False)
@@ -325,12 +263,9 @@ def test_bwd_walk_and_epilogue_switches_are_read(monkeypatch):
     assert [config.bwd_walk(*m) for m in masks] == [0, 2, 0]
 
     calls = [
-        ({"LP_FA4_BWD_WINDOW_PHASE": "1", "LP_FA4_BWD_EPI": "regs"}, False, (8, 8)),
-        ({"LP_FA4_BWD_WINDOW_PHASE": "0", "LP_FA4_BWD_EPI": " TMA"}, False, (8, 8)),
-        ({"LP_FA4_BWD_WINDOW_PHASE": "1", "LP_FA4_BWD_EPI": "tma"}, True, None),
+        ({"LP_FA4_BWD_WINDOW_PHASE": "1"}, False, (8, 8)),
+        ({"LP_FA4_BWD_WINDOW_PHASE": "0"}, False, (8, 8)),
+        ({"LP_FA4_BWD_WINDOW_PHASE": "1"}, True, None),
     ]
-    seen = _launch_args(monkeypatch, ("WINDOW", "WALK", "EPI"), calls)
-    assert seen == [(True, 1, "regs"), (True, 0, "tma"), (False, 2, "tma")]
-    monkeypatch.setenv("LP_FA4_BWD_EPI", "smem")
-    with pytest.raises(ValueError, match="LP_FA4_BWD_EPI"):
-        config.bwd_epilogue()
+    seen = _launch_args(monkeypatch, ("WINDOW", "WALK"), calls)
+    assert seen == [(True, 1), (True, 0), (False, 2)]

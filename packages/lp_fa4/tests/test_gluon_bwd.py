@@ -136,32 +136,20 @@ DENSE = [
 ]
 
 
-STATS = ["regs", "smem"]  # LP_FA4_BWD_STATS: where the consumers get LSE and delta
-
-
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("stats", STATS)
 @pytest.mark.parametrize("case", VARLEN + DENSE, ids=lambda c: c.id)
-def test_gluon_bwd_matches_reference(case, stats, device, gluon_bwd_calls, monkeypatch):
-    monkeypatch.setenv("LP_FA4_BWD_STATS", stats)
+def test_gluon_bwd_matches_reference(case, device, gluon_bwd_calls):
     run_case(case, device)
     assert gluon_bwd_calls, "the Gluon backward did not run"
 
 
-# the backward's opt-in variants, each under the default step schedule and a pipelined one:
-# LP_FA4_BWD_CAUSAL_WALK=1 (each slot's first kv tile walks its query tiles down) on the causal cases,
-# LP_FA4_BWD_EPI=tma (full tiles' dK/dV sent by TMA stores from the dQ staging buffer, ragged tiles
-# by the consumers) on ragged lengths, GQA, causal and dense
+# the backward's opt-in variant LP_FA4_BWD_CAUSAL_WALK=1 (each slot's first kv tile walks its query
+# tiles down) on the causal cases
 OPT_IN = [
-    ({"LP_FA4_BWD_CAUSAL_WALK": "1", "LP_FA4_BWD_PIPE": pipe}, case, f"causal-walk-pipe{pipe}-{case.id}")
-    for pipe in "02"
+    ({"LP_FA4_BWD_CAUSAL_WALK": "1"}, case, f"causal-walk-{case.id}")
     for case in VARLEN + DENSE
     if case.causal
-] + [
-    ({"LP_FA4_BWD_EPI": "tma", "LP_FA4_BWD_PIPE": pipe}, case, f"tma-epilogue-pipe{pipe}-{case.id}")
-    for pipe in "03"
-    for case in VARLEN[:3] + DENSE
 ]
 
 
@@ -201,21 +189,15 @@ def _poison_allocator(device, nbytes=1 << 30):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("stats, epi", [("regs", "regs"), ("smem", "regs"), ("smem", "tma")])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("fill", ["spans", "whole"])
-def test_gluon_bwd_seqused_and_poisoned_buffers(
-    fill, causal, stats, epi, device, gluon_bwd_calls, monkeypatch
-):
+def test_gluon_bwd_seqused_and_poisoned_buffers(fill, causal, device, gluon_bwd_calls, monkeypatch):
     """seqused_q/k, with every buffer of the backward drawn from NaN-filled memory: rows past
     seqused_q get dQ = 0, keys past seqused_k (and rows outside every sequence) dK = dV = 0, the
     rest the reference on the used rows. ``fill``: dK/dV zeroed outside the key spans only
-    (``zero_outside_spans``, what large buffers get) or as a whole (small ones); ``epi``: the
-    dK/dV epilogue (LP_FA4_BWD_EPI)."""
+    (``zero_outside_spans``, what large buffers get) or as a whole (small ones)."""
     from ads_kernel_tools.kernels import span_fill
 
-    monkeypatch.setenv("LP_FA4_BWD_STATS", stats)
-    monkeypatch.setenv("LP_FA4_BWD_EPI", epi)
     monkeypatch.setattr(span_fill, "SPAN_FILL_MIN_BYTES", 0 if fill == "spans" else 1 << 62)
     lq, lk, uq, uk = (200, 5, 130, 0, 70), (300, 140, 0, 7, 2100), [131, 5, 129, 0, 70], [300, 3, 0, 7, 2049]
     h, hkv, d = 4, 2, 128
@@ -271,19 +253,14 @@ def test_gluon_bwd_windows_match_reference(case, device, gluon_bwd_calls, monkey
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize(
-    "phase, epi",
-    [("1", "regs"), ("0", "regs"), ("1", "tma")],
-    ids=["phased-walk", "plain-walk", "tma-epilogue"],
-)
+@pytest.mark.parametrize("phase", ["1", "0"], ids=["phased-walk", "plain-walk"])
 @pytest.mark.parametrize("window", [0, 5, 32, 256])
-def test_gluon_bwd_jagged_top_left_windows(window, phase, epi, device, gluon_bwd_calls, monkeypatch):
+def test_gluon_bwd_jagged_top_left_windows(window, phase, device, gluon_bwd_calls, monkeypatch):
     """jagged_attention's top-left band |i - j| <= W through the Gluon backward (the default): cross
     attention with Lq != Lk, an empty kv sequence, rows past max_seqlen_q, GQA; under both query-tile
-    walks (LP_FA4_BWD_WINDOW_PHASE) and the TMA epilogue (LP_FA4_BWD_EPI)."""
+    walks (LP_FA4_BWD_WINDOW_PHASE)."""
     monkeypatch.delenv("LP_FA4_BWD_WINDOWS", raising=False)
     monkeypatch.setenv("LP_FA4_BWD_WINDOW_PHASE", phase)
-    monkeypatch.setenv("LP_FA4_BWD_EPI", epi)
     jagged_case((T + 1, 0, 7, 700, 300), (2 * T + 3, 5, 0, 40, 300), max_q=512, window=window, heads=4,
                 kv_heads=2, d=128, device=device)  # fmt: skip
     assert gluon_bwd_calls, "the Gluon backward did not run"

@@ -15,9 +15,9 @@ the dQ/dK/dV cosines and relative errors against the fp32 reference backward (ba
 its query heads) and the cosines against ours[bf16]'s gradients of the unquantised inputs.
 
 Providers: ours (the default dispatch: the Gluon kernels on sm_90 where their predicates admit the
-call, else the portable Triton ones; ``--variants`` adds ours[triton], LP_FA4_BACKEND=triton, and
-ours[bwd-smem|regs], the Gluon backward with the other LP_FA4_BWD_STATS), FA4 CuTe (when
-``flash_attn.cute`` imports), cuDNN and flash through torch SDPA (dense; padded for varlen).
+call, else the portable Triton ones; ``--variants`` adds ours[triton], the portable kernels alone by
+LP_FA4_BACKEND=triton), FA4 CuTe (when ``flash_attn.cute`` imports), cuDNN and flash through torch
+SDPA (dense; padded for varlen).
 """
 
 from __future__ import annotations
@@ -72,17 +72,11 @@ class Bench:
         torch.cuda.empty_cache()
 
     def variants(self, op, shape, ours, flop) -> None:
-        """--variants: ours[triton] (LP_FA4_BACKEND=triton: the portable kernels, forward and backward)
-        and the Gluon backward with the LP_FA4_BWD_STATS value the default does not use."""
+        """--variants: ours[triton] (LP_FA4_BACKEND=triton: the portable kernels, forward and backward)."""
         if not self.args.variants:
             return
-        from .config import bwd_stats
-
         with cli_env(LP_FA4_BACKEND="triton"):
             self.fwd_bwd(op, "ours[triton]", shape, ours, flop)
-        other = "smem" if bwd_stats() == "regs" else "regs"
-        with cli_env(LP_FA4_BWD_STATS=other):
-            self.fwd_bwd(op, f"ours[bwd-{other}]", shape, ours, flop)
 
     def dense(self, b: int, s: int, h: int, d: int, causal: bool) -> None:
         from ads_kernel_tools.bench import flops, peers
@@ -321,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 
     flags = {
         "--dense-only": "skip the varlen rows",
-        "--variants": "also time ours[triton] and ours[bwd-smem] (or -regs)",
+        "--variants": "also time ours[triton] (LP_FA4_BACKEND=triton)",
         "--fp8-only": "only the FP8 rows (ours[fp8] beside ours[bf16])",
         "--no-fp8": "skip the FP8 rows",
         "--no-fp8-bwd": "FP8 rows: forward only",

@@ -13,17 +13,6 @@ Env:
     LP_FA4_BACKEND=auto|triton  the forward's kernel family: ``auto`` (default) takes the Gluon
         Hopper kernel (``lp_fa4.gluon``) where its support predicate admits the call, else Triton;
         ``triton`` always the portable Triton kernels.
-    LP_FA4_BWD_STATS=smem|regs  where the Gluon Hopper backward's consumers get each query tile's LSE and
-        delta: ``smem`` (default) staged in shared memory by the TMA producer and read right before
-        use, ``regs`` loaded from global memory at the top of the step. ``regs`` keeps two column
-        vectors live across the wgmma issue and spills in the step loop at D=128: 1.25-1.33x
-        slower non-causal and 2.1x causal on the H200 (BENCHMARKS.md "Backward (Gluon)").
-    LP_FA4_BWD_PIPE=0|1|2|3  the Gluon Hopper backward's step schedule: ``0`` (default) each step
-        issues Sᵀ, dPᵀ, then dV, dK, dQ and waits for all; ``1`` orders them dV, dQ, dK and
-        stages/sends dQ while dK runs; ``2`` also issues the next step's Sᵀ/dPᵀ behind dK and
-        computes its Pᵀ/dSᵀ before the loop turns (spills with ``LP_FA4_BWD_STATS=regs``); ``3`` keeps
-        ``0``'s order and issues the next Sᵀ behind dQ, staging dQ under it. 1 and 2: 1-7 % slower
-        than ``0`` on the H200 (BENCHMARKS.md "Backward (Gluon)"); all opt-in.
     LP_FA4_FWD_LPT_MAX_S=8192  the longest dense causal sequence whose Gluon forward walks its tiles in
         L2-sized head groups, heaviest first (``fwd_sm90.fwd``'s ``lpt``); longer ones take the
         workload-sorted tile list (at 8192 the walk with balanced groups measured 579-583 TFLOP/s
@@ -42,11 +31,13 @@ Env:
         pair from the last query tile down and the second up (``bwd_sm90._q_tile_at``), so the slots
         of a head meet the same query tile at the same step. Opt-in: 3-6 % slower dense and at
         varlen s = 1.0, 2-5 % faster at varlen s = 0.5 on the H100 (BENCHMARKS.md).
-    LP_FA4_BWD_EPI=regs|tma  how the Gluon Hopper backward writes a kv tile's dK/dV: ``regs`` (default)
-        re-laid out through scratch shared memory and stored by the consumers, ``tma`` (full tiles;
-        opt-in) staged in the warpgroup's dQ buffer and sent by TMA stores (``bwd_sm90._store_dkdv``),
-        so the next kv tile starts while they drain: 2-8 % slower than ``regs`` on the H100 at every
-        jagged shape timed, level dense (BENCHMARKS.md).
+    LP_FA4_BWD_GRID=auto|persistent|items  the Gluon Hopper backward's grid: ``persistent`` one program
+        per SM walking every num_SMs-th work item, ``items`` one program per work item, started in
+        the tile list's order as SMs free up, so the kv tiles side by side in the list stay side by
+        side in time (persistent programs drift apart as their items' lengths differ, and a band's
+        neighbouring kv tiles then meet their shared query tiles out of step, outside L2); ``auto``
+        (default) ``items`` under a window, else ``persistent``. H100: 1.14-1.23x at W = 256,
+        level or 2-6 % slower without a window (BENCHMARKS.md).
     LP_FA4_BROADCAST_Q=auto|repeat|resident|kernel  how a ``broadcast_q`` call (PMA) runs
         (``lp_fa4.broadcast``): ``repeat`` repeats the queries per kv sequence before the op, so
         forward and backward run as ordinary jagged attention (the Gluon Hopper kernels where they
@@ -112,20 +103,6 @@ def backend() -> str:
     return mode
 
 
-def bwd_stats() -> str:
-    mode = os.environ.get("LP_FA4_BWD_STATS", "smem").strip().lower()
-    if mode not in ("regs", "smem"):
-        raise ValueError(f"LP_FA4_BWD_STATS must be regs or smem, got {mode!r}")
-    return mode
-
-
-def bwd_pipe() -> int:
-    mode = os.environ.get("LP_FA4_BWD_PIPE", "0").strip()
-    if mode not in ("0", "1", "2", "3"):
-        raise ValueError(f"LP_FA4_BWD_PIPE must be 0, 1, 2 or 3, got {mode!r}")
-    return int(mode)
-
-
 def fwd_lpt_max_s() -> int:
     mode = os.environ.get("LP_FA4_FWD_LPT_MAX_S", "8192").strip()
     if not mode.isdigit():
@@ -141,13 +118,6 @@ def bwd_windows() -> bool:
     return _flag("LP_FA4_BWD_WINDOWS", "1")
 
 
-def bwd_epilogue() -> str:
-    mode = os.environ.get("LP_FA4_BWD_EPI", "regs").strip().lower()
-    if mode not in ("regs", "tma"):
-        raise ValueError(f"LP_FA4_BWD_EPI must be regs or tma, got {mode!r}")
-    return mode
-
-
 def bwd_walk(window: bool, causal: bool) -> int:
     """The Gluon backward's query-tile walk (``gluon.bwd_sm90._q_tile_at``): 1 a window's in phase,
     2 causal pairs' first tile down and second up, 0 in order."""
@@ -156,6 +126,18 @@ def bwd_walk(window: bool, causal: bool) -> int:
     if causal:
         return 2 if _flag("LP_FA4_BWD_CAUSAL_WALK", "0") else 0
     return 0
+
+
+def bwd_grid(window: bool) -> str:
+    """How many programs the Gluon backward launches: ``persistent`` one per SM, each walking every
+    num_SMs-th work item; ``items`` one per work item (the hardware starts them in list order as SMs
+    free up)."""
+    mode = os.environ.get("LP_FA4_BWD_GRID", "auto").strip().lower()
+    if mode not in ("auto", "persistent", "items"):
+        raise ValueError(f"LP_FA4_BWD_GRID must be auto, persistent or items, got {mode!r}")
+    if mode == "auto":
+        return "items" if window else "persistent"
+    return mode
 
 
 def broadcast_q() -> str:

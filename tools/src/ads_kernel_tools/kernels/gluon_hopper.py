@@ -24,7 +24,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 __all__ = [
     "smem_layout", "acc_layout", "split_entry", "decode_tile", "init_ring", "store_rows",
     "coalesced_rows_layout", "masked_row_store", "red_add_v4", "tma_reduce_add", "stage_for_tma",
-    "rows_desc", "bwd_grad_step", "bwd_grad_issue", "bwd_buffers",
+    "rows_desc", "bwd_grad_step", "bwd_buffers",
 ]  # fmt: skip
 
 
@@ -188,9 +188,9 @@ def stage_for_tma(smem, values):
 def _share_ds_half(
     pt, dst, q_s, ds_smem, db, dph, ds_full, ds_free, WG: gl.constexpr, P_LAYOUT: gl.constexpr
 ):
-    """The dSᵀ exchange's first half, common to ``bwd_grad_step`` and ``bwd_grad_issue``: once both
-    warpgroups freed buffer ``db``, write this warpgroup's dSᵀ half into it and announce it; returns
-    (that half in shared memory, Pᵀ as the dV GEMM's register operand)."""
+    """The dSᵀ exchange's first half in ``bwd_grad_step``: once both warpgroups freed buffer ``db``,
+    write this warpgroup's dSᵀ half into it and announce it; returns (that half in shared memory, Pᵀ
+    as the dV GEMM's register operand)."""
     R: gl.constexpr = pt.shape[0]
     mbarrier.wait(ds_free.index(db), dph ^ 1)
     ds_half = ds_smem.index(db).slice(WG * R, R, dim=0)
@@ -242,52 +242,6 @@ def bwd_grad_step(
     dk = warpgroup_mma_init(dk)
     mbarrier.arrive(qd_empty, count=1)
     mbarrier.arrive(ds_free.index(db), count=1)
-    return dv, dk, dq
-
-
-@gluon.jit
-def bwd_grad_issue(
-    pt,
-    dst,
-    dv,
-    dk,
-    q_s,
-    do_s,
-    k_cols,
-    ds_smem,
-    db,
-    dph,
-    ds_full,
-    ds_free,
-    dq_zero,
-    WG: gl.constexpr,
-    P_LAYOUT: gl.constexpr,
-    DK_LAST: gl.constexpr = True,
-):
-    """``bwd_grad_step``'s GEMMs in the order that lets the caller overlap its own work with the
-    last one: dV += Pᵀ dO (Pᵀ from registers), then, once both dSᵀ halves are in ``ds_smem.index(db)``
-    (the exchange as in ``bwd_grad_step``), dQ = dS K[:, cols], then dK += dSᵀ Q; waits for dV and
-    dQ only. Returns (dv, dk, dq): dv ready for the next step's asynchronous accumulation, dq the
-    fp32 partial, and dk STILL IN FLIGHT: the caller may issue more wgmma (the next step's Sᵀ), then
-    must wait for dk (``warpgroup_mma_wait``) before it releases the Q/dO stage and the dSᵀ buffer
-    (``mbarrier.arrive`` on ``qd_empty`` and ``ds_free.index(db)``, one each), which this helper
-    leaves to it. ``DK_LAST=False``: ``bwd_grad_step``'s order (dV, dK, then dQ after the exchange),
-    waiting for dV and dK: dq comes back in flight instead (same duties for the caller)."""
-    ds_half, p_op = _share_ds_half(pt, dst, q_s, ds_smem, db, dph, ds_full, ds_free, WG, P_LAYOUT)
-    dv = warpgroup_mma(p_op, do_s, dv, is_async=True)
-    if DK_LAST:
-        mbarrier.wait(ds_full.index(db), dph)
-        dq = warpgroup_mma(ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)
-        dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
-        dv, dq = warpgroup_mma_wait(1, deps=(dv, dq))
-        dv = warpgroup_mma_init(dv)
-    else:
-        dk = warpgroup_mma(ds_half, q_s, dk, is_async=True)
-        mbarrier.wait(ds_full.index(db), dph)
-        dq = warpgroup_mma(ds_smem.index(db).permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)
-        dv, dk = warpgroup_mma_wait(1, deps=(dv, dk))
-        dv = warpgroup_mma_init(dv)
-        dk = warpgroup_mma_init(dk)
     return dv, dk, dq
 
 

@@ -1,7 +1,9 @@
 """Softmax attention backward for Hopper (sm_90) in Gluon: dK, dV and (by bulk reductions) dQ in one
-persistent, warp-specialised pass per 128-key tile.
+warp-specialised pass per 128-key tile: persistent (one program per SM walking every num_SMs-th work
+item), or under a window one program per work item (``config.bwd_grid``: started in list order,
+a band's neighbouring kv tiles stay in step and share their query tiles in L2).
 
-Partitions of each persistent program (one per SM at most), as ads-gdpa's backward:
+Partitions of each program, as ads-gdpa's backward:
   - a 1-warp TMA producer: the K and V tile of the work item once, then the 64-row Q and dO tiles
     of every query head of the kv head's group through a ring of shared-memory stages (ready /
     empty mbarrier pairs);
@@ -16,12 +18,10 @@ Partitions of each persistent program (one per SM at most), as ads-gdpa's backwa
     so each dQ product spans the 128 keys and each warpgroup reduces D/2 columns of dQ: one bulk
     TMA reduce-add (``cp.reduce.async.bulk.tensor``) per warpgroup and step.
 delta = rowsum(dO∘O) - dLSE comes from the Triton preprocess kernel (``lp_fa4.triton._bwd``); LSE
-and delta are read per query tile from global memory (256 bytes each, L2 resident): by the producer
-into a shared-memory slot of the stage (``LP_FA4_BWD_STATS=smem``, the default), which keeps the two
-16-register column vectors out of the consumers' live range across the wgmma issue (no spills in the
-step loop at D=128; 1.25-1.33x faster non-causal, 2.1x causal than ``regs`` on the H200), or by the
-consumers at the top of the step (``regs``). ``LP_FA4_BWD_PIPE`` (``_consumer_pipe``) selects other
-step schedules, opt-in: they measured slower.
+and delta are read per query tile from global memory (256 bytes each, L2 resident) by the producer
+into a shared-memory slot of the stage, and by the consumers from there right before use: held in
+registers across the wgmma issue instead, the two 16-register column vectors made the step loop
+spill at D=128 (1.25-2.1x slower on the H200, BENCHMARKS.md).
 
 Semantics (the Triton backward's, ``lp_fa4.triton._bwd``, for the subset ``bwd_dispatch.why_not``
 admits): query rows [0, rows) of sequence b count, rows = min(Lq_b, seqused_q[b], row cap); keys
@@ -55,7 +55,6 @@ from ads_kernel_tools.capability import num_sms
 from ads_kernel_tools.kernels.gluon_hopper import (
     acc_layout,
     bwd_buffers,
-    bwd_grad_issue,
     bwd_grad_step,
     rows_desc,
     split_entry,
@@ -168,19 +167,16 @@ def _walk_down(first, lo, hi, WALK: gl.constexpr):
 @gluon.jit
 def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr,
-              STATS: gl.constexpr, WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr,
-              WALK: gl.constexpr):  # fmt: skip
+              WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr, WALK: gl.constexpr):  # fmt: skip
     """TMA loads: per kv tile its K and V, then Q/dO tiles into the ring (``it`` continues across
-    items, as the consumers count it). STATS == "smem": also each tile's LSE·log2e and delta into the
-    stage's ``stat_smem`` slot, by plain loads and stores before the stage's arrival (which releases
-    them to the consumers' wait)."""
+    items, as the consumers count it), and each tile's LSE·log2e and delta into the stage's
+    ``stat_smem`` slot, by plain loads and stores before the stage's arrival (which releases them to
+    the consumers' wait)."""
     (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_ready, qd_empty, kv_ready,
      kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap,
-     max_k, H_KV, G) = args[0:23]  # fmt: skip
-    if STATS == "smem":
-        lse_ptr, delta_ptr, TO, stat_smem = args[23:27]
-        stat_l: gl.constexpr = gl.BlockedLayout([BM // 32], [32], [1], [0])
-        r_idx = gl.arange(0, BM, stat_l)
+     max_k, H_KV, G, lse_ptr, delta_ptr, TO, stat_smem) = args  # fmt: skip
+    stat_l: gl.constexpr = gl.BlockedLayout([BM // 32], [32], [1], [0])
+    r_idx = gl.arange(0, BM, stat_l)
     it = 0
     kc = 0
     for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
@@ -203,13 +199,12 @@ def _producer(args, band, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, S
                     m = _q_tile_at(i, lo, hi, down, WALK)
                     s = it % STAGES
                     mbarrier.wait(qd_empty.index(s), ((it // STAGES) & 1) ^ 1)
-                    if STATS == "smem":
-                        base = (hk * G + g).to(gl.int64) * TO + q0
-                        lse2, delta = _row_stats(lse_ptr + base, delta_ptr + base, m * BM + r_idx, rows)
-                        stat_smem.index(2 * s).store(lse2)
-                        stat_smem.index(2 * s + 1).store(delta)
-                        # every lane's stores precede the one elected arrival that releases them
-                        gl.thread_barrier()
+                    base = (hk * G + g).to(gl.int64) * TO + q0
+                    lse2, delta = _row_stats(lse_ptr + base, delta_ptr + base, m * BM + r_idx, rows)
+                    stat_smem.index(2 * s).store(lse2)
+                    stat_smem.index(2 * s + 1).store(delta)
+                    # every lane's stores precede the one elected arrival that releases them
+                    gl.thread_barrier()
                     ready = qd_ready.index(s)
                     mbarrier.expect(ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
                     tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, col], ready, q_smem.index(s))
@@ -228,51 +223,31 @@ def _row_stats(lse_row, delta_row, cq, rows):
 
 
 @gluon.jit
-def _consumer_operands(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                       STATS: gl.constexpr):  # fmt: skip
-    """What both consumer schedules of warpgroup WG hold for the whole kernel: the LSE/delta slots
-    (STATS == "smem", else a placeholder), the Sᵀ tile's key-row and query-column indices, zero
-    accumulators, this warpgroup's halves of K and V, its column slice of K for dQ, its dQ staging
-    buffer, and a placeholder for statistics it does not hold in registers."""
-    k_smem, v_smem, dq_smem = args[2], args[3], args[5]
-    stat_smem = dq_smem  # unused unless STATS == "smem"
-    if STATS == "smem":
-        stat_smem = args[31]
+def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
+              HAS_USED_K: gl.constexpr, WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr,
+              WALK: gl.constexpr):  # fmt: skip
+    """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2).
+    LSE·log2e and delta of a query tile (16 registers each in the Sᵀ column layout) are read from the
+    stage's ``stat_smem`` slot right before use (``_probs``), not held across the wgmma issue."""
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
+     ds_free, dq_desc, dk_ptr, dv_ptr, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
+     N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2, stat_smem) = args  # fmt: skip
     ROWS: gl.constexpr = BN // 2
     DH: gl.constexpr = D // 2
+    kv_layout: gl.constexpr = acc_layout(D)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     s_layout: gl.constexpr = acc_layout(BM)
-    col_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+    # the Sᵀ tile's key rows and query columns, zero accumulators, this warpgroup's halves of K and V,
+    # its column slice of K for dQ and its dQ staging buffer
     rows2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, s_layout)), 1)
-    c_idx = gl.arange(0, BM, col_l)
-    cols2 = gl.expand_dims(c_idx, 0)
+    cols2 = gl.expand_dims(gl.arange(0, BM, gl.SliceLayout(0, s_layout)), 0)
     s_zero = gl.zeros([ROWS, BM], gl.float32, s_layout)
     dq_zero = gl.zeros([BM, DH], gl.float32, acc_layout(DH))
     k_half = k_smem.slice(WG * ROWS, ROWS, dim=0)
     v_half = v_smem.slice(WG * ROWS, ROWS, dim=0)
     k_cols = k_smem.slice(WG * DH, DH, dim=1)
     dq_s = dq_smem.index(WG)
-    no_stat = gl.zeros([BM], gl.float32, col_l)
-    return stat_smem, rows2, c_idx, cols2, s_zero, dq_zero, k_half, v_half, k_cols, dq_s, no_stat
-
-
-@gluon.jit
-def _consumer(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-              HAS_USED_K: gl.constexpr, STATS: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
-    """Consumer warpgroup WG: keys [WG·64, WG·64 + 64) of every kv tile, dQ columns [WG·D/2, +D/2).
-    LSE·log2e and delta of a query tile (16 registers each in the Sᵀ column layout) come per STATS:
-    "regs" loaded from global at the top of the step, "smem" read from the stage's ``stat_smem`` slot
-    right before use (not held across the wgmma issue: the build spills far less)."""
-    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
-     ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
-     used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args[0:31]  # fmt: skip
-    ROWS: gl.constexpr = BN // 2
-    DH: gl.constexpr = D // 2
-    kv_layout: gl.constexpr = acc_layout(D)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    (stat_smem, rows2, c_idx, cols2, s_zero, dq_zero, k_half, v_half, k_cols, dq_s,
-     no_stat) = _consumer_operands(args, WG, D, BM, BN, STATS)  # fmt: skip
 
     it = 0
     kc = 0
@@ -292,25 +267,18 @@ def _consumer(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
             down = _walk_down(n == start, lo, hi, WALK)
             for g in range(G):
                 h = hk * G + g
-                stat_base = h.to(gl.int64) * TO + q0
                 for i in range(lo, hi):
                     m = _q_tile_at(i, lo, hi, down, WALK)
                     s = it % STAGES
                     db = it % 2
                     dph = (it // 2) & 1
-                    cq = m * BM + c_idx
-                    lse2 = no_stat
-                    delta = no_stat
-                    if STATS == "regs":
-                        lse2, delta = _row_stats(lse_ptr + stat_base, delta_ptr + stat_base, cq, rows)
                     mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
                     q_s = q_smem.index(s)
                     do_s = do_smem.index(s)
                     st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                     dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
-                                     qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
-                                     WINDOW)  # fmt: skip
+                    pt, dst = _probs(st, dpt, stat_smem, s, m, rows, off, kv_first, kv_valid, qk_scale2,
+                                     rows2, cols2, band, BM, ROWS, CAUSAL, WINDOW)  # fmt: skip
                     # dSᵀ halves exchanged through shared memory; dV, dK accumulated; dQ over all 128 keys
                     dv, dk, dq = bwd_grad_step(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
                                                ds_free, qd_empty.index(s), dq_zero, WG, p_layout)  # fmt: skip
@@ -323,51 +291,28 @@ def _consumer(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constex
             dv = warpgroup_mma_wait(0, deps=(dv,))
             # every read of this K/V tile (the other half's dQ products included) has retired
             mbarrier.arrive(kv_empty, count=1)
-            _store_dkdv(dk * scale, dv, dk_ptr, dv_ptr, epi, dq_s, k0 + kv_first, kv_valid, hk * D, H_KV * D,
-                        ROWS, D, EPI)  # fmt: skip
+            # this warpgroup's ROWS rows of dK and dV; rows past kv_valid not written
+            dk = dk * scale
+            row0 = k0 + kv_first
+            store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
+            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4)
             kc += 1
     tma.store_wait(0)  # shared memory must outlive the last reduction's read
 
 
 @gluon.jit
-def _store_dkdv(dk, dv, dk_ptr, dv_ptr, epi, dq_s, row0, kv_valid, col0, stride_row, ROWS: gl.constexpr,
-                D: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
-    """This warpgroup's ROWS rows of dK and dV (fp32, scaled) from row0. EPI == "tma" on a full tile:
-    through its dQ staging buffer (the same bytes as a [ROWS, D] tile of the gradients' dtype) by two
-    TMA stores (``epi`` = their descriptors), which return at once, so the next kv tile's steps start
-    while they drain; else ``store_rows`` (rows past kv_valid not written)."""
-    if EPI == "tma":
-        if kv_valid >= ROWS:
-            dk_desc, dv_desc = epi
-            tile = dq_s._reinterpret(dk_desc.dtype, [ROWS, D], dk_desc.layout)
-            stage_for_tma(tile, dk.to(dk_desc.dtype))
-            tma.async_copy_shared_to_global(dk_desc, [row0, col0], tile)
-            stage_for_tma(tile, dv.to(dv_desc.dtype))
-            tma.async_copy_shared_to_global(dv_desc, [row0, col0], tile)
-        else:
-            store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, col0, stride_row, ROWS, D, 4)
-            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, col0, stride_row, ROWS, D, 4)
-    else:
-        store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, col0, stride_row, ROWS, D, 4)
-        store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, col0, stride_row, ROWS, D, 4)
-
-
-@gluon.jit
-def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid, qk_scale2, rows2, cols2,
-           band, BM: gl.constexpr, ROWS: gl.constexpr, CAUSAL: gl.constexpr, STATS: gl.constexpr,
-           WINDOW: gl.constexpr):  # fmt: skip
+def _probs(st, dpt, stat_smem, s, m, rows, off, kv_first, kv_valid, qk_scale2, rows2, cols2, band,
+           BM: gl.constexpr, ROWS: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):  # fmt: skip
     """Pᵀ and dSᵀ of query tile m from the in-flight Sᵀ and dPᵀ (issued in that order, nothing
-    after them): exp2 under dPᵀ, then the product; masked on edge tiles only. STATS == "smem" reads
-    LSE·log2e and delta from stage s's slot (``lse2``/``delta`` unused), else takes them."""
+    after them): exp2 under dPᵀ, then the product; masked on edge tiles only. LSE·log2e and delta
+    come from stage s's ``stat_smem`` slot."""
     col_l: gl.constexpr = gl.SliceLayout(0, st.type.tensor_type.layout)
     # Sᵀ retires first (groups complete in order); dPᵀ keeps running under exp2
     st = warpgroup_mma_wait(1, deps=(st,))
-    if STATS == "smem":
-        lse2 = stat_smem.index(2 * s).load(col_l)
+    lse2 = stat_smem.index(2 * s).load(col_l)
     pt = gl.exp2(st * qk_scale2 - gl.expand_dims(lse2, 0))
     dpt = warpgroup_mma_wait(0, deps=(dpt,))
-    if STATS == "smem":
-        delta = stat_smem.index(2 * s + 1).load(col_l)
+    delta = stat_smem.index(2 * s + 1).load(col_l)
     dst = pt * (dpt - gl.expand_dims(delta, 0))
     q_valid = rows - m * BM
     edge = (kv_valid < ROWS) | (q_valid < BM)
@@ -394,214 +339,43 @@ def _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
 
 
 @gluon.jit
-def _consumer_pipe(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-                   HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr,
-                   WINDOW: gl.constexpr, TOP_LEFT: gl.constexpr, WALK: gl.constexpr,
-                   EPI: gl.constexpr):  # fmt: skip
-    """``_consumer`` with the steps of a kv tile in one flat loop over (query head, query tile) and
-    the GEMMs of a step reordered (``bwd_grad_issue``): dV, dQ, dK, so that dQ's staging and bulk
-    reduce-add run while dK is still on the tensor cores.
-
-    PIPE == 2 also issues the next step's Sᵀ and dPᵀ right behind this step's dK and computes its
-    Pᵀ/dSᵀ before the loop turns: a step of the loop is "GEMMs of step j, scores of step j+1", and
-    Pᵀ/dSᵀ (plain registers) are what it carries. No wgmma is in flight at the loop's back edge or
-    across a branch that yields values: otherwise ptxas serialises every wgmma of the kernel
-    (C7514). After the last step the "next" scores are computed on the last stage again and
-    discarded (that stage is released after them). PIPE == 3 rotates the loop the same way but
-    keeps ``bwd_grad_step``'s order (dV, dK, then dQ after the dSᵀ exchange) and issues the next
-    Sᵀ behind dQ: dQ is staged and sent while that Sᵀ runs, then the next dPᵀ is issued."""
-    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
-     ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
-     used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2) = args[0:31]  # fmt: skip
-    ROWS: gl.constexpr = BN // 2
-    DH: gl.constexpr = D // 2
-    kv_layout: gl.constexpr = acc_layout(D)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    (stat_smem, rows2, c_idx, cols2, s_zero, dq_zero, k_half, v_half, k_cols, dq_s,
-     no_stat) = _consumer_operands(args, WG, D, BM, BN, STATS)  # fmt: skip
-
-    it = 0
-    kc = 0
-    for t in range(gl.program_id(0), gl.load(count_ptr), gl.num_programs(0)):
-        hk, n_first, q0, rows, off, k0, k_len = _kv_item(
-            t, tiles_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H_KV, N_TILES, rows_cap, max_k,
-            HAS_USED_Q, HAS_USED_K, TOP_LEFT,
-        )  # fmt: skip
-        start, stop, step = _kv_tiles(n_first, k_len, N_TILES, BN, CAUSAL)
-        for n in range(start, stop, step):
-            lo, hi = _q_tiles(n, rows, off, band, BM, BN, CAUSAL, WINDOW)
-            n_m = gl.maximum(hi - lo, 0)
-            down = _walk_down(n == start, lo, hi, WALK)
-            n_steps = G * n_m  # the producer's order: query heads of the group, then query tiles
-            kv_first = n * BN + WG * ROWS
-            kv_valid = k_len - kv_first
-            mbarrier.wait(kv_ready, kc & 1)
-            dk = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
-            dv = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, kv_layout))
-            if PIPE >= 2:
-                pt = s_zero
-                dst = s_zero
-                if n_steps > 0:  # the first step's scores
-                    s0 = it % STAGES
-                    m0 = _q_tile_at(lo, lo, hi, down, WALK)
-                    lse2 = no_stat
-                    delta = no_stat
-                    if STATS == "regs":
-                        base0 = (hk * G).to(gl.int64) * TO + q0
-                        lse2, delta = _row_stats(lse_ptr + base0, delta_ptr + base0, m0 * BM + c_idx, rows)
-                    mbarrier.wait(qd_ready.index(s0), (it // STAGES) & 1)
-                    st0 = warpgroup_mma(k_half, q_smem.index(s0).permute((1, 0)), s_zero, use_acc=False,
-                                        is_async=True)  # fmt: skip
-                    dp0 = warpgroup_mma(v_half, do_smem.index(s0).permute((1, 0)), s_zero, use_acc=False,
-                                        is_async=True)  # fmt: skip
-                    pt, dst = _probs(st0, dp0, lse2, delta, stat_smem, s0, m0, rows, off, kv_first, kv_valid,
-                                     qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
-                                     WINDOW)  # fmt: skip
-            for j in range(n_steps):
-                g = j // n_m
-                m = _q_tile_at(lo + j - g * n_m, lo, hi, down, WALK)
-                h = hk * G + g
-                s = it % STAGES
-                db = it % 2
-                dph = (it // 2) & 1
-                q_s = q_smem.index(s)
-                do_s = do_smem.index(s)
-                if PIPE == 1:
-                    if STATS == "regs":
-                        base = h.to(gl.int64) * TO + q0
-                        lse2, delta = _row_stats(lse_ptr + base, delta_ptr + base, m * BM + c_idx, rows)
-                    else:
-                        lse2 = no_stat
-                        delta = no_stat
-                    mbarrier.wait(qd_ready.index(s), (it // STAGES) & 1)
-                    st = warpgroup_mma(k_half, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    dpt = warpgroup_mma(v_half, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, s, m, rows, off, kv_first, kv_valid,
-                                     qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
-                                     WINDOW)  # fmt: skip
-                if PIPE == 3:
-                    # bwd_grad_step's order (dK queued before the dSᵀ exchange); dQ comes back in flight
-                    dv, dk, dq = bwd_grad_issue(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
-                                                ds_free, dq_zero, WG, p_layout, False)  # fmt: skip
-                else:
-                    dv, dk, dq = bwd_grad_issue(pt, dst, dv, dk, q_s, do_s, k_cols, ds_smem, db, dph, ds_full,
-                                                ds_free, dq_zero, WG, p_layout)  # fmt: skip
-                    # dK is still on the tensor cores while dQ is staged and sent
-                    stage_for_tma(dq_s, dq * scale)
-                    tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
-                if PIPE >= 2:
-                    more = j + 1 < n_steps
-                    jn = gl.minimum(j + 1, n_steps - 1)
-                    gn = jn // n_m
-                    mn = _q_tile_at(lo + jn - gn * n_m, lo, hi, down, WALK)
-                    sn = s
-                    if more:
-                        sn = (it + 1) % STAGES
-                    lse2 = no_stat
-                    delta = no_stat
-                    if STATS == "regs":
-                        basen = (hk * G + gn).to(gl.int64) * TO + q0
-                        lse2, delta = _row_stats(lse_ptr + basen, delta_ptr + basen, mn * BM + c_idx, rows)
-                    if more:
-                        mbarrier.wait(qd_ready.index(sn), ((it + 1) // STAGES) & 1)
-                    st = warpgroup_mma(k_half, q_smem.index(sn).permute((1, 0)), s_zero, use_acc=False,
-                                       is_async=True)  # fmt: skip
-                    if PIPE == 3:
-                        # dQ staged and sent while the next Sᵀ runs; its dPᵀ goes in behind
-                        dq = warpgroup_mma_wait(1, deps=(dq,))
-                        stage_for_tma(dq_s, dq * scale)
-                        tma_reduce_add(dq_desc, [q0 + m * BM, h * D + WG * DH], dq_s)
-                        dpt = warpgroup_mma(v_half, do_smem.index(sn).permute((1, 0)), s_zero, use_acc=False,
-                                            is_async=True)  # fmt: skip
-                    else:
-                        dpt = warpgroup_mma(v_half, do_smem.index(sn).permute((1, 0)), s_zero, use_acc=False,
-                                            is_async=True)  # fmt: skip
-                        dk = warpgroup_mma_init(warpgroup_mma_wait(2, deps=(dk,)))
-                    mbarrier.arrive(ds_free.index(db), count=1)
-                    if more:
-                        mbarrier.arrive(qd_empty.index(s), count=1)
-                    pt, dst = _probs(st, dpt, lse2, delta, stat_smem, sn, mn, rows, off, kv_first, kv_valid,
-                                     qk_scale2, rows2, cols2, band, BM, ROWS, CAUSAL, STATS,
-                                     WINDOW)  # fmt: skip
-                    if not more:
-                        # the discarded scores read this stage: released once they retired
-                        mbarrier.arrive(qd_empty.index(s), count=1)
-                else:
-                    dk = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(dk,)))
-                    mbarrier.arrive(qd_empty.index(s), count=1)
-                    mbarrier.arrive(ds_free.index(db), count=1)
-                it += 1
-            dk = warpgroup_mma_wait(0, deps=(dk,))
-            dv = warpgroup_mma_wait(0, deps=(dv,))
-            mbarrier.arrive(kv_empty, count=1)
-            _store_dkdv(dk * scale, dv, dk_ptr, dv_ptr, epi, dq_s, k0 + kv_first, kv_valid, hk * D, H_KV * D,
-                        ROWS, D, EPI)  # fmt: skip
-            kc += 1
-    tma.store_wait(0)
-
-
-@gluon.jit
 def attn_bwd_ws(
-    q_desc, do_desc, k_desc, v_desc, dq_desc, dk_ptr, dv_ptr, dk_desc, dv_desc, lse_ptr, delta_ptr, TO,
+    q_desc, do_desc, k_desc, v_desc, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
     N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2, win_left, win_right,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr = False,
-    TOP_LEFT: gl.constexpr = False, WALK: gl.constexpr = 0, EPI: gl.constexpr = "regs",
+    PRODUCER_REGS: gl.constexpr, WINDOW: gl.constexpr = False, TOP_LEFT: gl.constexpr = False,
+    WALK: gl.constexpr = 0,
 ):  # fmt: skip
     (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty, ds_full,
      ds_free) = bwd_buffers(q_desc, do_desc, k_desc, v_desc, dq_desc, STAGES)  # fmt: skip
+    # per stage: LSE·log2e, delta of its 64 query rows (1 KB at 2 stages)
+    stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    stat_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BM], stat_layout)
 
     cargs = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty,
-             ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr,
-             cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale,
-             qk_scale2)  # fmt: skip
+             ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr,
+             used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale, qk_scale2,
+             stat_smem)  # fmt: skip
     pargs = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_ready, qd_empty, kv_ready,
              kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap,
-             max_k, H_KV, G)  # fmt: skip
-    if STATS == "smem":
-        # per stage: LSE·log2e, delta of its 64 query rows (1 KB at 2 stages)
-        stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        stat_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BM], stat_layout)
-        cargs = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, qd_ready, qd_empty, kv_ready, kv_empty,
-                 ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, lse_ptr, delta_ptr, TO, tiles_ptr, count_ptr,
-                 cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, N_TILES, rows_cap, max_k, H_KV, G, scale,
-                 qk_scale2, stat_smem)  # fmt: skip
-        pargs = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, qd_ready, qd_empty,
-                 kv_ready, kv_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
-                 N_TILES, rows_cap, max_k, H_KV, G, lse_ptr, delta_ptr, TO, stat_smem)  # fmt: skip
+             max_k, H_KV, G, lse_ptr, delta_ptr, TO, stat_smem)  # fmt: skip
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     band = (win_left, win_right)
-    epi = (dk_desc, dv_desc)
     gl.warp_specialize(
         [
-            (_consumer_any, (cargs, band, epi, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS,
-                             PIPE, WINDOW, TOP_LEFT, WALK, EPI)),
-            (_consumer_any, (cargs, band, epi, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS,
-                             PIPE, WINDOW, TOP_LEFT, WALK, EPI)),
-            (_producer, (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW,
+            (_consumer, (cargs, band, WG0, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, WINDOW,
                          TOP_LEFT, WALK)),
+            (_consumer, (cargs, band, WG1, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, WINDOW,
+                         TOP_LEFT, WALK)),
+            (_producer, (pargs, band, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, WINDOW, TOP_LEFT,
+                         WALK)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
     )  # fmt: skip
-
-
-@gluon.jit
-def _consumer_any(args, band, epi, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
-                  HAS_USED_K: gl.constexpr, STATS: gl.constexpr, PIPE: gl.constexpr, WINDOW: gl.constexpr,
-                  TOP_LEFT: gl.constexpr, WALK: gl.constexpr, EPI: gl.constexpr):  # fmt: skip
-    """Consumer warpgroup WG under step schedule PIPE (``_consumer`` or ``_consumer_pipe``)."""
-    if PIPE == 0:
-        _consumer(args, band, epi, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, WINDOW,
-                  TOP_LEFT, WALK, EPI)  # fmt: skip
-    else:
-        _consumer_pipe(args, band, epi, WG, D, BM, BN, STAGES, CAUSAL, HAS_USED_Q, HAS_USED_K, STATS, PIPE,
-                       WINDOW, TOP_LEFT, WALK, EPI)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -642,27 +416,23 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     BM, BN = BLOCK_M, BLOCK_N
     q_desc, do_desc = rows_desc(q, BM, gdt), rows_desc(do, BM, gdt)
     k_desc, v_desc = rows_desc(k, BN, gdt), rows_desc(v, BN, gdt)
-    epi = config.bwd_epilogue()
-    # a warpgroup's half of the kv tile, for the TMA epilogue (``_store_dkdv``); unused otherwise
-    dk_desc, dv_desc = (
-        (rows_desc(dk, BN // 2, gdt), rows_desc(dv, BN // 2, gdt)) if epi == "tma" else (k_desc, v_desc)
-    )
     dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=d // 2)
     slot_keys = 2 * BN if causal else BN  # causal: a slot pairs kv tiles j and T-1-j (``_kv_tiles``)
     n_tiles = triton.cdiv(max_k, slot_keys)
     tiles, count = schedule(cu_q, cu_k, rows_cap, tile_q=False, block=slot_keys, slots=n_tiles, heads=hkv)
     walk = config.bwd_walk(window is not None, bool(causal))
-    grid = (max(1, min(n_b * hkv * n_tiles, num_sms(q.device))),)
+    n_items = n_b * hkv * n_tiles  # the list's length at most; programs past its count exit at once
+    if config.bwd_grid(window is not None) == "persistent":
+        n_items = min(n_items, num_sms(q.device))
+    grid = (max(1, n_items),)
     attn_bwd_ws[grid](
-        q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, dk_desc, dv_desc, lse, delta, lse.shape[1], tiles,
-        count, cu_q, cu_k,
+        q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, lse, delta, lse.shape[1], tiles, count, cu_q, cu_k,
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
         n_tiles, rows_cap, max_k, hkv, h // hkv, float(scale), float(scale) * LOG2E,
         *(window if window is not None else (0, 0)),
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-        STATS=config.bwd_stats(), PIPE=config.bwd_pipe(), WINDOW=window is not None, TOP_LEFT=bool(top_left),
-        WALK=walk, EPI=epi,
+        WINDOW=window is not None, TOP_LEFT=bool(top_left), WALK=walk,
         num_warps=4,
     )  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
