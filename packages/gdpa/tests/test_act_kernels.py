@@ -18,15 +18,17 @@ from ads_kernel_tools.reference.gdpa import ACTIVATIONS, activation_grad_ref, ac
 
 
 @triton.jit
-def _act_kernel(X, Y, G, Y_ONLY, ACT_ID, n, ACT: tl.constexpr, FAST: tl.constexpr, BLOCK: tl.constexpr):
+def _act_kernel(
+    X, Y, G, Y_ONLY, ACT_ID, n, ACT: tl.constexpr, FAST: tl.constexpr, LP: tl.constexpr, BLOCK: tl.constexpr
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(X + offs, mask=mask, other=0.0)
-    y, g = act_fwd_bwd(x, ACT, FAST)
+    y, g = act_fwd_bwd(x, ACT, FAST, LP)
     tl.store(Y + offs, y, mask=mask)
     tl.store(G + offs, g, mask=mask)
-    tl.store(Y_ONLY + offs, act_fwd(x, ACT, FAST), mask=mask)
-    yd, gd = act_fwd_bwd_dyn(x, tl.load(ACT_ID), FAST)
+    tl.store(Y_ONLY + offs, act_fwd(x, ACT, FAST, LP), mask=mask)
+    yd, gd = act_fwd_bwd_dyn(x, tl.load(ACT_ID), FAST, LP)
     # the runtime-id path must agree bit for bit with the constexpr one
     tl.store(Y_ONLY + n + offs, tl.where((yd == y) & (gd == g), 1.0, 0.0), mask=mask)
 
@@ -39,13 +41,13 @@ def _grid(device: str) -> torch.Tensor:
     return torch.cat([x, kinks]).to(device=device, dtype=torch.float32)
 
 
-def _run(act: int, fast: bool, device: str):
+def _run(act: int, fast: bool, device: str, lp=tl.bfloat16):
     x = _grid(device)
     n = x.numel()
     y, g = torch.empty_like(x), torch.empty_like(x)
     y_only = torch.empty(2 * n, dtype=torch.float32, device=device)
     act_id = torch.tensor([act], dtype=torch.int32, device=device)
-    _act_kernel[(triton.cdiv(n, 256),)](x, y, g, y_only, act_id, n, ACT=act, FAST=fast, BLOCK=256)
+    _act_kernel[(triton.cdiv(n, 256),)](x, y, g, y_only, act_id, n, ACT=act, FAST=fast, LP=lp, BLOCK=256)
     return x, y, g, y_only[:n], y_only[n:]
 
 
@@ -61,6 +63,17 @@ def test_activation_and_derivative_fp32(name, device):
     torch.testing.assert_close(y_only.double().cpu(), ref_y, **y_tol)  # the forward-only helper
     torch.testing.assert_close(g.double().cpu(), ref_g, atol=2e-6, rtol=2e-6)
     assert bool(same.bool().all()), "runtime-id activation differs from the constexpr one"
+
+
+def test_fast_gelu_bf16_in_fp16(device):
+    """With fp16 inputs fast_gelu_bf16 rounds to fp16 (upstream rounds S to the inputs' type), so it
+    is as close to the tanh GELU as fp16 rounding and the bf16 β (0.796875) allow, not bf16."""
+    act = ACTIVATIONS.index("fast_gelu_bf16")
+    x, y, _g, y_only, same = _run(act, fast=False, device=device, lp=tl.float16)
+    ref_y = activation_ref("fast_gelu_bf16", x.double().cpu())
+    torch.testing.assert_close(y.double().cpu(), ref_y, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(y_only.double().cpu(), ref_y, atol=2e-3, rtol=2e-3)
+    assert bool(same.bool().all())
 
 
 @pytest.mark.gpu

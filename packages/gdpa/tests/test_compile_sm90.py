@@ -138,6 +138,15 @@ def _jobs() -> dict[str, dict]:
     ]
     jobs["bwd_dq_per_head"] = dict(jobs["bwd_dq"], constexprs=dict(DQ, PER_HEAD=True, HAS_WINDOW=True),
                                    num_stages=1, divisible=aligned)  # fmt: skip
+    # fast_gelu_bf16 with fp16 inputs rounds to fp16 (the activation helpers' LP branch)
+    fp16 = {n: ("*fp16" if t == "*bf16" else t) for n, t in FWD_TYPES.items()}
+    act_bf16 = ACTIVATIONS.index("fast_gelu_bf16")
+    jobs["fwd_fast_gelu_bf16_fp16"] = dict(_fwd(**dict(FWD, ACT=act_bf16, USE_TMA=False)), types=fp16)
+    jobs["bwd_dkdv_fast_gelu_bf16_fp16"] = dict(
+        jobs["bwd_dkdv"],
+        types={n: ("*fp16" if t == "*bf16" else t) for n, t in BWD_TYPES.items()},
+        constexprs=dict(BWD, ACT=act_bf16),
+    )
     jobs["fwd_upstream_extras"] = _fwd(**dict(FWD, **EXTRAS))
     # at the stage count the launcher gives encodings (``launch.bwd``): two stages overflow shared memory
     jobs["bwd_dkdv_upstream_extras"] = dict(jobs["bwd_dkdv"], constexprs=dict(BWD, DKV_ATOMIC=True, **EXTRAS),
@@ -195,6 +204,12 @@ def test_forward_hopper_build_uses_wgmma_tma_and_hardware_tanh(ptx):
 @pytest.mark.parametrize("name", ACTIVATIONS)
 def test_forward_compiles_for_every_activation(ptx, name):
     assert _ok(ptx, f"fwd_{name}")["wgmma"] > 0
+
+
+def test_fast_gelu_bf16_compiles_for_fp16(ptx):
+    for name in ("fwd_fast_gelu_bf16_fp16", "bwd_dkdv_fast_gelu_bf16_fp16"):
+        counts = _ok(ptx, name)
+        assert counts["wgmma"] > 0 and counts["tanh_approx"] > 0 and counts["local_memory"] == 0, name
 
 
 @pytest.mark.parametrize("name", OPTIONS)

@@ -21,8 +21,15 @@ def test_activation_enum_matches_tools():
 
 @pytest.mark.parametrize("act", ACTIVATIONS)
 def test_every_activation_fwd_bwd(act, device):
-    # fast_gelu_bf16 rounds its tanh argument to bf16 by definition: test it in bf16
     run_case(Case(lq=(0, 1, 31, 40), lk=(3, 0, 33, 40), act=act), device)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1 / 40])
+def test_fast_gelu_bf16_fp16_inputs(scale, device):
+    # fast_gelu_bf16 works in the inputs' 16-bit type, as upstream rounds S to it before its 16-bit
+    # tanh: fp16 inputs meet the fp16 rule (rounding to bf16 instead missed it by 6 %)
+    case = Case(lq=(0, 1, 31, 40), lk=(3, 0, 33, 40), act="fast_gelu_bf16", dtype=torch.float16, scale=scale)
+    run_case(case, device)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -95,6 +95,16 @@ def test_broadcast_q_offsets(device):
         jagged_flash_attention(*args, broadcast_q=True, output_offset=args[4])
 
 
+def test_query_longer_than_max_seq_len_q_is_truncated_not_refused(device):
+    """Under ADS_CHECK_INPUTS=1 (this module's fixture) a query sequence longer than max_seq_len_q is
+    valid input, the upstream contract: its rows past the bound are zeros. A key sequence longer than
+    max_seq_len_kv is the error ("kv too long" above)."""
+    args, _ = _args(device, max_q=2)  # query lengths 3 and 5
+    out = jagged_flash_attention(*args)
+    assert (out[2:3] == 0).all() and (out[5:8] == 0).all()
+    assert (out[0:2] != 0).any() and (out[3:5] != 0).any()
+
+
 def test_device_offsets_unread_without_check_inputs(device, monkeypatch):
     """Without ADS_CHECK_INPUTS device offsets are never read (no sync): bad ones are not reported
     (the engine clamps them); CPU offsets are host data and still checked."""

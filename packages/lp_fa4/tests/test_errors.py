@@ -122,7 +122,8 @@ def test_bad_varlen_inputs():
 
 def test_check_inputs_reads_device_values(monkeypatch):
     """ADS_CHECK_INPUTS=1: offsets outside the tensor, decreasing offsets, a length over max_seqlen
-    and page indices out of range are ValueErrors; without it the kernels clamp (see test_ops)."""
+    (the FA4 functions; jagged_attention truncates) and page indices out of range are ValueErrors;
+    without it the kernels clamp (see test_ops)."""
     monkeypatch.setenv("ADS_CHECK_INPUTS", "1")
     q, k, v, cu = _varlen()
     bad = torch.tensor([0, 3, 9], dtype=torch.int32)
@@ -139,6 +140,9 @@ def test_check_inputs_reads_device_values(monkeypatch):
         )
     with pytest.raises(ValueError, match="spans"):
         jagged_attention(q, k, v, bad, cu, 5)
+    # jagged_attention truncates by contract (ads-jfa's upstream): longer sequences are valid there
+    out, _ = jagged_attention(q, k, v, cu, cu, 2, 2)
+    assert (out[2:3] == 0).all() and (out[5:] == 0).all()
     # broadcast_q: one block of q's rows per kv sequence, so the query offsets must span q exactly
     short = torch.tensor([0, q.shape[0] - 2], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"broadcast_q needs cu_seqlens_q == \[0, "):

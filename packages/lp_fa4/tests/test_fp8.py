@@ -219,6 +219,32 @@ def test_fp8_varlen_lacking_options():
                                page_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32))  # fmt: skip
 
 
+@pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf")], ids=["negative", "nan", "inf"])
+@pytest.mark.parametrize("name", ["q_descale", "k_descale", "v_descale"])
+def test_check_inputs_refuses_bad_descale_values(monkeypatch, device, name, value):
+    """ADS_CHECK_INPUTS=1 reads the descales: NaN, inf or negative entries are ValueErrors (the Gluon
+    forward's row maximum needs a scale >= 0); zero is valid and computes the dequantised math."""
+    q, k, v = (t.to(device) for t in _fp8_dense())
+    bad = torch.ones(2, 2, device=device)
+    bad[1, 0] = value
+    kw = dict(
+        q_descale=_ones(2, 2).to(device), k_descale=_ones(2, 2).to(device), v_descale=_ones(2, 2).to(device)
+    )
+    monkeypatch.setenv("ADS_CHECK_INPUTS", "1")
+    with pytest.raises(ValueError, match=f"{name} must be finite and >= 0"):
+        flash_attn_func(q, k, v, **(kw | {name: bad}))
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=f"{name} must be finite and >= 0"):
+        flash_attn_varlen_func(
+            *(t.reshape(16, *t.shape[2:]) for t in (q, k, v)), cu, cu, 8, 8, **(kw | {name: bad})
+        )
+    zero = kw | {name: torch.zeros(2, 2, device=device)}
+    out, _ = flash_attn_func(q, k, v, **zero)
+    assert torch.isfinite(out.float()).all()
+    monkeypatch.setenv("ADS_CHECK_INPUTS", "0")  # unchecked: the call runs (no sync)
+    flash_attn_func(q, k, v, **(kw | {name: bad}))
+
+
 # --- dispatch and GPU ----------------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 ValueError for input that is wrong, NotImplementedError naming an FA4 keyword value this package
 does not implement. ``host_checks`` is the optional (ADS_CHECK_INPUTS=1) value check that reads
-device offsets and page tables.
+device offsets and page tables; ``_check_fp8`` reads the FP8 descales under the same flag.
 """
 
 from __future__ import annotations
@@ -213,7 +213,13 @@ def _check_fp8(q: Tensor, k: Tensor, v: Tensor, q_descale, k_descale, v_descale,
     descale), else (q_descale, k_descale, v_descale) as contiguous fp32 (B, Hkv) on q's device, FA3's
     layout (None = 1.0; q heads of a GQA group share their kv head's q_descale). The user's values are
     q·q_descale[b, h // G] and likewise for k and v. Options the FP8 path lacks raise
-    NotImplementedError. Gradients are those of the dequantised inputs (``lp_fa4.fp8_bwd``)."""
+    NotImplementedError. Gradients are those of the dequantised inputs (``lp_fa4.fp8_bwd``).
+
+    Descales must be finite and >= 0 (amax / 448 is): the Gluon sm_90 forward takes its row maximum
+    as max(Q·Kᵀ)·scale, the largest scaled score only for a scale >= 0, so a negative one puts P
+    outside e4m3's range and the output is wrong (H100: errors as large as the output); NaN or inf
+    make the math NaN. Zero is valid (q or k: uniform weights; v: zero output). The values live on
+    the device, so they are read (one sync) only under ``ADS_CHECK_INPUTS=1``."""
     given = [n for n, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
              if t is not None]  # fmt: skip
     if q.dtype != FP8:
@@ -243,4 +249,17 @@ def _check_fp8(q: Tensor, k: Tensor, v: Tensor, q_descale, k_descale, v_descale,
         if t.device != q.device:
             raise ValueError(f"lp_fa4: {name} is on {t.device}, q on {q.device}")
         out.append(t.contiguous())
+    if cfg.check_inputs():
+        _check_descale_values(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return tuple(out)
+
+
+def _check_descale_values(**descales: Tensor | None) -> None:
+    """ADS_CHECK_INPUTS=1: the given descales are finite and >= 0 (one sync for all of them)."""
+    given = {name: t for name, t in descales.items() if t is not None and t.numel()}
+    if not given:
+        return
+    bad = torch.stack([(~torch.isfinite(t) | (t < 0)).any() for t in given.values()]).tolist()
+    for (name, t), is_bad in zip(given.items(), bad):
+        if is_bad:
+            raise ValueError(f"lp_fa4: {name} must be finite and >= 0, got {t.flatten()[:8].tolist()}")

@@ -57,8 +57,10 @@ Env:
         (H200: faster at 32 rows, level at 64; BENCHMARKS.md).
     LP_FA4_RESIDENT_TILE=N,W,S  the resident backward's key tile, warps and pipeline stages (default
         by the query block: ``config.resident_tile``).
-    ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables (one host sync per call):
-        monotone offsets inside the tensors, lengths <= max_seqlen, page indices in range. Off by
+    ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables / FP8 descales (one host
+        sync per call): monotone offsets inside the tensors, lengths <= max_seqlen (not
+        ``jagged_attention``'s query rows, which are cut), page indices in range, descales finite and
+        >= 0. Off by
         default: the hot path never syncs.
     TRITON_INTERPRET=1  (Triton's own) run the kernels on the CPU; tiles are pinned small there so
         tests reach tile edges with short sequences.

@@ -167,7 +167,9 @@ def flash_attn_func(
     q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); bf16 or fp16; H % Hkv == 0 (GQA/MQA).
     FP8: float8_e4m3fn q, k, v with ``q_descale`` / ``k_descale`` / ``v_descale`` fp32 (B, Hkv) each
     (FA3's layout; None = 1.0): the attention of q·q_descale[b, h // G], k·k_descale[b, hk],
-    v·v_descale[b, hk]; out is bf16; no window other than causal, softcap or sink. Gradients are
+    v·v_descale[b, hk]; out is bf16; no window other than causal, softcap or sink. Descales must be
+    finite and >= 0 (zero is valid); ``ADS_CHECK_INPUTS=1`` reads them and raises ValueError
+    otherwise (unchecked, a negative one gives a wrong output on the sm_90 kernel). Gradients are
     those of the dequantised inputs: bf16 to the sources of :func:`lp_fa4.fp8_bwd.quantize_fp8` outputs
     (straight through), the chain rule to float8 leaves and descales (``lp_fa4.fp8_bwd``).
     Returns ``(out, lse)``: out (B, Sq, H, Dv) in q's dtype (bf16 for FP8); lse (B, H, Sq) fp32 natural-log
@@ -176,8 +178,11 @@ def flash_attn_func(
     ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` for ``window_size=(left, right)`` (None =
     unbounded; causal sets right = 0; left + right < 0 means no window). ``softcap`` > 0 maps scores to
     ``softcap·tanh(s/softcap)``; ``learnable_sink`` (H,) is a per-head logit (not scaled) added to the
-    softmax denominator only. Rows with no valid key give out 0, lse -inf. ``pack_gqa`` is accepted
-    (GQA needs no packing here); ``deterministic`` gives a bitwise repeatable backward.
+    softmax denominator only. Rows with no valid key give out 0, lse -inf (with a sink: out 0,
+    lse = sink_h, FA4's value). ``pack_gqa`` is accepted (GQA needs no packing here);
+    ``deterministic`` gives a bitwise repeatable backward. The backward recomputes P from the fp32
+    LSE, as FA4 does, so gradients lose accuracy once the scaled scores |softmax_scale·q·k| reach
+    about 1e6 and overflow near 1e9 (the forward is not affected).
     """
     _fa4_keywords(
         num_splits,
@@ -273,13 +278,15 @@ def flash_attn_varlen_func(
     page_size]; forward only; its length is seqused_k[b], else max_pages·page_size).
     ``seqused_q/k`` (B,) shorten each sequence to its first entries: query rows past seqused_q give
     out 0 / lse -inf (within the first max_seqlen_q rows of the slot; later slot rows are not
-    written), keys past seqused_k are ignored and get zero dK/dV. ``max_seqlen_q/k`` bound the
-    longest sequence (omitted: read from the offsets, one device sync); of a longer one only the
-    first max_seqlen_q rows are computed and the first max_seqlen_k keys attended, in the forward
-    and the backward alike (keys past it get zero dK/dV). ``broadcast_q``: the one query
-    sequence (cu_seqlens_q = [0, Lq]) attends to each of the B kv sequences; out (B·Lq, H, Dv), dQ
-    summed over the batch. Returns ``(out, lse)``: out (Tq, H, Dv), lse (H, Tq) fp32 natural log (for
-    4-D q: (B, Sq, H, Dv) and (B, H, Sq)) when ``return_lse``, else None. Rows before cu_seqlens_q[0]
+    written), keys past seqused_k are ignored and get zero dK/dV. ``max_seqlen_q/k`` must bound the
+    longest sequence, as in FA4 (omitted: read from the offsets, one device sync); a longer one is a
+    ValueError under ``ADS_CHECK_INPUTS=1``, and unchecked only its first max_seqlen_q rows are
+    computed and its first max_seqlen_k keys attended, in the forward and the backward alike (keys
+    past it get zero dK/dV; :func:`jagged_attention` makes that truncation its contract).
+    ``broadcast_q``: the one query sequence (cu_seqlens_q = [0, Lq]) attends to each of the B kv
+    sequences; out (B·Lq, H, Dv), dQ summed over the batch. Returns ``(out, lse)``: out (Tq, H, Dv),
+    lse (H, Tq) fp32 natural log (for 4-D q: (B, Sq, H, Dv) and (B, H, Sq)) when ``return_lse``,
+    else None. Rows before cu_seqlens_q[0]
     or after cu_seqlens_q[B] are left unwritten. FP8 descales are (B, Hkv), B the number of
     sequences. Other options as :func:`flash_attn_func`.
     """

@@ -3,6 +3,8 @@
 ``ACT`` is a constexpr so each kernel specialises to one activation; ``act_dyn`` dispatches on a
 runtime id (per-head activation lists) by unrolling over the ids. ``FAST`` turns on PTX
 ``tanh.approx``; it must be off under TRITON_INTERPRET (the interpreter cannot run inline asm).
+``LP`` is the 16-bit type fast_gelu_bf16 rounds to: the inputs' type for fp16 inputs, bf16
+otherwise (upstream rounds S to the inputs' type before its 16-bit tanh).
 """
 
 import triton
@@ -71,7 +73,17 @@ def gelu_cdf(x, t):
 
 
 @triton.jit
-def act_fwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
+def _round16(x, LP: tl.constexpr):
+    """x rounded to fp16 if ``LP`` is fp16, else to bf16, back in fp32."""
+    if LP == tl.float16:
+        r = x.to(tl.float16).to(tl.float32)
+    else:
+        r = x.to(tl.bfloat16).to(tl.float32)
+    return r
+
+
+@triton.jit
+def act_fwd(x, ACT: tl.constexpr, FAST: tl.constexpr, LP: tl.constexpr):
     """f(x) in fp32 for a constexpr activation id."""
     if ACT == A_RAW:
         y = x
@@ -86,10 +98,10 @@ def act_fwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
     elif ACT == A_RELU:
         y = tl.maximum(x, 0.0)
     elif ACT == A_FAST_GELU_BF16:
-        # bf16 inputs and bf16 tanh as upstream: round x, the tanh argument and tanh itself to bf16
-        xb = x.to(tl.bfloat16).to(tl.float32)
-        u = (xb * BETA_BF16 * (1.0 + xb * xb * GELU_C)).to(tl.bfloat16).to(tl.float32)
-        t = _tanh(u, FAST).to(tl.bfloat16).to(tl.float32)
+        # 16-bit inputs and tanh as upstream: round x, the tanh argument and tanh itself to LP
+        xb = _round16(x, LP)
+        u = _round16(xb * BETA_BF16 * (1.0 + xb * xb * GELU_C), LP)
+        t = _round16(_tanh(u, FAST), LP)
         y = 0.5 * xb * (1.0 + t)
     elif ACT == A_SILU:
         y = x / (1.0 + tl.exp(-x))
@@ -108,7 +120,7 @@ def act_fwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
-def act_fwd_bwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
+def act_fwd_bwd(x, ACT: tl.constexpr, FAST: tl.constexpr, LP: tl.constexpr):
     """(f(x), f'(x)) in fp32; shares the transcendental between the two."""
     if ACT == A_RAW:
         y = x
@@ -123,7 +135,7 @@ def act_fwd_bwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
         y = 0.5 * x * (1.0 + t)
         g = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (BETA + GELU_DC * x * x)
         if ACT == A_FAST_GELU_BF16:
-            y = act_fwd(x, 6, FAST)
+            y = act_fwd(x, A_FAST_GELU_BF16, FAST, LP)
     elif ACT == A_LEAKY_RELU:
         y = tl.where(x >= 0, x, 0.01 * x)
         g = tl.where(x >= 0, 1.0, 0.01)
@@ -149,21 +161,21 @@ def act_fwd_bwd(x, ACT: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
-def act_fwd_dyn(x, act_id, FAST: tl.constexpr):
+def act_fwd_dyn(x, act_id, FAST: tl.constexpr, LP: tl.constexpr):
     """f(x) for a runtime id (per-head lists); the id is uniform per program, so no divergence."""
     y = x
     for a in tl.static_range(N_ACT):
         if act_id == a:
-            y = act_fwd(x, a, FAST)
+            y = act_fwd(x, a, FAST, LP)
     return y
 
 
 @triton.jit
-def act_fwd_bwd_dyn(x, act_id, FAST: tl.constexpr):
+def act_fwd_bwd_dyn(x, act_id, FAST: tl.constexpr, LP: tl.constexpr):
     """(f(x), f'(x)) for a runtime id."""
     y = x
     g = tl.full(x.shape, 1.0, tl.float32)
     for a in tl.static_range(N_ACT):
         if act_id == a:
-            y, g = act_fwd_bwd(x, a, FAST)
+            y, g = act_fwd_bwd(x, a, FAST, LP)
     return y, g

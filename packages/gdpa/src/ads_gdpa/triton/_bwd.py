@@ -97,9 +97,9 @@ def gdpa_bwd_dkdv_kernel(
                         )  # fmt: skip
                     s_t = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M)
                     if PER_HEAD:
-                        p_t, g_t = act_fwd_bwd_dyn(s_t, act_id, FAST)
+                        p_t, g_t = act_fwd_bwd_dyn(s_t, act_id, FAST, dtype)
                     else:
-                        p_t, g_t = act_fwd_bwd(s_t, ACT, FAST)
+                        p_t, g_t = act_fwd_bwd(s_t, ACT, FAST, dtype)
                     dp_t = tl.dot(v, tl.trans(do))
                     p_t = p_t * scale
                     ds_t = g_t * dp_t * scale
@@ -224,9 +224,9 @@ def gdpa_bwd_dq_kernel(
                         v = load_rows(v_base, offs_n, Lk, stride_vt, offs_dv, D_V)
                     s = tl.dot(q, tl.trans(k))
                     if PER_HEAD:
-                        _p, g = act_fwd_bwd_dyn(s, act_id, FAST)
+                        _p, g = act_fwd_bwd_dyn(s, act_id, FAST, dtype)
                     else:
-                        _p, g = act_fwd_bwd(s, ACT, FAST)
+                        _p, g = act_fwd_bwd(s, ACT, FAST, dtype)
                     ds = g * tl.dot(do, tl.trans(v)) * scale
                     if HAS_WINDOW:
                         ds = tl.where(band_mask(offs_m, offs_n, diag, win_left, win_right), ds, 0.0)

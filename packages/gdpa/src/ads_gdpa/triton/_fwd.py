@@ -118,9 +118,9 @@ def gdpa_fwd_kernel(
                 if FP8:
                     s = s * s_scale
                 if PER_HEAD:
-                    p = act_fwd_dyn(s, act_id, FAST)
+                    p = act_fwd_dyn(s, act_id, FAST, O.dtype.element_ty)
                 else:
-                    p = act_fwd(s, ACT, FAST)
+                    p = act_fwd(s, ACT, FAST, O.dtype.element_ty)
                 if not FP8:
                     p = p * scale
                 if HAS_WINDOW:
