@@ -215,6 +215,18 @@ def test_cli_save_writes_json_and_plot(tmp_path, capsys):
     assert Report.load(tmp_path / "a.json").rows and "--markdown" in capsys.readouterr().out
 
 
+def test_cli_finish_prints_table_notes_summary_then_saves(tmp_path, monkeypatch, capsys):
+    from ads_kernel_tools.bench import cli
+
+    monkeypatch.setattr(peers, "_NOTES", {"ghost": "not installed"})
+    args = cli.parser("p", "d").parse_args(["--json", str(tmp_path / "a.json")])
+    seen = []
+    assert cli.finish(_sweep_report(), args, x_key="max_len", summary=seen.append) == 0
+    out = capsys.readouterr().out
+    assert len(seen) == 1 and "note: ghost: not installed" in out
+    assert out.index("note: ghost") < out.index("wrote ") and Report.load(tmp_path / "a.json").rows
+
+
 def test_peers_report_missing_instead_of_raising(capsys):
     assert peers.sdpa("math") is not None
     with pytest.raises(ValueError):

@@ -2,7 +2,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from ads_kernel_tools.dispatch import plain_eager
+from ads_kernel_tools.dispatch import bind_op_args, plain_eager, readable_host
 
 
 def test_plain_tensors_parameters_and_none():
@@ -72,3 +72,20 @@ def test_eager_function_runs_impl_setup_and_backward():
     y, _ = fn.apply(x, 2.0)
     (g,) = torch.autograd.grad(y, x, torch.ones(3))
     assert fn.__name__ == "_Scale" and torch.equal(g, torch.full((3,), 2.0))
+
+
+def test_bind_op_args_names_positional_then_keywords_with_defaults():
+    fields = ("q", "k", "max_q", "host_q")
+    bound = bind_op_args(fields, (1, 2), {"host_q": 5, "out_val": 9})
+    assert bound == {"q": 1, "k": 2, "max_q": None, "host_q": 5}
+    assert bind_op_args(fields, (1,), {}, {"max_q": 7})["max_q"] == 7
+
+
+def test_readable_host_reads_only_real_cpu_tensors():
+    assert readable_host(torch.tensor([0, 3, 5])) == (0, 3, 5)
+    assert readable_host(None) is None
+    assert readable_host([0, 3]) is None
+    assert readable_host(torch.empty(2, device="meta")) is None
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.tensor([0, 3]))
+    assert readable_host(fake) is None

@@ -338,12 +338,7 @@ def measure(args) -> int:
         bench_attention(report, bench, 1152, 4, 1, 128, 2048, 0.7, args.quick)  # MQA
     for dim in (64, 128) if not args.quick else (128,):
         bench_pipeline(report, bench, 1152, 4, dim, 2048, 0.7)
-    report.print_table()
-    for name, why in bench.peers.notes().items():
-        print(f"note: {name}: {why}")
-    _summary(report)
-    cli.save(report, args, x_key="max_len")
-    return 0
+    return cli.finish(report, args, x_key="max_len", summary=_summary)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,10 @@ import functools
 from typing import NamedTuple
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ads_kernel_tools.bench.flops import valid_pairs
-from ads_kernel_tools.dispatch import eager_function, plain_eager
+from ads_kernel_tools.dispatch import bind_op_args, eager_function, plain_eager, readable_host
 from ads_kernel_tools.offsets import check_inputs_enabled
 
 from . import dispatch
@@ -285,7 +284,7 @@ gdpa_fwd_op = torch.library.custom_op("ads_gdpa::fwd", fwd_impl, mutates_args=()
 
 @gdpa_fwd_op.register_fake
 def _(*args, **kwargs):
-    a = FwdArgs(**_bind(FwdArgs._fields, args, kwargs, FwdArgs._field_defaults))
+    a = FwdArgs(**bind_op_args(FwdArgs._fields, args, kwargs, FwdArgs._field_defaults))
     out_dtype = torch.bfloat16 if a.q_descale is not None else a.q.dtype
     return a.q.new_empty((_out_rows(a), a.q.shape[1], _views(a)[2].shape[2]), dtype=out_dtype)
 
@@ -351,7 +350,7 @@ gdpa_bwd_op = torch.library.custom_op("ads_gdpa::bwd", bwd_impl, mutates_args=()
 
 @gdpa_bwd_op.register_fake
 def _(*args, **kwargs):
-    a = BwdArgs(**_bind(BwdArgs._fields, args, kwargs, BwdArgs._field_defaults))
+    a = BwdArgs(**bind_op_args(BwdArgs._fields, args, kwargs, BwdArgs._field_defaults))
     grads = [torch.empty_like(t) for t in _tables(a)[0]]
     if a.fused == Fused.QKV:
         return torch.empty_like(a.q), a.q.new_empty(0), a.q.new_empty(0), grads
@@ -472,21 +471,12 @@ def pairs_of_lengths(lq, lk, max_q: int, mask_mode: int, win_left: int, win_righ
     return total
 
 
-def _readable(host) -> tuple[int, ...] | None:
-    """Host offsets as ints, or None where they are not real data (fake or meta tensors)."""
-    if host is None or not isinstance(host, Tensor) or host.device.type != "cpu":
-        return None
-    if isinstance(host, FakeTensor):
-        return None
-    return tuple(host.tolist())
-
-
 def _span_lengths(a: FwdArgs | BwdArgs) -> tuple[list[int], list[int]] | None:
     """Per-sequence (Lq, Lk) of an upstream-extras call from readable host data (the host copies,
     or the offsets themselves when they live on the CPU), else None."""
 
     def read(host, dev):
-        return _readable(host) if host is not None else _readable(dev)
+        return readable_host(host) if host is not None else readable_host(dev)
 
     hq, hk = read(a.host_q, a.cu_q), read(a.host_k, a.cu_k)
     if hq is None or hk is None:
@@ -518,24 +508,18 @@ def _fwd_flops(a: FwdArgs | BwdArgs) -> int:
         pairs = pairs_of_lengths(*lengths, a.max_q, a.mask_mode, a.win_left, a.win_right)
         return 2 * heads * width * pairs
     n_b = a.cu_k.shape[0] - 1
-    hq, hk = _readable(a.host_q), _readable(a.host_k)
+    hq, hk = readable_host(a.host_q), readable_host(a.host_k)
     pairs = pair_count(hq, hk, a.max_q, a.max_k, n_b, a.broadcast_q, a.mask_mode, a.win_left, a.win_right)
     return 2 * heads * width * pairs
 
 
-def _bind(fields: tuple[str, ...], args, kwargs, defaults=None) -> dict:
-    bound = dict(zip(fields, args))
-    bound.update({k: v for k, v in kwargs.items() if k in fields})
-    for name in fields:
-        bound.setdefault(name, (defaults or {}).get(name))
-    return bound
-
-
 @register_flop_formula(torch.ops.ads_gdpa.fwd, get_raw=True)
 def _flops_fwd(*args, out_val=None, **kwargs) -> int:
-    return _fwd_flops(FwdArgs(**_bind(FwdArgs._fields, args, kwargs, FwdArgs._field_defaults)))
+    return _fwd_flops(FwdArgs(**bind_op_args(FwdArgs._fields, args, kwargs, FwdArgs._field_defaults)))
 
 
 @register_flop_formula(torch.ops.ads_gdpa.bwd, get_raw=True)
 def _flops_bwd(*args, out_val=None, **kwargs) -> int:
-    return int(2.5 * _fwd_flops(BwdArgs(**_bind(BwdArgs._fields, args, kwargs, BwdArgs._field_defaults))))
+    return int(
+        2.5 * _fwd_flops(BwdArgs(**bind_op_args(BwdArgs._fields, args, kwargs, BwdArgs._field_defaults)))
+    )

@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.flop_counter import register_flop_formula
+
+from ads_kernel_tools.dispatch import bind_op_args, readable_host
 
 from . import costs
 from ._gdpa import gdpa_bwd, gdpa_fwd
@@ -248,38 +249,20 @@ def _backward(ctx, dout, *_):
 torch.library.register_autograd("ads_gdpa_megakernel::fwd", _backward, setup_context=_setup_context)
 
 
-def _readable(host) -> tuple[int, ...] | None:
-    """Host offsets as ints, or None where they are not real data (fake or meta tensors)."""
-    if (
-        host is None
-        or not isinstance(host, Tensor)
-        or host.device.type != "cpu"
-        or isinstance(host, FakeTensor)
-    ):
-        return None
-    return tuple(host.tolist())
-
-
-def _bind(fields: tuple[str, ...], args, kwargs) -> dict:
-    bound = dict(zip(fields, args))
-    bound.update({k: v for k, v in kwargs.items() if k in fields})
-    for name in fields:
-        bound.setdefault(name, None)
-    return bound
-
-
 def _flops(a: FwdArgs | BwdArgs, backward: bool) -> int:
     t, h, d = a.q.shape
-    pairs = costs.pair_count(_readable(a.host_q), _readable(a.host_k), a.max_q, a.max_k, a.cu_q.shape[0] - 1)
+    pairs = costs.pair_count(
+        readable_host(a.host_q), readable_host(a.host_k), a.max_q, a.max_k, a.cu_q.shape[0] - 1
+    )
     return costs.flops(t, h, d, pairs, layer_norm=a.layer_norm, q_residual=a.q_residual,
                        rms_norm=a.rms_norm, backward=backward)  # fmt: skip
 
 
 @register_flop_formula(torch.ops.ads_gdpa_megakernel.fwd, get_raw=True)
 def _flops_fwd(*args, out_val=None, **kwargs) -> int:
-    return _flops(FwdArgs(**_bind(FwdArgs._fields, args, kwargs)), backward=False)
+    return _flops(FwdArgs(**bind_op_args(FwdArgs._fields, args, kwargs)), backward=False)
 
 
 @register_flop_formula(torch.ops.ads_gdpa_megakernel.bwd, get_raw=True)
 def _flops_bwd(*args, out_val=None, **kwargs) -> int:
-    return _flops(BwdArgs(**_bind(BwdArgs._fields, args, kwargs)), backward=True)
+    return _flops(BwdArgs(**bind_op_args(BwdArgs._fields, args, kwargs)), backward=True)

@@ -250,12 +250,7 @@ def measure(args) -> int:
         shapes += [(1024, 1.0, None), (1024, 0.5, None), (512, 1.0, None), (512, 0.5, None), (2048, 1.0, 256)]
     for max_len, sparsity, short_kv in shapes:
         bench_shape(report, bench, 1152, max_len, sparsity, short_kv)
-    report.print_table()
-    for name, why in bench.peers.notes().items():
-        print(f"note: {name}: {why}")
-    _summary(report)
-    cli.save(report, args, x_key="max_len")
-    return 0
+    return cli.finish(report, args, x_key="max_len", summary=_summary)
 
 
 if __name__ == "__main__":

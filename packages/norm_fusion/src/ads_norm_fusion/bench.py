@@ -408,12 +408,7 @@ def measure(args) -> int:
         )
     for shape in RMS_LINEAR_SHAPES if not args.quick else RMS_LINEAR_QUICK:
         bench_rmsnorm_linear(report, bench, shape, compile_peers=not args.quick or shape == HEADLINE)
-    report.print_table()
-    for name, why in bench.peers.notes().items():
-        print(f"note: {name}: {why}")
-    _summary(report)
-    cli.save(report, args, x_key="M")
-    return 0
+    return cli.finish(report, args, x_key="M", summary=_summary)
 
 
 if __name__ == "__main__":

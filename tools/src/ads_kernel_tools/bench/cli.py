@@ -3,7 +3,8 @@
 ``ci/bench`` relies on these flags: ``--quick`` (a subset for ci/gpu), ``--json`` and ``--plot``
 (where to write results) and ``--demo`` (the checked CPU run). Packages add their own flags to the
 returned parser and can hand the finished report to ``save``; ``main`` is the whole entry point
-(flags, the demo, the no-GPU message) around a package's measuring function.
+(flags, the demo, the no-GPU message) around a package's measuring function, and ``finish`` the
+end of one (table, peer notes, the package's targets, files).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from ads_kernel_tools.bench.peers import notes as peer_notes
 from ads_kernel_tools.bench.report import Report
 
 
@@ -43,6 +45,26 @@ def save(report: Report, args: argparse.Namespace, *, x_key: str, x_label: str |
         print(f"wrote {args.json} (tables: python -m ads_kernel_tools.bench {args.json} --markdown)")
     if args.plot and report.plot_png(args.plot, x_key, x_label=x_label) is not None:
         print(f"wrote {args.plot}")
+
+
+def finish(
+    report: Report,
+    args: argparse.Namespace,
+    *,
+    x_key: str,
+    x_label: str | None = None,
+    summary: Callable[[Report], None] | None = None,
+) -> int:
+    """The end of a package's ``measure``: the table, a ``note:`` line per peer that did not run
+    (and why), ``summary(report)`` (the package's targets, if any), then ``save``. Returns 0, the
+    status ``measure`` returns."""
+    report.print_table()
+    for name, why in peer_notes().items():
+        print(f"note: {name}: {why}")
+    if summary is not None:
+        summary(report)
+    save(report, args, x_key=x_key, x_label=x_label)
+    return 0
 
 
 def main(

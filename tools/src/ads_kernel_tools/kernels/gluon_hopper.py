@@ -22,7 +22,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 __all__ = [
-    "smem_layout", "acc_layout", "split_entry", "decode_tile", "init_ring", "store_rows",
+    "smem_layout", "acc_layout", "split_entry", "decode_tile", "init_ring", "kv_ring_buffers", "fwd_rings",
+    "store_rows",
     "coalesced_rows_layout", "masked_row_store", "red_add_v4", "tma_reduce_add", "stage_for_tma",
     "rows_desc", "bwd_grad_step", "bwd_buffers",
 ]  # fmt: skip
@@ -84,6 +85,39 @@ def init_ring(ready, empty, N: gl.constexpr, CONSUMERS: gl.constexpr):
     for i in gl.static_range(N):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=CONSUMERS)
+
+
+@gluon.jit
+def kv_ring_buffers(k_desc, v_desc, STAGES: gl.constexpr, V_KMAJOR: gl.constexpr):
+    """The K and V tiles of a ``STAGES``-slot attention forward ring, boxes of BN keys by D
+    (``k_desc``'s box); ``V_KMAJOR``: V held as (D, BN), the K-major operand fp8 wgmma reads.
+    Returns (k_smem, v_smem)."""
+    dtype: gl.constexpr = k_desc.dtype
+    BN: gl.constexpr = k_desc.block_type.shape[0]
+    D: gl.constexpr = k_desc.block_type.shape[1]
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
+    if V_KMAJOR:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, D, BN], v_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    return k_smem, v_smem
+
+
+@gluon.jit
+def fwd_rings(QBUF: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The mbarriers of an attention forward's producer/consumer rings, allocated and initialised
+    (``init_ring``, released by each of ``CONSUMERS`` warpgroups): ``QBUF`` Q slots and ``STAGES``
+    K and V slots. Returns (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)."""
+    q_ready = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    init_ring(q_ready, q_empty, QBUF, CONSUMERS)
+    init_ring(k_ready, k_empty, STAGES, CONSUMERS)
+    init_ring(v_ready, v_empty, STAGES, CONSUMERS)
+    return q_ready, q_empty, k_ready, k_empty, v_ready, v_empty
 
 
 @gluon.jit

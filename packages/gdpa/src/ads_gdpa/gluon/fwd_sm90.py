@@ -41,7 +41,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ads_kernel_tools.capability import num_sms as sm_count
 from ads_kernel_tools.kernels.gluon_hopper import (
     coalesced_rows_layout,
-    init_ring,
+    fwd_rings,
+    kv_ring_buffers,
     masked_row_store,
     smem_layout,
     stage_for_tma,
@@ -463,25 +464,14 @@ def _gdpa_fwd_ws(
 ):
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [QBUF, BM, D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    if FP8:  # V K-major, as fp8 wgmma reads its B operand
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, D, BN], v_desc.layout)
-    else:
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_smem, v_smem = kv_ring_buffers(k_desc, v_desc, STAGES, FP8)  # FP8: V K-major, as fp8 wgmma reads it
+    # released by each of the two consumer warpgroups
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = fwd_rings(QBUF, STAGES, 2)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     if EPILOGUE == 2:  # one output tile per consumer warpgroup
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, BM // 2, D], o_desc.layout)
     else:  # unused; a minimal buffer keeps one consumer signature
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 8, D], o_desc.layout)
-    init_ring(q_ready, q_empty, QBUF, 2)  # released by each of the two consumer warpgroups
-    init_ring(k_ready, k_empty, STAGES, 2)
-    init_ring(v_ready, v_empty, STAGES, 2)
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
 

@@ -65,7 +65,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ads_kernel_tools.capability import num_sms
 from ads_kernel_tools.kernels.gluon_hopper import (
-    init_ring,
+    fwd_rings,
+    kv_ring_buffers,
     smem_layout,
     split_entry,
     stage_for_tma,
@@ -473,21 +474,10 @@ def attn_fwd_ws(
         q_smem = gl.allocate_shared_memory(dtype, [QBUF, BM, D], q_desc.layout)
     else:  # BM = 192 is no power of two: a 64-row buffer per warpgroup and Q buffer
         q_smem = gl.allocate_shared_memory(dtype, [QBUF * NWG, QBOX, D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    if FP8:  # V K-major, as fp8 wgmma reads its B operand
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, D, BN], v_desc.layout)
-    else:
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    k_smem, v_smem = kv_ring_buffers(k_desc, v_desc, STAGES, FP8)  # FP8: V K-major, as fp8 wgmma reads it
     o_smem = gl.allocate_shared_memory(o_desc.dtype, [NWG, 64, D], o_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    init_ring(q_ready, q_empty, QBUF, NWG)  # released by each of the consumer warpgroups
-    init_ring(k_ready, k_empty, STAGES, NWG)
-    init_ring(v_ready, v_empty, STAGES, NWG)
+    # released by each of the consumer warpgroups
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = fwd_rings(QBUF, STAGES, NWG)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
