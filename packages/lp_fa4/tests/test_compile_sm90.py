@@ -219,17 +219,19 @@ def _launch_args(monkeypatch, keys, calls):
     q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)
     lse = torch.zeros(2, 64, device=dev)
     cu = torch.tensor([0, 64], dtype=torch.int32, device=dev)
-    for env, causal, window in calls:
+    for env, causal, window, *max_k in calls:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, 64, 64, 0.125, causal, window=window)
+        mk = max_k[0] if max_k else 64
+        bwd_sm90.bwd(q, q, q, q, lse, lse, cu, cu, None, None, 64, mk, 64, 0.125, causal, window=window)
     return seen
 
 
 def test_bwd_grid_switch_is_read(monkeypatch):
     """LP_FA4_BWD_GRID: ``auto`` launches one program per work item under a window and one per SM
     otherwise; ``persistent`` / ``items`` force either; anything else is an error. The recorder's
-    call has 2 kv heads x 1 kv tile = 2 items on a 1-SM device."""
+    call has 2 kv heads x 1 kv tile = 2 items on a 1-SM device; with max_seqlen_k 1024 the grid
+    still counts the 64 keys there are (1 tile + 1 per sequence, x 2 heads), not 8 tile slots."""
     from lp_fa4 import config
 
     monkeypatch.delenv("LP_FA4_BWD_GRID", raising=False)
@@ -240,8 +242,10 @@ def test_bwd_grid_switch_is_read(monkeypatch):
         ({}, True, None),
         ({"LP_FA4_BWD_GRID": " Persistent"}, False, (8, 8)),
         ({"LP_FA4_BWD_GRID": "items"}, False, None),
+        ({"LP_FA4_BWD_GRID": "auto"}, False, (8, 8), 1024),
     ]
-    assert _launch_args(monkeypatch, ("grid",), calls) == [((2,),), ((1,),), ((1,),), ((1,),), ((2,),)]
+    grids = [((2,),), ((1,),), ((1,),), ((1,),), ((2,),), ((4,),)]
+    assert _launch_args(monkeypatch, ("grid",), calls) == grids
     monkeypatch.setenv("LP_FA4_BWD_GRID", "sm")
     with pytest.raises(ValueError, match="LP_FA4_BWD_GRID"):
         config.bwd_grid(False)

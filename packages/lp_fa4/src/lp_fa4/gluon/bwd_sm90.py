@@ -421,7 +421,10 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     n_tiles = triton.cdiv(max_k, slot_keys)
     tiles, count = schedule(cu_q, cu_k, rows_cap, tile_q=False, block=slot_keys, slots=n_tiles, heads=hkv)
     walk = config.bwd_walk(window is not None, bool(causal))
-    n_items = n_b * hkv * n_tiles  # the list's length at most; programs past its count exit at once
+    # the list's length at most (programs past its count exit at once): a sequence of L keys has
+    # cdiv(L, slot_keys) items per kv head, so all have at most cdiv(tk, slot_keys) + n_b; a grid
+    # short of the count is still right (each program strides the list), only slower
+    n_items = min(n_b * n_tiles, triton.cdiv(tk, slot_keys) + n_b) * hkv
     if config.bwd_grid(window is not None) == "persistent":
         n_items = min(n_items, num_sms(q.device))
     grid = (max(1, n_items),)
