@@ -120,3 +120,15 @@ def test_integer_symint_passes_through():
     make_fx(f, tracing_mode="symbolic")(torch.zeros(5))
     n, got = seen[0]
     assert isinstance(n, torch.SymInt) and got is n
+
+
+def test_nonnegative_values():
+    ok = torch.tensor([[0.0, 0.5], [2.0, 1.0]])
+    checks.nonnegative_values({"q_descale": ok, "k_descale": None, "v_descale": ok[:0]}, device=False)
+    for bad in (-0.5, float("nan"), float("inf")):
+        t = ok.clone()
+        t[1, 0] = bad
+        with pytest.raises(ValueError, match=r"^p: k_descale must be finite and >= 0, got "):
+            checks.nonnegative_values({"q_descale": ok, "k_descale": t}, prefix="p: ", device=False)
+    meta = torch.full((2,), -1.0, device="meta")  # no data to read: skipped, not an error
+    checks.nonnegative_values({"q_descale": meta}, device=True)

@@ -22,7 +22,7 @@ import numbers
 
 import torch
 
-__all__ = ["integer", "real"]
+__all__ = ["integer", "nonnegative_values", "real"]
 
 
 def _got(value: object) -> str:
@@ -111,3 +111,36 @@ def integer(
         raise ValueError(f"{prefix}{name} must be {rule}, got {_got(value)}")
     # int() only where needed: a plain int (or what torch.compile traces as one) passes through untouched
     return value if symbolic or type(value) is int else int(value)
+
+
+def nonnegative_values(
+    tensors: dict[str, torch.Tensor | None], *, prefix: str = "", device: bool, cpu: bool = True
+) -> None:
+    """Every value of the named tensors is finite and >= 0 (FP8 descales: amax / 448 is). Tensors on
+    a device are read when ``device`` is true (``ADS_CHECK_INPUTS=1``: their values cost a host sync,
+    one for all of them), CPU tensors when ``cpu`` is (default: always). None, empty, meta and fake
+    tensors are skipped, and so is a call under torch.compile's tracing (no data to read there).
+
+    Raises:
+        ValueError: ``"{prefix}{name} must be finite and >= 0, got [first values]"``.
+    """
+    if torch.compiler.is_compiling():
+        return
+    from torch._subclasses.fake_tensor import is_fake
+
+    given = {
+        name: t
+        for name, t in tensors.items()
+        if t is not None
+        and t.numel()
+        and t.device.type != "meta"
+        and not is_fake(t)
+        and (cpu if t.device.type == "cpu" else device)
+    }
+    if not given:
+        return
+    bad = torch.stack([(~torch.isfinite(t) | (t < 0)).any() for t in given.values()]).tolist()
+    for (name, t), is_bad in zip(given.items(), bad):
+        if is_bad:
+            shown = t.detach().flatten()[:8].float().tolist()
+            raise ValueError(f"{prefix}{name} must be finite and >= 0, got {shown}")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ads_kernel_tools import checks
 from ads_kernel_tools.offsets import check_inputs_enabled, validate_offsets
 
 BIG = 1 << 30  # "unbounded" band side: longer than any sequence, and window arithmetic stays in int32
@@ -111,11 +112,8 @@ def check_descales(descales: tuple[torch.Tensor, ...]) -> None:
     """FP8 descales must be positive (amax scaling gives amax / 448 >= 0; the Hopper kernel folds
     q_descale·k_descale into the activation's constants, which needs its sign). Their values are read
     where they are host data, and for device tensors only under ``ADS_CHECK_INPUTS=1`` (a sync)."""
-    for name, t in zip(("q_descale", "k_descale", "v_descale"), descales):
-        if t.device.type == "cpu" or check_inputs_enabled():
-            values = t.detach().to("cpu", torch.float32)
-            if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
-                raise ValueError(f"ads_gdpa: {name} must be finite and >= 0, got {values.tolist()}")
+    named = dict(zip(("q_descale", "k_descale", "v_descale"), descales))
+    checks.nonnegative_values(named, prefix="ads_gdpa: ", device=check_inputs_enabled())
 
 
 def safe_offsets(

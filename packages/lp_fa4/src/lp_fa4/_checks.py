@@ -249,17 +249,7 @@ def _check_fp8(q: Tensor, k: Tensor, v: Tensor, q_descale, k_descale, v_descale,
         if t.device != q.device:
             raise ValueError(f"lp_fa4: {name} is on {t.device}, q on {q.device}")
         out.append(t.contiguous())
-    if cfg.check_inputs():
-        _check_descale_values(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    flag = cfg.check_inputs()  # unflagged, no value is read, wherever it lives
+    checks.nonnegative_values(descales, prefix=_P, device=flag, cpu=flag)
     return tuple(out)
-
-
-def _check_descale_values(**descales: Tensor | None) -> None:
-    """ADS_CHECK_INPUTS=1: the given descales are finite and >= 0 (one sync for all of them)."""
-    given = {name: t for name, t in descales.items() if t is not None and t.numel()}
-    if not given:
-        return
-    bad = torch.stack([(~torch.isfinite(t) | (t < 0)).any() for t in given.values()]).tolist()
-    for (name, t), is_bad in zip(given.items(), bad):
-        if is_bad:
-            raise ValueError(f"lp_fa4: {name} must be finite and >= 0, got {t.flatten()[:8].tolist()}")
