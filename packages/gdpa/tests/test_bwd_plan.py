@@ -12,20 +12,20 @@ from ads_kernel_tools.testing import lengths_to_offsets
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _args(lens_q, lens_k, h=4, h_kv=2, d=64, dtype=torch.bfloat16):
+def _args(lens_q, lens_k, h=4, h_kv=2, d=64, dtype=torch.bfloat16, device="cpu"):
     tq, tk = sum(lens_q), sum(lens_k)
-    q = torch.randn(tq, h, d, dtype=dtype)
-    k, v = (torch.randn(tk, h_kv, d, dtype=dtype) for _ in range(2))
-    do = torch.randn(tq, h, d, dtype=dtype)
-    dq_acc = torch.zeros(tq, h, d, dtype=torch.float32)
+    q = torch.randn(tq, h, d, dtype=dtype, device=device)
+    k, v = (torch.randn(tk, h_kv, d, dtype=dtype, device=device) for _ in range(2))
+    do = torch.randn(tq, h, d, dtype=dtype, device=device)
+    dq_acc = torch.zeros(tq, h, d, dtype=torch.float32, device=device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    cu_q, cu_k = lengths_to_offsets(lens_q), lengths_to_offsets(lens_k)
+    cu_q, cu_k = lengths_to_offsets(lens_q).to(device), lengths_to_offsets(lens_k).to(device)
     return do, q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), dq_acc, dk, dv
 
 
-def test_plan_holds_the_launch():
+def test_plan_holds_the_launch(device):
     lens_q, lens_k = [130, 0, 1, 300], [129, 5, 0, 257]
-    do, q, k, v, cu_q, cu_k, mq, mk, dq_acc, dk, dv = _args(lens_q, lens_k)
+    do, q, k, v, cu_q, cu_k, mq, mk, dq_acc, dk, dv = _args(lens_q, lens_k, device=device)
     p = plan_kv_tiles(
         do, q.transpose(0, 1).contiguous().transpose(0, 1), k, v, cu_q.long(), cu_k, mq, mk, dq_acc, dk, dv,
         block_n=128, dtypes=DTYPES,
@@ -41,8 +41,8 @@ def test_plan_holds_the_launch():
     assert int(p.count[0]) == (2 + 1 + 3) * 2
 
 
-def test_negative_max_seqlen_q_counts_as_zero():
-    do, q, k, v, cu_q, cu_k, _, mk, dq_acc, dk, dv = _args([64, 10], [64, 10])
+def test_negative_max_seqlen_q_counts_as_zero(device):
+    do, q, k, v, cu_q, cu_k, _, mk, dq_acc, dk, dv = _args([64, 10], [64, 10], device=device)
     p = plan_kv_tiles(do, q, k, v, cu_q, cu_k, -5, mk, dq_acc, dk, dv, block_n=128, dtypes=DTYPES)
     assert p.max_seqlen_q == 0
 
