@@ -33,8 +33,11 @@ def _inputs(m: int, k: int, n: int):
 def gluon_main() -> None:
     """The Gluon forward in the layout and kernel the environment picks: partial row blocks (M = 77,
     1), K tails (48, 1040), split 1 (N = 192) and split 2, 133 row blocks of 128 over 66 program
-    pairs; inference (statistics) and training (x̂, every gradient) forwards."""
-    for m, k, n in ((77, 48, 128), (1, 64, 256), (300, 1040, 1024), (129, 80, 192), (17000, 48, 256)):
+    pairs, wide rows over 8 (N = 4096) and 3 (N = 1536) programs per row block; inference
+    (statistics) and training (x̂, every gradient) forwards."""
+    shapes = ((77, 48, 128), (1, 64, 256), (300, 1040, 1024), (129, 80, 192), (17000, 48, 256),
+              (77, 48, 4096), (129, 1040, 1536))  # fmt: skip
+    for m, k, n in shapes:
         x, w, b, g, be, dy = _inputs(m, k, n)
         with torch.no_grad():
             linear_layernorm(x, w, b, g, be, return_stats=True)

@@ -4,6 +4,8 @@ predicate admits (CPU), outputs, statistics and gradients through the ops agains
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from _cases import DEVICE, Case, check, inputs, linear_norm_torch, ref_and_baseline
@@ -42,8 +44,11 @@ def test_split_knob(monkeypatch) -> None:
 
     monkeypatch.delenv("ADS_NORM_FUSION_GLUON_SPLIT", raising=False)
     assert (config.gluon_split(1024), config.gluon_split(384), config.gluon_split(192)) == (2, 2, 1)
+    # above 1024 columns: the fewest programs of at most 512 columns, each a multiple of 128
+    wide = {1152: 3, 1280: 5, 1536: 3, 2048: 4, 4096: 8, 6144: 12, 8192: 16, 1088: 1, 2176: 1, 8320: 1}
+    assert {n: config.gluon_split(n) for n in wide} == wide
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", "1")
-    assert config.gluon_split(1024) == 1
+    assert config.gluon_split(1024) == 1 and config.gluon_split(4096) == 1
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", "3")
     with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON_SPLIT"):
         config.gluon_split(1024)
@@ -95,6 +100,21 @@ def test_ws_launch_arguments(monkeypatch) -> None:
     assert args1[0].block_shape == args2[0].block_shape == [128, 32]
     assert args1[10].numel() == 8 and args2[10].numel() == 16  # flags
 
+    # N = 4096 over eight programs per row block: 16 row-block groups of 8 fill 128 of the 132 SMs
+    seen.clear()
+    x, w, out = _mats(m, k, 4096)
+    for ws in (False, True):
+        g.forward(x, w, out, stat, stat1=stat, eps=1e-5, rms=False, num_sms=132, split=8, ws=ws)
+    (grid1, args1, kw1), (grid2, args2, kw2) = seen["single"], seen["ws"]
+    assert grid1 == grid2 == (64,)  # 8 row blocks of 128 (M = 1000), eight programs each
+    assert (kw1["num_warps"], kw2["num_warps"], kw2["NT"], kw2["SPLIT"]) == (8, 4, 2, 8)
+    assert args1[2].block_shape == [128, 256] and args2[2].block_shape == [64, 256]
+    assert args2[9].numel() == 8 * 2 * 8 * 128  # per row block: (mean, M2) of 128 rows for 8 parts
+    g.forward(x, w, out, stat, stat1=stat, eps=1e-5, rms=False, num_sms=132, split=8, ws=True)
+    g.forward(torch.zeros(20000, k, dtype=BF16), w, torch.empty(20000, 4096, dtype=BF16), torch.empty(20000),
+              stat1=torch.empty(20000), eps=1e-5, rms=False, num_sms=132, split=8, ws=True)  # fmt: skip
+    assert seen["ws"][0] == (128,)
+
 
 def test_switch_auto_by_size(monkeypatch) -> None:
     """Default ``auto``: calls of 2^25 outputs or more (the size alone, checked with ``gluon_forward``
@@ -118,6 +138,8 @@ def test_switch_auto_by_size(monkeypatch) -> None:
     "m,k,n,dtype,reason",
     [
         (64, 64, 1088, BF16, "N=1088"),
+        (64, 64, 2176, BF16, "N=2176"),  # a multiple of 128, but no split into <= 16 parts of <= 512
+        (64, 64, 8320, BF16, "N=8320"),
         (64, 64, 80, BF16, "N=80"),
         (64, 12, 128, BF16, "K=12"),
         (64, 64, 128, torch.float32, "dtype"),
@@ -145,6 +167,16 @@ def test_why_not_layouts(gluon_on) -> None:
 def test_why_not_accepts_k_tail(gluon_on) -> None:
     x, w, out = _mats(64, 40, 192)
     assert dispatch.why_not(x, w, out) in ("interpreter", "not an sm_90 GPU")
+
+
+def test_why_not_wide_rows(gluon_on, monkeypatch) -> None:
+    """N above 1024 goes to the Gluon forward in parts of at most 512 columns (split 2, the default);
+    the one-program layout keeps its 1024-column limit."""
+    monkeypatch.delenv("ADS_NORM_FUSION_GLUON_SPLIT", raising=False)
+    for n in (1152, 4096, 8192):
+        assert dispatch.why_not(*_mats(64, 64, n)) in ("interpreter", "not an sm_90 GPU")
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", "1")
+    assert dispatch.why_not(*_mats(64, 64, 4096)).startswith("N=4096")
 
 
 # ------------------------------------------------------------------------------------------ GPU
@@ -223,6 +255,36 @@ def _forward_checked(d, case: Case, kind: str, eps: float):
 GRAD_NAMES = ("x", "w", "bias", "gamma", "beta")
 
 
+# N above 1024: 3 (1536), 4 (2048), 8 (4096) and 16 (8192) programs per row block, partial row blocks,
+# a K tail, M = 1, and more row blocks than the grid's 16 groups of 8 (40000 rows: 313 row blocks)
+GPU_FWD_WIDE = [
+    Case(1000, 256, 4096),
+    Case(4097, 512, 1536, FP16),
+    Case(300, 1040, 2048, BF16, bias=False),
+    Case(1, 64, 4096, FP16),
+    Case(129, 64, 8192, BF16, norm_bias=False),
+    Case(40000, 64, 4096, BF16, affine=False, norm_bias=False),
+]
+
+
+@pytest.fixture(params=["wide", "wide-ws"])
+def gluon_wide(request, monkeypatch):
+    """The shared-row-block layout (the default split) with each kernel."""
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "on")
+    monkeypatch.delenv("ADS_NORM_FUSION_GLUON_SPLIT", raising=False)
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "1" if request.param.endswith("ws") else "0")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_FWD_WIDE, ids=str)
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_gluon_forward_wide(gluon_wide, kind: str, case: Case) -> None:
+    if kind == "rms":
+        case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
+    eps = 1e-5 if kind == "ln" else 1e-6
+    _forward_checked(inputs(case), case, kind, eps)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [Case(4097, 384, 768), Case(129, 1024, 1024, FP16)], ids=str)
 @pytest.mark.parametrize("kind", ["ln", "rms"])
@@ -260,9 +322,11 @@ def _assert_written(full, m, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k,n", [(1, 64, 128), (8513, 96, 384)])
+@pytest.mark.parametrize("m,k,n", [(1, 64, 128), (8513, 96, 384), (1, 64, 2048), (3001, 96, 4096)])
 @pytest.mark.parametrize("mode", ["ln_fwd", "rms_fwd"])
 def test_gluon_forward_writes_all(gluon_split, m, k, n, mode) -> None:
+    if n > 1024 and os.environ["ADS_NORM_FUSION_GLUON_SPLIT"] == "1":
+        pytest.skip("N > 1024 needs the shared row blocks")
     from ads_norm_fusion.triton.launch import launch_rownorm
 
     dt = BF16
@@ -287,10 +351,14 @@ def test_gluon_forward_writes_all(gluon_split, m, k, n, mode) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("offset", [6.0, 64.0])
 @pytest.mark.parametrize("kind", ["ln", "rms"])
-def test_gluon_forward_mean_far_from_zero(gluon_split, kind: str, offset: float) -> None:
+@pytest.mark.parametrize("n", [1024, 4096])
+def test_gluon_forward_mean_far_from_zero(gluon_split, kind: str, offset: float, n: int) -> None:
     """Rows whose mean is far from zero against their spread: the kernel merges column tiles by
-    Chan's formula around the first tile's mean; a one-pass E[z²] - E[z]² would lose the variance."""
-    case = Case(1000, 512, 1024, norm_bias=kind == "ln")
+    Chan's formula around the first tile's mean; a one-pass E[z²] - E[z]² would lose the variance.
+    N = 4096: eight programs' parts merged the same way."""
+    if n > 1024 and os.environ["ADS_NORM_FUSION_GLUON_SPLIT"] == "1":
+        pytest.skip("N > 1024 needs the shared row blocks")
+    case = Case(1000, 512, n, norm_bias=kind == "ln")
     eps = 1e-5 if kind == "ln" else 1e-6
     d = inputs(case)
     d["bias"] = (d["bias"].float() + offset).to(case.dtype)

@@ -219,14 +219,28 @@ def gluon_mode() -> str:
     return _choice("ADS_NORM_FUSION_GLUON", "auto", ("auto", "on", "0"))
 
 
+GLUON_MAX_PART = 512  # gluon.fwd_sm90.MAX_PART: columns one program holds of a 128-row block
+GLUON_MAX_SPLIT = 16  # programs per row block: N up to 16 x 512 = 8192
+
+
 def gluon_split(n: int) -> int:
     """``ADS_NORM_FUSION_GLUON_SPLIT``: how many programs share one row block of the Gluon forward.
-    ``2`` (default): 128-row blocks, each of two programs holding N/2 columns and exchanging row
-    statistics with its partner (N a multiple of 128; otherwise 1); ``1``: 64-row blocks, each program
-    holding all N columns. H200, 65536×1024×1024 LayerNorm: 1.56× (split 2) and 1.92× (split 1) the
-    cuBLAS GEMM of their runs (split 2 loads half the bytes per FLOP; BENCHMARKS.md)."""
-    split = int(_choice("ADS_NORM_FUSION_GLUON_SPLIT", "2", ("1", "2")))
-    return split if n % (64 * split) == 0 else 1
+    ``2`` (default): 128-row blocks, each of S programs holding N/S columns and exchanging row
+    statistics with its partners; S = 2 up to N = 1024 (N a multiple of 128, otherwise 1), above
+    that the fewest programs whose parts are multiples of 128 of at most 512 columns (N = 4096: 8;
+    1 where none of up to 16 programs fits: the Gluon forward then refuses N > 1024). ``1``:
+    64-row blocks, each program holding all N <= 1024 columns. H200, 65536×1024×1024 LayerNorm:
+    1.56× (split 2) and 1.92× (split 1) the cuBLAS GEMM of their runs (split 2 loads half the bytes
+    per FLOP; BENCHMARKS.md)."""
+    if _choice("ADS_NORM_FUSION_GLUON_SPLIT", "2", ("1", "2")) == "1":
+        return 1
+    if n <= 1024:
+        return 2 if n % 128 == 0 else 1
+    for split in range(2, GLUON_MAX_SPLIT + 1):
+        part, rest = divmod(n, split)
+        if rest == 0 and part % 128 == 0 and part <= GLUON_MAX_PART:
+            return split
+    return 1
 
 
 def gluon_ws() -> bool:

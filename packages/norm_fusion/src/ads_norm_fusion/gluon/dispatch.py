@@ -2,12 +2,14 @@
 ``why_not`` finds nothing against it, else the Triton kernels (``triton.launch``). The one place that
 decides.
 
-The Gluon forward covers: bf16/fp16 x, w and outputs; N a multiple of 64 up to 1024 (the row block's
-z tiles in shared memory); K a positive multiple of 8 (TMA's 16-byte row strides); row-major 2-D
-tensors with 16-byte aligned bases and row strides, contiguous bias / γ / β; an sm_90 GPU with
-Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON`` (``config.gluon_forward``: by
-default calls of 2^25 outputs or more). Where N is a multiple of 128 two programs share each row block
-(``config.gluon_split``); ``config.gluon_ws`` picks the warp-specialised kernel.
+The Gluon forward covers: bf16/fp16 x, w and outputs; N a multiple of 64 up to 1024, or above 1024 a
+multiple of 128 that ``config.gluon_split`` shares among at most 16 programs of at most 512 columns
+each, so up to 8192 (each program's z tiles in shared memory); K a positive multiple of 8 (TMA's 16-byte
+row strides); row-major 2-D tensors with 16-byte aligned bases and row strides, contiguous bias / γ / β;
+an sm_90 GPU with Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON``
+(``config.gluon_forward``: by default calls of 2^25 outputs or more). Where N is a multiple of 128 two
+or more programs share each row block (``config.gluon_split``); ``config.gluon_ws`` picks the warp-
+specialised kernel.
 """
 
 from __future__ import annotations
@@ -42,8 +44,12 @@ def why_not(x, w, out, *, xhat=None, vectors=()) -> str | None:
     n = w.shape[0]
     if not config.gluon_forward(m, n):
         return f"ADS_NORM_FUSION_GLUON={config.gluon_mode()} (M·N={m * n})"
-    if n % MULTIPLE_N != 0 or not 0 < n <= MAX_N:
-        return f"N={n} (needs a multiple of {MULTIPLE_N} up to {MAX_N})"
+    if n % MULTIPLE_N != 0 or n <= 0 or (n > MAX_N and config.gluon_split(n) == 1):
+        return (
+            f"N={n} (needs a multiple of {MULTIPLE_N} up to {MAX_N}, or above it a multiple of 128 up to "
+            f"{config.GLUON_MAX_SPLIT * config.GLUON_MAX_PART} split in parts of at most "
+            f"{config.GLUON_MAX_PART} columns, ADS_NORM_FUSION_GLUON_SPLIT=2)"
+        )
     if k <= 0 or k % 8 != 0:
         return f"K={k} (needs a positive multiple of 8)"
     mats = (x, w, out) + ((xhat,) if xhat is not None else ())

@@ -15,9 +15,12 @@ back. ``SPLIT`` (``config.gluon_split``):
   through one more 64 × BN buffer. Its 64×128×64 K steps load 24 KB per MFLOP (43 FLOP/B), and with
   64-row blocks W streams through the SM once per row block (< 64 FLOP/B for any tile width): the
   GEMM is the limit (H200, 65536×1024×1024: 1.92× cuBLAS).
-- 2 (default): 128-row blocks shared by two programs, each holding N/2 columns in 128×256 tiles
-  (two warpgroups, 85 FLOP/B as cuBLAS) and exchanging per-row partial statistics with its partner
-  through global memory; x̂ leaves from the z tile before y overwrites it (1.56× cuBLAS).
+- 2 (default up to N = 1024) and more: 128-row blocks shared by ``SPLIT`` programs, each holding
+  N/``SPLIT`` ≤ 512 columns in 128×256 tiles (two warpgroups, 85 FLOP/B as cuBLAS) and exchanging
+  per-row partial statistics with its partners through global memory; x̂ leaves from the z tile
+  before y overwrites it (1.56× cuBLAS at split 2). Wider rows (N up to 8192) take more programs
+  per row block (``config.gluon_split``): each program's share of the work is then the same as at
+  N = 1024, only the exchange counts more partners.
 
 Two kernels with the same tiles, ring depth and results: ``linear_norm_fwd_kernel`` (one
 partition: the warps that run the wgmma also issue the TMA loads, the flat step a load is for
@@ -29,9 +32,10 @@ the partner exchange and the normalisation of its own rows, so no barrier spans 
 On by default with the warp-specialised kernel (``config.gluon_forward``, ``config.gluon_ws``):
 faster than the Triton forward on the H200 (BENCHMARKS.md).
 
-Needs (``dispatch.why_not`` checks on the host): N a multiple of 64 up to 1024 (of 128 for
-``SPLIT`` 2), K a multiple of 8 (TMA's 16-byte strides; the K tail of the last step is zero-filled
-by TMA), 16-byte aligned row-major tensors. Rows past M: TMA loads zeros and drops their stores.
+Needs (``dispatch.why_not`` checks on the host): N a multiple of 64 up to 1024 at ``SPLIT`` 1,
+N/``SPLIT`` a multiple of 128 up to 512 otherwise, K a multiple of 8 (TMA's 16-byte strides; the K tail
+of the last step is zero-filled by TMA), 16-byte aligned row-major tensors. Rows past M: TMA loads zeros
+and drops their stores.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ from ads_kernel_tools.kernels.gluon_hopper import init_ring, smem_layout
 
 BLOCK_M = 64  # rows per row block: one warpgroup's wgmma
 BLOCK_K = 64
-MAX_N = 1024  # the row block's z tiles fill 128 KB of shared memory at 16 bits
+MAX_N = 1024  # split 1: a 64-row block's z tiles fill 128 KB of shared memory at 16 bits
+MAX_PART = 512  # split > 1: the columns one program holds of a 128-row block (128 KB again)
 SMEM_BYTES = 232448  # sm_90's largest dynamic shared memory per block (227 KB)
 _SMEM_SPARE = 2048  # mbarriers and alignment
 MAX_STAGES = 4
@@ -62,16 +67,17 @@ _GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 def block_n(n: int, split: int = 1) -> int:
     """Column tile width. split 1: 128 where it divides N (wgmma n128: 64 fp32 accumulator
-    registers per thread), else 64. split 2 (each program N/2 columns of 128 rows): 256 where it
-    divides N/2 (128×256 tiles, 85 FLOP per loaded byte), else 128 or 64."""
+    registers per thread), else 64. split > 1 (each program N/split columns of 128 rows): 256 where
+    it divides N/split (128×256 tiles, 85 FLOP per loaded byte), else 128 or 64."""
     if split == 1:
         return 128 if n % 128 == 0 else 64
-    half = n // 2
-    return 256 if half % 256 == 0 else (128 if half % 128 == 0 else 64)
+    part = n // split
+    return 256 if part % 256 == 0 else (128 if part % 128 == 0 else 64)
 
 
 def block_m(split: int) -> int:
-    return BLOCK_M * split
+    """Rows per row block: 64 (one warpgroup) at split 1, else 128 (two)."""
+    return BLOCK_M * min(split, 2)
 
 
 def block_k(n: int, bn: int, save_xhat: bool, split: int = 1) -> int:
@@ -117,15 +123,16 @@ def _issue(p, total, per_rb, k_tiles, pid, nprog, col0, a_desc, b_desc, a_smem, 
 
 @gluon.jit
 def _program(M, BM: gl.constexpr, SPLIT: gl.constexpr):
-    """This program's place in the persistent grid: (first row block, row-block stride, which half
-    of the columns it holds (``SPLIT`` 2, else 0), how many row blocks it walks)."""
+    """This program's place in the persistent grid: (first row block, row-block stride, which part
+    of the columns it holds (0 to ``SPLIT`` - 1), how many row blocks it walks). The ``SPLIT``
+    programs of a row block are neighbours in the grid."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     half = 0
-    if SPLIT == 2:
-        half = pid % 2
-        pid = pid // 2
-        nprog = nprog // 2
+    if SPLIT > 1:
+        half = pid % SPLIT
+        pid = pid // SPLIT
+        nprog = nprog // SPLIT
     return pid, nprog, half, gl.cdiv(gl.cdiv(M, BM) - pid, nprog)
 
 
@@ -158,31 +165,33 @@ def _merge_tile(acc, cols, bias_ptr, j, mean, m2, shift, HAS_BIAS: gl.constexpr,
 
 
 @gluon.jit
-def _merge_partner(base, flag, half, mean, m2, BLOCK: gl.constexpr, HALF_COLS: gl.constexpr,
-                   RMS: gl.constexpr):  # fmt: skip
-    """``SPLIT`` 2: publish this program's partial statistics of its rows over its ``HALF_COLS``
-    columns (``base``: the row block's [half][mean, M2 or Σz²][BLOCK rows] fp32 record, offset to
-    these rows), count itself in ``flag`` and wait for the partner, then merge both halves in the
-    same order, so both programs get the same bits."""
+def _merge_partner(base, flag, half, mean, m2, BLOCK: gl.constexpr, PART_COLS: gl.constexpr,
+                   RMS: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
+    """``SPLIT`` > 1: publish this program's partial statistics of its rows over its ``PART_COLS``
+    columns (``base``: the row block's [part][mean, M2 or Σz²][BLOCK rows] fp32 record, offset to
+    these rows), count itself in ``flag`` and wait for its ``SPLIT`` - 1 partners, then merge the
+    parts in the same order (Chan's formula, equal counts), so every program gets the same bits."""
     row_l: gl.constexpr = mean.type.layout
     r_idx = gl.arange(0, mean.shape[0], row_l)
     gl.store(base + half * (2 * BLOCK) + r_idx, mean)
     gl.store(base + half * (2 * BLOCK) + BLOCK + r_idx, m2)
     gl.thread_barrier()
     seen = gl.atomic_add(flag, 1, sem="acq_rel", scope="gpu") + 1
-    while seen < 2:
+    while seen < SPLIT:
         seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
     gl.thread_barrier()
-    mean_a = gl.load(base + r_idx, cache_modifier=".cg")
-    m2_a = gl.load(base + BLOCK + r_idx, cache_modifier=".cg")
-    mean_b = gl.load(base + 2 * BLOCK + r_idx, cache_modifier=".cg")
-    m2_b = gl.load(base + 3 * BLOCK + r_idx, cache_modifier=".cg")
-    if RMS:
-        m2 = m2_a + m2_b
-    else:
-        delta = mean_b - mean_a
-        mean = mean_a + delta * 0.5
-        m2 = m2_a + m2_b + delta * delta * (HALF_COLS * 0.5)
+    mean = gl.load(base + r_idx, cache_modifier=".cg")
+    m2 = gl.load(base + BLOCK + r_idx, cache_modifier=".cg")
+    for p in gl.static_range(1, SPLIT):
+        mean_b = gl.load(base + p * (2 * BLOCK) + r_idx, cache_modifier=".cg")
+        m2_b = gl.load(base + p * (2 * BLOCK) + BLOCK + r_idx, cache_modifier=".cg")
+        if RMS:
+            m2 = m2 + m2_b
+        else:
+            # parts 0..p-1 (p·PART_COLS values) merged with part p (PART_COLS values)
+            delta = mean_b - mean
+            mean = mean + delta * (1.0 / (p + 1))
+            m2 = m2 + m2_b + delta * delta * (PART_COLS * p / (p + 1))
     return mean, m2
 
 
@@ -202,8 +211,8 @@ def _finish_rows(z_smem, z0, xh_smem, out_desc, xhat_desc, gamma_ptr, beta_ptr, 
     rstat = gl.rsqrt(m2 / nf + eps)
     rows = off_m + gl.arange(0, BM, row_l)
     row_ok = rows < M
-    if SPLIT == 2:
-        row_ok = row_ok & (half == 0)  # one program of the pair writes the statistics
+    if SPLIT > 1:
+        row_ok = row_ok & (half == 0)  # one program of the row block writes the statistics
     if not RMS:
         gl.store(stat1_ptr + rows, mean, mask=row_ok)
     gl.store(stat2_ptr + rows, rstat, mask=row_ok)
@@ -224,7 +233,7 @@ def _finish_rows(z_smem, z0, xh_smem, out_desc, xhat_desc, gamma_ptr, beta_ptr, 
             fence_async_shared()
             gl.thread_barrier()
             tma.async_copy_shared_to_global(xhat_desc, [off_m, j * BN], xh_smem)
-        if SAVE_XHAT and SPLIT == 2:  # no room for a staging tile: x̂ leaves from the z tile first
+        if SAVE_XHAT and SPLIT > 1:  # no room for a staging tile: x̂ leaves from the z tile first
             z_tile.store(xh.to(dtype))
             fence_async_shared()
             gl.thread_barrier()
@@ -253,17 +262,17 @@ def linear_norm_fwd_kernel(
     rrms, fp32 per row. ``NT`` column tiles per program. The grid must not exceed the row blocks
     (times ``SPLIT``). One partition: the warps that run the wgmma also issue the TMA loads.
 
-    ``SPLIT`` 2: programs 2q and 2q + 1 share each of their row blocks (128 rows), program 2q + h
-    computing and holding columns [h·N/2, (h + 1)·N/2); each writes its rows' partial (mean, M2) or
-    Σz² to ``part_ptr`` (4·BM fp32 per row block), counts itself in ``flag_ptr[row block]`` (int32,
-    zeroed by the caller) and waits for its partner, then both merge the two halves in the same
-    order (the same bits). The partner is another program of the persistent grid, at one program
-    per SM all resident together, so the wait ends."""
+    ``SPLIT`` S > 1: programs S·q to S·q + S - 1 share each of their row blocks (128 rows), program
+    S·q + h computing and holding columns [h·N/S, (h + 1)·N/S); each writes its rows' partial (mean,
+    M2) or Σz² to ``part_ptr`` (2·S·BM fp32 per row block), counts itself in ``flag_ptr[row block]``
+    (int32, zeroed by the caller) and waits for its partners, then all merge the S parts in the same
+    order (the same bits). The partners are programs of the persistent grid, at one program per SM
+    all resident together, so the wait ends."""
     dtype: gl.constexpr = a_desc.dtype
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
-    acc_l: gl.constexpr = _acc_layout(BN, 4 * SPLIT)
+    acc_l: gl.constexpr = _acc_layout(BN, BM // 16)
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
     col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
 
@@ -315,10 +324,10 @@ def linear_norm_fwd_kernel(
                 gl.thread_barrier()
             z_smem.index(j).store(staged.to(dtype))
 
-        if SPLIT == 2:  # merge with the partner's half, both halves in the same order
+        if SPLIT > 1:  # merge with the partners' parts, all in the same order
             rb = pid + i * nprog
-            base = part_ptr + rb.to(gl.int64) * (4 * BM)
-            mean, m2 = _merge_partner(base, flag_ptr + rb, half, mean, m2, BM, NT * BN, RMS)
+            base = part_ptr + rb.to(gl.int64) * (2 * SPLIT * BM)
+            mean, m2 = _merge_partner(base, flag_ptr + rb, half, mean, m2, BM, NT * BN, RMS, SPLIT)
         _finish_rows(z_smem, 0, xh_smem, out_desc, xhat_desc, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, mean,
                      m2, shift, off_m, col0, half, M, nf, eps, acc_l, NT, RMS, HAS_GAMMA, HAS_BETA,
                      SAVE_XHAT, SPLIT)  # fmt: skip
@@ -328,7 +337,8 @@ def linear_norm_fwd_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# Warp-specialised variant: a one-warp TMA producer feeding SPLIT MMA warpgroups of 64 rows each
+# Warp-specialised variant: a one-warp TMA producer feeding one (SPLIT 1) or two MMA warpgroups of
+# 64 rows each
 # ----------------------------------------------------------------------------------------------
 
 
@@ -384,7 +394,7 @@ def _ws_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, 
     """MMA warpgroup WG: rows [WG·64, WG·64 + 64) of each of this program's row blocks: their column
     tiles of z by wgmma from the ring (one group in flight behind the newest; a slot is released
     once its wgmma has retired), the statistics, the z tiles WG·NT + j, then the partner merge
-    (``SPLIT`` 2, per warpgroup) and the normalised rows out. Works on its own rows only, so its
+    (``SPLIT`` > 1, per warpgroup) and the normalised rows out. Works on its own rows only, so its
     barriers span its own four warps."""
     (a_smem, b_smem, z_smem, xh_smem, ready, empty, out_desc, xhat_desc, bias_ptr, gamma_ptr, beta_ptr,
      stat1_ptr, stat2_ptr, part_ptr, flag_ptr, M, N, K, eps) = args  # fmt: skip
@@ -413,7 +423,7 @@ def _ws_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, 
             for kk in range(k_tiles):
                 mbarrier.wait(ready.index(s), ph)
                 a_tile = a_smem.index(s)
-                if SPLIT == 2:
+                if SPLIT > 1:
                     a_tile = a_tile.slice(WG * R, R, dim=0)
                 b_tile = b_smem.index(s).permute((1, 0))
                 acc = warpgroup_mma(a_tile, b_tile, acc, use_acc=kk > 0, is_async=True)
@@ -430,9 +440,9 @@ def _ws_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, 
                 tma.store_wait(0)
                 gl.thread_barrier()
             z_smem.index(WG * NT + j).store(staged.to(dtype))
-        if SPLIT == 2:
-            base = part_ptr + rb.to(gl.int64) * (4 * BM) + WG * R
-            mean, m2 = _merge_partner(base, flag_ptr + rb * 2 + WG, half, mean, m2, BM, NT * BN, RMS)
+        if SPLIT > 1:
+            base = part_ptr + rb.to(gl.int64) * (2 * SPLIT * BM) + WG * R
+            mean, m2 = _merge_partner(base, flag_ptr + rb * 2 + WG, half, mean, m2, BM, NT * BN, RMS, SPLIT)
         _finish_rows(z_smem, WG * NT, xh_smem, out_desc, xhat_desc, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr,
                      mean, m2, shift, off_m, col0, half, M, nf, eps, acc_l, NT, RMS, HAS_GAMMA, HAS_BETA,
                      SAVE_XHAT, SPLIT)  # fmt: skip
@@ -448,10 +458,10 @@ def linear_norm_fwd_ws_kernel(
 ):  # fmt: skip
     """``linear_norm_fwd_kernel``'s computation, warp specialised (launched with 4 warps): a 1-warp
     TMA producer partition (``_ws_loads``) fills a ring of ``STAGES`` A/B slots, each with a ready
-    and an empty mbarrier (released by each of the ``SPLIT`` MMA warpgroups), and ``SPLIT``
-    warpgroups (``_ws_rows``: the default partition and, ``SPLIT`` 2, a 4-warp worker) each own 64
+    and an empty mbarrier (released by each MMA warpgroup), and one (``SPLIT`` 1) or two MMA
+    warpgroups (``_ws_rows``: the default partition and, ``SPLIT`` > 1, a 4-warp worker) each own 64
     rows of every row block: wgmma, statistics, z tiles, normalisation and stores. ``out_desc`` and
-    ``xhat_desc`` have 64-row boxes. ``SPLIT`` 2: the partner exchange runs per warpgroup, with one
+    ``xhat_desc`` have 64-row boxes. ``SPLIT`` > 1: the partner exchange runs per warpgroup, with one
     flag per (row block, warpgroup) in ``flag_ptr`` (2 int32 per row block, zeroed by the caller)
     and the record layout of ``linear_norm_fwd_kernel``."""
     dtype: gl.constexpr = a_desc.dtype
@@ -461,14 +471,15 @@ def linear_norm_fwd_ws_kernel(
     R: gl.constexpr = out_desc.block_type.shape[0]
     a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
     b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
-    z_smem = gl.allocate_shared_memory(dtype, [SPLIT * NT, R, BN], out_desc.layout)
+    WGS: gl.constexpr = BM // R  # MMA warpgroups
+    z_smem = gl.allocate_shared_memory(dtype, [WGS * NT, R, BN], out_desc.layout)
     if SAVE_XHAT and SPLIT == 1:
         xh_smem = gl.allocate_shared_memory(dtype, [R, BN], xhat_desc.layout)
     else:
         xh_smem = z_smem  # not used
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    init_ring(ready, empty, STAGES, SPLIT)
+    init_ring(ready, empty, STAGES, WGS)
     fence_async_shared()
 
     args = (a_smem, b_smem, z_smem, xh_smem, ready, empty, out_desc, xhat_desc, bias_ptr, gamma_ptr, beta_ptr,
@@ -476,7 +487,7 @@ def linear_norm_fwd_ws_kernel(
     largs = (a_desc, b_desc, a_smem, b_smem, ready, empty, M, K, NT, STAGES, SPLIT)
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
-    if SPLIT == 2:
+    if WGS == 2:
         gl.warp_specialize(
             [
                 (_ws_rows, (args, WG0, RMS, HAS_BIAS, HAS_GAMMA, HAS_BETA, SAVE_XHAT, NT, STAGES, SPLIT)),
@@ -507,7 +518,8 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, x
     """out (M, N) = norm(x @ wᵀ + bias)·γ + β, stat1 (mean, LayerNorm) and stat2 (rstd / rrms) (M,)
     fp32, xhat (M, N) when given; x (M, K), w (N, K). ``ws``: the warp-specialised kernel
     (``linear_norm_fwd_ws_kernel``), same tiles, ring depth and results. The caller checked
-    ``dispatch.why_not`` (and, for ``split`` 2, N % 128 == 0)."""
+    ``dispatch.why_not`` and picked ``split`` (``config.gluon_split``: N/split a multiple of 128 up
+    to ``MAX_PART`` where split > 1; split <= the SMs)."""
     m, k = x.shape
     n = w.shape[0]
     if m == 0:
@@ -524,8 +536,8 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, x
     blocks = -(-m // bm)
     programs = max(1, min(blocks, num_sms // split)) * split
     dummy = stat2
-    if split == 2:
-        part = torch.empty(blocks * 4 * bm, dtype=torch.float32, device=x.device)
+    if split > 1:
+        part = torch.empty(blocks * 2 * split * bm, dtype=torch.float32, device=x.device)
         flags = torch.zeros(blocks * (2 if ws else 1), dtype=torch.int32, device=x.device)
     else:
         part, flags = dummy, dummy
@@ -535,5 +547,5 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, x
         gamma if gamma is not None else dummy, beta if beta is not None else dummy,
         stat1 if stat1 is not None else stat2, stat2, part, flags, m, n, k, float(eps),
         RMS=bool(rms), HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
-        SAVE_XHAT=save, NT=n // split // bn, STAGES=stages, SPLIT=split, num_warps=4 if ws else 4 * split,
+        SAVE_XHAT=save, NT=n // split // bn, STAGES=stages, SPLIT=split, num_warps=4 if ws else bm // 16,
     )  # fmt: skip
