@@ -127,7 +127,41 @@ def _jobs() -> dict[str, dict]:
     # the warp-specialised kernel (config.gluon_ws), with its SASS HGMMA counts
     for name, (n, rms, xhat, split) in GLUON_WS.items():
         jobs[name] = _gluon_job(n, rms=rms, xhat=xhat, split=split, ws=True) | {"sass_between": _SASS_WGMMA}
+    for name, (n, rms) in GLUON_EPI.items():
+        jobs[name] = _gluon_epi_job(n, rms=rms) | {"sass_between": _SASS_WGMMA_EPI}
     return jobs
+
+
+# (N, RMS) of the normalisation-partition Gluon builds (gluon.fwd_epi_sm90)
+GLUON_EPI = {"gluon_epi_ln_fwd_n1024": (1024, False), "gluon_epi_rms_fwd_n384": (384, True)}
+_SASS_WGMMA_EPI = {
+    "hgmma": [r"^\.text\.linear_norm_fwd_epi_kernel:", r"(?!)", r"\bHGMMA\."],
+    "hgmma_gsb0": [r"^\.text\.linear_norm_fwd_epi_kernel:", r"(?!)", r"\bHGMMA\..*\bgsb0\b"],
+}
+
+
+def _gluon_epi_job(n: int, *, rms: bool) -> dict:
+    """The normalisation-partition Gluon forward at the tiles and ring depth its launcher picks."""
+    import torch
+    from triton.runtime.jit import mangle_type
+
+    from ads_norm_fusion import config
+    from ads_norm_fusion.gluon import fwd_epi_sm90 as e
+    from ads_norm_fusion.gluon import fwd_sm90 as g
+
+    bn = n // config.gluon_epi_split(n)
+    host = torch.empty(256, 256, dtype=torch.bfloat16)
+
+    def desc(rows, cols):
+        return mangle_type(g._desc(host, rows, cols))
+
+    types = {"a_desc": desc(128, e.BLOCK_K_EPI), "b_desc": desc(bn, e.BLOCK_K_EPI), "out_desc": desc(64, bn),
+             **{p: "*bf16" for p in ("bias_ptr", "gamma_ptr", "beta_ptr")}, "stat1_ptr": "*fp32",
+             "stat2_ptr": "*fp32", "part_ptr": "*fp32", "flag_ptr": "*i32", "eps": "fp32"}  # fmt: skip
+    consts = dict(RMS=rms, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=not rms, STAGES=e.stages_for_epi(bn),
+                  SPLIT=config.gluon_epi_split(n))  # fmt: skip
+    return dict(module=e.__name__, kernel="linear_norm_fwd_epi_kernel", types=types, constexprs=consts,
+                gluon=True, num_warps=4)  # fmt: skip
 
 
 # (N, RMS, x̂, split) of the warp-specialised Gluon builds
@@ -205,6 +239,7 @@ CASES = [
         "gluon_ln_fwd_n1024_split2",
         "gluon_rms_fwd_n768_xhat_split2",
         *GLUON_WS,
+        *GLUON_EPI,
     ]  # fmt: skip
 ]
 
@@ -226,6 +261,9 @@ def test_compiles_for_sm90(ptx, case) -> None:
         "ln_fwd_persistent"
     ):  # 4 stages of 128x64 + 256x64 bf16 tiles (the K loop is pipelined)
         assert 4 * (128 + 256) * 64 * 2 <= counts["shared_bytes"] <= 227 * 1024, counts["shared_bytes"]
+    if case in GLUON_EPI:  # two MMA warpgroups, one commit group per K step each
+        (hgmma,), (groups,) = counts["hgmma"], counts["hgmma_gsb0"]
+        assert hgmma >= 4 and groups == 2, counts
     if case in GLUON_WS:  # one commit group per K step (2-4 HGMMA), not one per instruction
         (hgmma,), (groups,) = counts["hgmma"], counts["hgmma_gsb0"]
         warpgroups = min(GLUON_WS[case][3], 2)  # split > 1: two 64-row warpgroups

@@ -22,15 +22,18 @@ def gluon_on(monkeypatch):
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "on")
 
 
-@pytest.fixture(params=["split1", "split2", "split1-ws", "split2-ws"])
+@pytest.fixture(params=["split1", "split2", "split1-ws", "split2-ws", "split2-epi"])
 def gluon_split(request, monkeypatch):
     """Both layouts of the Gluon forward: 64-row blocks in one program, or 128-row blocks shared by
     two programs (N a multiple of 128; other N fall back to one program); each with the
-    single-partition kernel and with the warp-specialised one (``-ws``)."""
-    split, _, ws = request.param.partition("-")
+    single-partition kernel and with the warp-specialised one (``-ws``); and the normalisation-
+    partition kernel (``-epi``: calls without x̂ whose N it cuts into 128- or 256-column parts,
+    the others the warp-specialised kernel)."""
+    split, _, kernel = request.param.partition("-")
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "on")
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", split[-1])
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "1" if ws else "0")
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "1" if kernel else "0")
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_EPI", "1" if kernel == "epi" else "0")
 
 
 def _mats(m, k, n, dtype=BF16, device="cpu"):
@@ -52,6 +55,22 @@ def test_split_knob(monkeypatch) -> None:
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON_SPLIT", "3")
     with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON_SPLIT"):
         config.gluon_split(1024)
+
+
+def test_epi_knob_and_split(monkeypatch) -> None:
+    """``ADS_NORM_FUSION_GLUON_EPI`` (1 default / 0) and the normalisation-partition kernel's parts:
+    256 columns where they divide N, else 128, at most 32 programs; 0 where neither fits."""
+    from ads_norm_fusion import config
+
+    monkeypatch.delenv("ADS_NORM_FUSION_GLUON_EPI", raising=False)
+    assert config.gluon_epi() is True
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_EPI", "0")
+    assert config.gluon_epi() is False
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_EPI", "on")
+    with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON_EPI"):
+        config.gluon_epi()
+    parts = {128: 1, 256: 1, 384: 3, 1024: 4, 1152: 9, 4096: 16, 8192: 32, 192: 0, 64: 0, 8448: 0}
+    assert {n: config.gluon_epi_split(n) for n in parts} == parts
 
 
 def test_ws_knob(monkeypatch) -> None:
@@ -267,12 +286,13 @@ GPU_FWD_WIDE = [
 ]
 
 
-@pytest.fixture(params=["wide", "wide-ws"])
+@pytest.fixture(params=["wide", "wide-ws", "wide-epi"])
 def gluon_wide(request, monkeypatch):
     """The shared-row-block layout (the default split) with each kernel."""
     monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "on")
     monkeypatch.delenv("ADS_NORM_FUSION_GLUON_SPLIT", raising=False)
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "1" if request.param.endswith("ws") else "0")
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "0" if request.param == "wide" else "1")
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_EPI", "1" if request.param.endswith("epi") else "0")
 
 
 @pytest.mark.gpu
@@ -324,7 +344,8 @@ def _assert_written(full, m, name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,k,n", [(1, 64, 128), (8513, 96, 384), (1, 64, 2048), (3001, 96, 4096)])
 @pytest.mark.parametrize("mode", ["ln_fwd", "rms_fwd"])
-def test_gluon_forward_writes_all(gluon_split, m, k, n, mode) -> None:
+@pytest.mark.parametrize("save_xhat", [True, False])
+def test_gluon_forward_writes_all(gluon_split, m, k, n, mode, save_xhat) -> None:
     if n > 1024 and os.environ["ADS_NORM_FUSION_GLUON_SPLIT"] == "1":
         pytest.skip("N > 1024 needs the shared row blocks")
     from ads_norm_fusion.triton.launch import launch_rownorm
@@ -333,7 +354,7 @@ def test_gluon_forward_writes_all(gluon_split, m, k, n, mode) -> None:
     x, w = randn((m, k), dtype=dt, device=DEVICE), randn((n, k), dtype=dt, device=DEVICE, seed=1)
     gamma, beta = randn((n,), dtype=dt, device=DEVICE, seed=2), randn((n,), dtype=dt, device=DEVICE, seed=3)
     yf, y = _guarded(m, n, dt)
-    xf, xh = _guarded(m, n, dt)
+    xf, xh = _guarded(m, n, dt) if save_xhat else (None, None)
     s1f = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
     s2f = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
     assert dispatch.why_not(x, w, y, xhat=xh, vectors=(gamma, beta)) is None
@@ -342,7 +363,8 @@ def test_gluon_forward_writes_all(gluon_split, m, k, n, mode) -> None:
         xhat=xh, stat1=s1f[3 : 3 + m], eps=1e-5,
     )  # fmt: skip
     _assert_written(yf, m, "y")
-    _assert_written(xf, m, "xhat")
+    if save_xhat:
+        _assert_written(xf, m, "xhat")
     _assert_written(s2f[:, None], m, "rstat")
     if mode == "ln_fwd":
         _assert_written(s1f[:, None], m, "mean")

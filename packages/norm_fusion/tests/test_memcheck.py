@@ -1,6 +1,6 @@
 """Odd shapes and partial tiles through every kernel path under compute-sanitizer
 memcheck (``memcheck_case.py``): 0 errors, on the GPU only; the Gluon forward's cases with each of
-its two kernels."""
+its three kernels."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ def test_memcheck_clean():
     assert_memcheck_clean(script, done_marker="memcheck cases: all paths ran", env=env)
 
 
-@pytest.mark.parametrize("ws", ["0", "1"])
-def test_memcheck_clean_gluon_forward(ws):
+@pytest.mark.parametrize("ws,epi", [("0", "0"), ("1", "0"), ("1", "1")], ids=["single", "ws", "epi"])
+def test_memcheck_clean_gluon_forward(ws, epi):
+    """Each Gluon kernel: single-partition, warp-specialised, and the normalisation partition
+    (``ADS_NORM_FUSION_GLUON_EPI=1``, inference calls)."""
     script = Path(__file__).with_name("memcheck_case.py")
-    env = {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_WS": ws}
+    env = {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_WS": ws, "ADS_NORM_FUSION_GLUON_EPI": epi}
     assert_memcheck_clean(script, done_marker="memcheck cases: all paths ran", env=env)

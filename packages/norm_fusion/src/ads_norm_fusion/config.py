@@ -15,7 +15,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/on/0, see ``gluon_forward``),
 ``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``), ``ADS_NORM_FUSION_GLUON_WS`` (0/1, see
-``gluon_ws``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
+``gluon_ws``), ``ADS_NORM_FUSION_GLUON_EPI`` (0/1, see ``gluon_epi``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
 ``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES``,
 ``ADS_NORM_FUSION_BWD_ACC2D`` (the row-wise norm backward, see ``norm_bwd_config``),
 ``ADS_NORM_FUSION_BWD_SUMS`` (fused/torch/kernel, see ``norm_bwd_sums``);
@@ -228,19 +228,43 @@ def gluon_split(n: int) -> int:
     ``2`` (default): 128-row blocks, each of S programs holding N/S columns and exchanging row
     statistics with its partners; S = 2 up to N = 1024 (N a multiple of 128, otherwise 1), above
     that the fewest programs whose parts are multiples of 128 of at most 512 columns (N = 4096: 8;
-    1 where none of up to 16 programs fits: the Gluon forward then refuses N > 1024). ``1``:
+    1 where none of up to 16 programs fits: the Gluon forward then refuses N > 1024;
+    ``ADS_NORM_FUSION_GLUON_PART=256`` caps the parts at 256 columns instead, for A/B runs). ``1``:
     64-row blocks, each program holding all N <= 1024 columns. H200, 65536×1024×1024 LayerNorm:
     1.56× (split 2) and 1.92× (split 1) the cuBLAS GEMM of their runs (split 2 loads half the bytes
     per FLOP; BENCHMARKS.md)."""
     if _choice("ADS_NORM_FUSION_GLUON_SPLIT", "2", ("1", "2")) == "1":
         return 1
-    if n <= 1024:
-        return 2 if n % 128 == 0 else 1
-    for split in range(2, GLUON_MAX_SPLIT + 1):
+    max_part = int(_choice("ADS_NORM_FUSION_GLUON_PART", str(GLUON_MAX_PART), ("512", "256")))
+    if n <= 1024 and (n % 128 or n // 2 <= max_part):
+        return 1 if n % 128 else 2
+    for split in range(2, max(GLUON_MAX_SPLIT, 2 * n // max_part) + 1):
         part, rest = divmod(n, split)
-        if rest == 0 and part % 128 == 0 and part <= GLUON_MAX_PART:
+        if rest == 0 and part % (128 if n > 1024 else 64) == 0 and part <= max_part:
             return split
     return 1
+
+
+GLUON_EPI_PARTS = (256, 128)  # gluon.fwd_epi_sm90: the columns one program holds, widest first
+GLUON_EPI_MAX_SPLIT = 32
+
+
+def gluon_epi() -> bool:
+    """``ADS_NORM_FUSION_GLUON_EPI``: ``1`` (default) sends the Gluon forward's calls without x̂
+    whose N ``gluon_epi_split`` can cut to its kernel (``gluon.fwd_epi_sm90``: the normalisation in
+    a partition of its own, under the next row block's GEMM); ``0`` keeps ``fwd_sm90``. H200, no-grad
+    forward against ``fwd_sm90`` (medians of three rounds, µs): LayerNorm 65536×1024×4096 1070 ->
+    966, 65536×4096×1024 920 -> 869, 65536×1024×2048 540 -> 479; BENCHMARKS.md."""
+    return _choice("ADS_NORM_FUSION_GLUON_EPI", "1", ("0", "1")) == "1"
+
+
+def gluon_epi_split(n: int) -> int:
+    """Programs per 128-row block of ``gluon.fwd_epi_sm90`` for N columns: N/256 where 256 divides
+    N, else N/128, at most ``GLUON_EPI_MAX_SPLIT``; 0 where neither fits (N = 4096: 16)."""
+    for part in GLUON_EPI_PARTS:
+        if n % part == 0 and n // part <= GLUON_EPI_MAX_SPLIT:
+            return n // part
+    return 0
 
 
 def gluon_ws() -> bool:

@@ -67,6 +67,15 @@ def forward(mode: str, x, w, out, stat2, *, stat1, bias, gamma, beta, xhat, eps:
     allows, else returns False (the caller runs the Triton kernel)."""
     if why_not(x, w, out, xhat=xhat, vectors=(bias, gamma, beta)) is not None:
         return False
+    epi_split = config.gluon_epi_split(w.shape[0]) if config.gluon_epi() and xhat is None else 0
+    if epi_split:
+        from . import fwd_epi_sm90
+
+        fwd_epi_sm90.forward(
+            x, w, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, eps=eps, rms=mode == "rms_fwd",
+            num_sms=num_sms(x.device), split=epi_split,
+        )  # fmt: skip
+        return True
     from . import fwd_sm90
 
     fwd_sm90.forward(
