@@ -33,8 +33,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
 from ads_kernel_tools.kernels.gluon_hopper import init_ring
@@ -45,10 +43,11 @@ from .fwd_sm90 import (
     MAX_STAGES,
     SMEM_BYTES,
     _acc_layout,
-    _advance,
+    _affine,
     _desc,
+    _merge_parts,
     _merge_tile,
-    _prev_slot,
+    _mma_tile,
     _program,
     _ws_loads,
 )
@@ -86,15 +85,7 @@ def _mma_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr,
     for i in range(my_blocks):
         rb = pid + i * nprog
         acc = gl.zeros([R, BN], gl.float32, acc_l)
-        for kk in range(k_tiles):
-            mbarrier.wait(ready.index(s), ph)
-            acc = warpgroup_mma(a_smem.index(s).slice(WG * R, R, dim=0), b_smem.index(s).permute((1, 0)), acc,
-                                use_acc=kk > 0, is_async=True)  # fmt: skip
-            acc = warpgroup_mma_wait(1, deps=(acc,))
-            mbarrier.arrive(empty.index(_prev_slot(s, STAGES)), pred=kk > 0)
-            s, ph = _advance(s, ph, STAGES)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(empty.index(_prev_slot(s, STAGES)))
+        acc, s, ph = _mma_tile(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, WG, STAGES, True)
         # one tile per part: its statistics are the part's (LayerNorm: staged minus its own mean)
         mean, m2, _, staged = _merge_tile(acc, cols, bias_ptr, i * 0, zero_r, zero_r, zero_r, HAS_BIAS, RMS)
         mbarrier.wait(z_empty, (i & 1) ^ 1)  # the first use passes on the fresh barrier
@@ -122,18 +113,7 @@ def _row_stats(base, own, flag, nf, eps, row_l: gl.constexpr, BM: gl.constexpr, 
     gl.thread_barrier()  # the acquiring lane's view before every lane's loads
     one_l: gl.constexpr = gl.BlockedLayout([1], [32], [NORM_WARPS], [0])
     r_idx = gl.arange(0, R, one_l)
-    mean = gl.load(base + r_idx, cache_modifier=".cg")
-    m2 = gl.load(base + BM + r_idx, cache_modifier=".cg")
-    for p in gl.static_range(1, SPLIT):
-        mean_b = gl.load(base + p * (2 * BM) + r_idx, cache_modifier=".cg")
-        m2_b = gl.load(base + p * (2 * BM) + BM + r_idx, cache_modifier=".cg")
-        if RMS:
-            m2 = m2 + m2_b
-        else:
-            # parts 0..p-1 (p·PART values) merged with part p (PART values)
-            delta = mean_b - mean
-            mean = mean + delta * (1.0 / (p + 1))
-            m2 = m2 + m2_b + delta * delta * (PART * p / (p + 1))
+    mean, m2 = _merge_parts(base, r_idx, BM, PART, RMS, SPLIT)
     shift = mean
     if not RMS:
         shift = gl.load(base + own * (2 * BM) + r_idx, cache_modifier=".cg")
@@ -143,10 +123,10 @@ def _row_stats(base, own, flag, nf, eps, row_l: gl.constexpr, BM: gl.constexpr, 
 
 @gluon.jit
 def _norm_rows(args, RMS: gl.constexpr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.constexpr, SPLIT: gl.constexpr):
-    """Normalisation partition (``NORM_WARPS`` warps): per row block of this program, once its buffer is full,
-    per 64-row half: the merged statistics (written out by part 0), the half normalised in place
-    in ``PIECE``-column pieces with γ and β, sent to y by one TMA store; the buffer is freed once
-    both stores have read it."""
+    """Normalisation partition (``NORM_WARPS`` warps): per row block of this program, once the
+    buffer is full, per 64-row half: the merged statistics (written out by part 0), the half
+    normalised in place in ``PIECE``-column pieces with γ and β, sent to y by one TMA store; the
+    buffer is freed once both stores have read it."""
     (z_smem, z_full, z_empty, out_desc, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, part_ptr, flag_ptr, M, N,
      eps) = args  # fmt: skip
     dtype: gl.constexpr = z_smem.dtype
@@ -183,10 +163,7 @@ def _norm_rows(args, RMS: gl.constexpr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.co
                 else:
                     y = (w + back) * scale
                 cols = col0 + c * PIECE + gl.arange(0, PIECE, col_l)
-                if HAS_GAMMA:
-                    y = y * gl.expand_dims(gl.load(gamma_ptr + cols).to(gl.float32), 0)
-                if HAS_BETA:
-                    y = y + gl.expand_dims(gl.load(beta_ptr + cols).to(gl.float32), 0)
+                y = _affine(y, cols, gamma_ptr, beta_ptr, HAS_GAMMA, HAS_BETA)
                 piece.store(y.to(dtype))
             fence_async_shared()
             gl.thread_barrier()
@@ -216,9 +193,8 @@ def linear_norm_fwd_epi_kernel(
     R: gl.constexpr = out_desc.block_type.shape[0]
     a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
     b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
-    z_smem = gl.allocate_shared_memory(
-        dtype, [2, R, BN], out_desc.layout
-    )  # one 64-row half per MMA warpgroup
+    # one 64-row half of z per MMA warpgroup
+    z_smem = gl.allocate_shared_memory(dtype, [2, R, BN], out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     z_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())

@@ -180,6 +180,15 @@ def _merge_partner(base, flag, half, mean, m2, BLOCK: gl.constexpr, PART_COLS: g
     while seen < SPLIT:
         seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
     gl.thread_barrier()
+    return _merge_parts(base, r_idx, BLOCK, PART_COLS, RMS, SPLIT)
+
+
+@gluon.jit
+def _merge_parts(base, r_idx, BLOCK: gl.constexpr, PART_COLS: gl.constexpr, RMS: gl.constexpr,
+                 SPLIT: gl.constexpr):  # fmt: skip
+    """The rows ``r_idx``' (mean, M2) (RMSNorm: Σz²) over a row block's ``SPLIT`` parts of
+    ``PART_COLS`` columns each, from its record (``base``: [part][mean, M2 or Σz²][BLOCK rows]):
+    Chan's formula, parts in order, so every reader gets the same bits."""
     mean = gl.load(base + r_idx, cache_modifier=".cg")
     m2 = gl.load(base + BLOCK + r_idx, cache_modifier=".cg")
     for p in gl.static_range(1, SPLIT):
@@ -193,6 +202,17 @@ def _merge_partner(base, flag, half, mean, m2, BLOCK: gl.constexpr, PART_COLS: g
             mean = mean + delta * (1.0 / (p + 1))
             m2 = m2 + m2_b + delta * delta * (PART_COLS * p / (p + 1))
     return mean, m2
+
+
+@gluon.jit
+def _affine(xh, cols, gamma_ptr, beta_ptr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.constexpr):
+    """x̂·γ + β at columns ``cols`` (γ, β read in their dtype, applied in fp32)."""
+    y = xh
+    if HAS_GAMMA:
+        y = y * gl.expand_dims(gl.load(gamma_ptr + cols).to(gl.float32), 0)
+    if HAS_BETA:
+        y = y + gl.expand_dims(gl.load(beta_ptr + cols).to(gl.float32), 0)
+    return y
 
 
 @gluon.jit
@@ -240,11 +260,7 @@ def _finish_rows(z_smem, z0, xh_smem, out_desc, xhat_desc, gamma_ptr, beta_ptr, 
             tma.async_copy_shared_to_global(xhat_desc, [off_m, col0 + j * BN], z_tile)
             tma.store_wait(0)
             gl.thread_barrier()
-        y = xh
-        if HAS_GAMMA:
-            y = y * gl.expand_dims(gl.load(gamma_ptr + cols).to(gl.float32), 0)
-        if HAS_BETA:
-            y = y + gl.expand_dims(gl.load(beta_ptr + cols).to(gl.float32), 0)
+        y = _affine(xh, cols, gamma_ptr, beta_ptr, HAS_GAMMA, HAS_BETA)
         z_tile.store(y.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
@@ -388,6 +404,30 @@ def _ws_loads(a_desc, b_desc, a_smem, b_smem, ready, empty, M, K, NT: gl.constex
 
 
 @gluon.jit
+def _mma_tile(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, WG: gl.constexpr, STAGES: gl.constexpr,
+              SLICE: gl.constexpr):  # fmt: skip
+    """One tile of warpgroup WG's z over the K steps from the ring (slot ``s``, phase ``ph``): one
+    wgmma group in flight behind the newest, a slot released once its wgmma has retired; ``SLICE``:
+    the A tile holds two warpgroups' rows, this one takes its 64. Returns (acc, s, ph) for the
+    next tile."""
+    R: gl.constexpr = acc.shape[0]
+    for kk in range(k_tiles):
+        mbarrier.wait(ready.index(s), ph)
+        a_tile = a_smem.index(s)
+        if SLICE:
+            a_tile = a_tile.slice(WG * R, R, dim=0)
+        acc = warpgroup_mma(a_tile, b_smem.index(s).permute((1, 0)), acc, use_acc=kk > 0, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(acc,))
+        # the previous step's wgmma has retired: release its slot (computed from s, not carried: a
+        # name assigned a loop-carried value is not carried itself by Triton's frontend)
+        mbarrier.arrive(empty.index(_prev_slot(s, STAGES)), pred=kk > 0)
+        s, ph = _advance(s, ph, STAGES)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(empty.index(_prev_slot(s, STAGES)))  # the tile's last step
+    return acc, s, ph
+
+
+@gluon.jit
 def _ws_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GAMMA: gl.constexpr,
              HAS_BETA: gl.constexpr, SAVE_XHAT: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr,
              SPLIT: gl.constexpr):  # fmt: skip
@@ -420,20 +460,7 @@ def _ws_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, 
         shift = gl.zeros([R], gl.float32, row_l)
         for j in range(NT):
             acc = gl.zeros([R, BN], gl.float32, acc_l)
-            for kk in range(k_tiles):
-                mbarrier.wait(ready.index(s), ph)
-                a_tile = a_smem.index(s)
-                if SPLIT > 1:
-                    a_tile = a_tile.slice(WG * R, R, dim=0)
-                b_tile = b_smem.index(s).permute((1, 0))
-                acc = warpgroup_mma(a_tile, b_tile, acc, use_acc=kk > 0, is_async=True)
-                acc = warpgroup_mma_wait(1, deps=(acc,))
-                # the previous step's wgmma has retired: release its slot (computed from s, not carried:
-                # a name assigned a loop-carried value is not carried itself by Triton's frontend)
-                mbarrier.arrive(empty.index(_prev_slot(s, STAGES)), pred=kk > 0)
-                s, ph = _advance(s, ph, STAGES)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(empty.index(_prev_slot(s, STAGES)))  # the tile's last step
+            acc, s, ph = _mma_tile(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, WG, STAGES, SPLIT > 1)
             cols = col0 + j * BN + gl.arange(0, BN, col_l)
             mean, m2, shift, staged = _merge_tile(acc, cols, bias_ptr, j, mean, m2, shift, HAS_BIAS, RMS)
             if j == 0:  # the previous row block's stores have read the z tiles
