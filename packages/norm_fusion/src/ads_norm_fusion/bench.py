@@ -168,10 +168,15 @@ def _run_providers(report, bench, op, shape, providers, leaves, dy) -> None:
 
 
 # forward settings the sweep times (config.py knobs; {} = the defaults); the Gluon ones fall back to the
-# Triton kernels where gluon.dispatch.why_not refuses (N > 1024)
+# Triton kernels where gluon.dispatch.why_not refuses (split 1: N > 1024; else N > 8192 or no split)
 SWEEP_VARIANTS = {
-    "gluon split 2": {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_SPLIT": "2"},
-    "gluon split 1": {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_SPLIT": "1"},
+    "gluon normalisation partition": {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_EPI": "1"},
+    "gluon ws split 2": {
+        "ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_EPI": "0", "ADS_NORM_FUSION_GLUON_SPLIT": "2",
+    },
+    "gluon ws split 1": {
+        "ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_EPI": "0", "ADS_NORM_FUSION_GLUON_SPLIT": "1",
+    },
     "per-row-block kernel": {"ADS_NORM_FUSION_PERSISTENT": "0"},
     "persistent default": {},
     "persistent 3 stages": {"ADS_NORM_FUSION_STAGES": "3"},

@@ -15,7 +15,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/on/0, see ``gluon_forward``),
 ``ADS_NORM_FUSION_GLUON_SPLIT`` (1/2, see ``gluon_split``), ``ADS_NORM_FUSION_GLUON_WS`` (0/1, see
-``gluon_ws``), ``ADS_NORM_FUSION_GLUON_EPI`` (0/1, see ``gluon_epi``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
+``gluon_ws``), ``ADS_NORM_FUSION_GLUON_EPI`` (0/1, see ``gluon_epi``), ``ADS_NORM_FUSION_GLUON_PART``
+(512/256, see ``gluon_split``); ``ADS_NORM_FUSION_BWD_BLOCK_M``,
 ``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES``,
 ``ADS_NORM_FUSION_BWD_ACC2D`` (the row-wise norm backward, see ``norm_bwd_config``),
 ``ADS_NORM_FUSION_BWD_SUMS`` (fused/torch/kernel, see ``norm_bwd_sums``);
@@ -224,15 +225,17 @@ GLUON_MAX_SPLIT = 16  # programs per row block: N up to 16 x 512 = 8192
 
 
 def gluon_split(n: int) -> int:
-    """``ADS_NORM_FUSION_GLUON_SPLIT``: how many programs share one row block of the Gluon forward.
+    """``ADS_NORM_FUSION_GLUON_SPLIT``: how many programs share one row block of the Gluon forward's warp-
+    specialised and single-partition kernels (``gluon.fwd_sm90``; calls with x̂, or
+    ``ADS_NORM_FUSION_GLUON_EPI=0``: the normalisation-partition kernel splits by ``gluon_epi_split``).
     ``2`` (default): 128-row blocks, each of S programs holding N/S columns and exchanging row
-    statistics with its partners; S = 2 up to N = 1024 (N a multiple of 128, otherwise 1), above
-    that the fewest programs whose parts are multiples of 128 of at most 512 columns (N = 4096: 8;
-    1 where none of up to 16 programs fits: the Gluon forward then refuses N > 1024;
+    statistics with its partners; S = 2 up to N = 1024 (N a multiple of 128, otherwise 1), above that
+    the fewest programs whose parts are multiples of 128 of at most 512 columns (N = 4096: 8; 1 where
+    none of up to 16 programs fits: the Gluon forward then refuses N > 1024;
     ``ADS_NORM_FUSION_GLUON_PART=256`` caps the parts at 256 columns instead, for A/B runs). ``1``:
-    64-row blocks, each program holding all N <= 1024 columns. H200, 65536×1024×1024 LayerNorm:
-    1.56× (split 2) and 1.92× (split 1) the cuBLAS GEMM of their runs (split 2 loads half the bytes
-    per FLOP; BENCHMARKS.md)."""
+    64-row blocks, each program holding all N <= 1024 columns. H200, 65536×1024×1024 LayerNorm: 1.56×
+    (split 2) and 1.92× (split 1) the cuBLAS GEMM of their runs (split 2 loads half the bytes per FLOP;
+    BENCHMARKS.md)."""
     if _choice("ADS_NORM_FUSION_GLUON_SPLIT", "2", ("1", "2")) == "1":
         return 1
     max_part = int(_choice("ADS_NORM_FUSION_GLUON_PART", str(GLUON_MAX_PART), ("512", "256")))
