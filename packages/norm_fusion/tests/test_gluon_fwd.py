@@ -135,6 +135,31 @@ def test_ws_launch_arguments(monkeypatch) -> None:
     assert seen["ws"][0] == (128,)
 
 
+def test_forward_picks_a_kernel_the_sms_can_hold(monkeypatch) -> None:
+    """Which Gluon kernel ``dispatch.forward`` launches (kernels replaced by recorders, the device
+    check passed): the normalisation partition without x̂, the warp-specialised kernel with x̂, and
+    neither (the Triton kernel) where the row block's programs outnumber the SMs: they wait for each
+    other, so all must be resident (N = 8192: 32 or 16 programs on a 16-SM slice)."""
+    pytest.importorskip("triton.experimental.gluon")
+    from ads_norm_fusion.gluon import fwd_epi_sm90, fwd_sm90
+
+    seen = []
+    monkeypatch.setattr(dispatch, "why_not", lambda *a, **kw: None)
+    monkeypatch.setattr(fwd_epi_sm90, "forward", lambda *a, split, **kw: seen.append(("epi", split)))
+    monkeypatch.setattr(fwd_sm90, "forward", lambda *a, split, **kw: seen.append(("ws", split)))
+    monkeypatch.delenv("ADS_NORM_FUSION_GLUON_EPI", raising=False)
+    monkeypatch.delenv("ADS_NORM_FUSION_GLUON_SPLIT", raising=False)
+    kw = dict(stat1=None, bias=None, gamma=None, beta=None, eps=1e-5)
+    for sms, n, xhat, want in [(132, 1024, False, ("epi", 4)), (132, 1024, True, ("ws", 2)),
+                               (132, 8192, False, ("epi", 32)), (16, 8192, False, ("ws", 16)),
+                               (8, 8192, False, None), (8, 8192, True, None)]:  # fmt: skip
+        monkeypatch.setattr(dispatch, "num_sms", lambda _d, s=sms: s)
+        x, w, out = _mats(64, 64, n)
+        seen.clear()
+        took = dispatch.forward("ln_fwd", x, w, out, out, xhat=out if xhat else None, **kw)
+        assert took == (want is not None) and seen == ([want] if want else []), (sms, n, xhat, seen)
+
+
 def test_switch_auto_by_size(monkeypatch) -> None:
     """Default ``auto``: calls of 2^25 outputs or more (the size alone, checked with ``gluon_forward``
     so that no large tensor is needed), ``on`` every call, ``0`` none."""

@@ -64,23 +64,29 @@ def why_not(x, w, out, *, xhat=None, vectors=()) -> str | None:
 
 def forward(mode: str, x, w, out, stat2, *, stat1, bias, gamma, beta, xhat, eps: float) -> bool:
     """Runs the Gluon forward for ``mode`` ("ln_fwd" / "rms_fwd") and returns True where ``why_not``
-    allows, else returns False (the caller runs the Triton kernel)."""
+    allows, else returns False (the caller runs the Triton kernel). The programs that share a row
+    block wait for each other, so all of them must be resident at once: a split wider than the
+    device's SMs (a small MIG slice) is refused here, where the SM count is known."""
     if why_not(x, w, out, xhat=xhat, vectors=(bias, gamma, beta)) is not None:
         return False
-    epi_split = config.gluon_epi_split(w.shape[0]) if config.gluon_epi() and xhat is None else 0
-    if epi_split:
+    sms = num_sms(x.device)
+    n = w.shape[0]
+    epi_split = config.gluon_epi_split(n) if config.gluon_epi() and xhat is None else 0
+    if 0 < epi_split <= sms:
         from . import fwd_epi_sm90
 
         fwd_epi_sm90.forward(
             x, w, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, eps=eps, rms=mode == "rms_fwd",
-            num_sms=num_sms(x.device), split=epi_split,
+            num_sms=sms, split=epi_split,
         )  # fmt: skip
         return True
+    split = config.gluon_split(n)
+    if split > sms:
+        return False
     from . import fwd_sm90
 
     fwd_sm90.forward(
         x, w, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, xhat=xhat, eps=eps,
-        rms=mode == "rms_fwd", num_sms=num_sms(x.device), split=config.gluon_split(w.shape[0]),
-        ws=config.gluon_ws(),
+        rms=mode == "rms_fwd", num_sms=sms, split=split, ws=config.gluon_ws(),
     )  # fmt: skip
     return True
