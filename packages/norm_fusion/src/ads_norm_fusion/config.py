@@ -255,9 +255,9 @@ GLUON_EPI_MAX_SPLIT = 32
 def gluon_epi() -> bool:
     """``ADS_NORM_FUSION_GLUON_EPI``: ``1`` (default) sends the Gluon forward's calls without x̂
     whose N ``gluon_epi_split`` can cut to its kernel (``gluon.fwd_epi_sm90``: the normalisation in
-    a partition of its own, under the next row block's GEMM); ``0`` keeps ``fwd_sm90``. H200, no-grad
-    forward against ``fwd_sm90`` (medians of three rounds, µs): LayerNorm 65536×1024×4096 1070 ->
-    966, 65536×4096×1024 920 -> 869, 65536×1024×2048 540 -> 479; BENCHMARKS.md."""
+    a partition of its own, under the next row block's GEMM); ``0`` keeps ``fwd_sm90``. The default
+    since it measured faster at every benchmark shape but one (level there; BENCHMARKS.md,
+    Experiments)."""
     return _choice("ADS_NORM_FUSION_GLUON_EPI", "1", ("0", "1")) == "1"
 
 

@@ -2,26 +2,25 @@
 normalisation in a partition of its own, so that it runs under the next row block's GEMM.
 
 The kernel of ``fwd_sm90`` (warp-specialised) normalises a row block in its MMA warpgroups, with the
-tensor cores idle meanwhile (BENCHMARKS.md: ~20 instructions per output element, ~1.2x the GEMM at
-K = 1024), and holds up to 512 columns of z, which leaves its ring 32-deep K steps. Here a program
-holds one column part of at most 256 columns of each 128-row block in one shared-memory buffer,
-beside a ring of 64-deep K steps:
+tensor cores idle meanwhile, and holds up to 512 columns of z, which leaves its ring 32-deep K
+steps. Here a program holds one column part of at most 256 columns of each 128-row block in one
+shared-memory buffer, beside a ring of 64-deep K steps:
 
   - a one-warp TMA producer (``fwd_sm90._ws_loads``) feeds the A/B ring;
   - two MMA warpgroups (64 rows each) compute z = x·Wᵀ (+ bias) of the part, its per-row (mean,
-    M2) or Σz², write z (LayerNorm: minus this part's mean) into the buffer once it is free, publish their
-    partial statistics to the row block's global record, count themselves in its flag and go on
-    to the next row block without waiting;
+    M2) or Σz², write z (LayerNorm: minus this part's mean) into the buffer once it is free,
+    publish their partial statistics to the row block's global record, count themselves in its
+    flag and go on to the next row block without waiting;
   - a 2-warp normalisation partition waits for a full buffer and, per 64-row half, for the flag to
     count every part (``SPLIT`` programs share each row block, neighbours in the grid), merges the
     parts by Chan's formula in one order (every program gets the same bits), normalises the buffer
     in place in 64 × 64 pieces, applies γ and β, sends it to y with TMA and frees the buffer.
 
 The MMA warpgroups wait for the buffer only when a row block's normalisation outlasts the next row
-block's GEMM (a few microseconds against ~14 at K = 1024, 256 columns).
-No x̂ output (training forwards that save x̂ take ``fwd_sm90``). Needs (``dispatch``): N/``SPLIT``
-= 128 or 256, K a multiple of 8, 16-byte aligned row-major tensors; rows past M: TMA loads zeros
-and drops their stores.
+block's GEMM, a small fraction of it (hence one buffer: a second would cost the ring a stage). No x̂
+output (a training forward saving x̂ takes ``fwd_sm90``, one saving z the Triton kernels). Needs (``dispatch``): N/``SPLIT`` = 128
+or 256, K a multiple of 8, 16-byte aligned row-major tensors; rows past M: TMA loads zeros and drops
+their stores.
 """
 
 from __future__ import annotations
