@@ -18,9 +18,9 @@ shared-memory buffer, beside a ring of 64-deep K steps:
 
 The MMA warpgroups wait for the buffer only when a row block's normalisation outlasts the next row
 block's GEMM, a small fraction of it (hence one buffer: a second would cost the ring a stage). No x̂
-output (a training forward saving x̂ takes ``fwd_sm90``, one saving z the Triton kernels). Needs (``dispatch``): N/``SPLIT`` = 128
-or 256, K a multiple of 8, 16-byte aligned row-major tensors; rows past M: TMA loads zeros and drops
-their stores.
+output (a training forward saving x̂ takes ``fwd_sm90``, one saving z the Triton kernels). Needs
+(``dispatch``): N/``SPLIT`` = 128 or 256, K a multiple of 8, 16-byte aligned row-major tensors; rows
+past M: TMA loads zeros and drops their stores.
 """
 
 from __future__ import annotations
