@@ -25,7 +25,6 @@ past M: TMA loads zeros and drops their stores.
 
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -48,7 +47,10 @@ from .fwd_sm90 import (
     _merge_tile,
     _mma_tile,
     _program,
+    _publish_part,
+    _wait_parts,
     _ws_loads,
+    grid_and_exchange,
 )
 
 PIECE = gl.constexpr(64)  # columns the normalisation partition handles at once (64 values per thread)
@@ -90,12 +92,8 @@ def _mma_rows(args, WG: gl.constexpr, RMS: gl.constexpr, HAS_BIAS: gl.constexpr,
         mbarrier.wait(z_empty, (i & 1) ^ 1)  # the first use passes on the fresh barrier
         z_smem.index(WG).store(staged.to(dtype))
         fence_async_shared()
-        base = part_ptr + rb.to(gl.int64) * (2 * SPLIT * BM) + half * (2 * BM) + WG * R
-        gl.store(base + r_idx, mean)
-        gl.store(base + BM + r_idx, m2)
-        # every lane's record stores precede the count (and the buffer's arrival)
-        gl.thread_barrier()
-        gl.atomic_add(flag_ptr + rb * 2 + WG, 1, sem="release", scope="gpu")
+        rec = part_ptr + rb.to(gl.int64) * (2 * SPLIT * BM) + half * (2 * BM) + WG * R
+        _publish_part(rec, r_idx, mean, m2, flag_ptr + rb * 2 + WG, BM, "release")
         mbarrier.arrive(z_full)
 
 
@@ -106,10 +104,7 @@ def _row_stats(base, own, flag, nf, eps, row_l: gl.constexpr, BM: gl.constexpr, 
     row block's record (``base``: [part][mean, M2 or Σz²][BM rows], offset to these rows), in part
     order, and this program's part mean (``own``: the shift its z was staged with); read and merged
     one row per lane, then spread to ``row_l`` (where eight lanes share a row)."""
-    seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-    while seen < SPLIT:
-        seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-    gl.thread_barrier()  # the acquiring lane's view before every lane's loads
+    _wait_parts(flag, gl.atomic_add(flag, 0, sem="acquire", scope="gpu"), SPLIT)
     one_l: gl.constexpr = gl.BlockedLayout([1], [32], [NORM_WARPS], [0])
     r_idx = gl.arange(0, R, one_l)
     mean, m2 = _merge_parts(base, r_idx, BM, PART, RMS, SPLIT)
@@ -237,10 +232,7 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, e
     a_desc = _desc(x, bm, bk)
     b_desc = _desc(w, bn, bk)
     out_desc = _desc(out, BLOCK_M, bn)
-    blocks = -(-m // bm)
-    programs = max(1, min(blocks, num_sms // split)) * split
-    part = torch.empty(blocks * 2 * split * bm, dtype=torch.float32, device=x.device)
-    flags = torch.zeros(blocks * 2, dtype=torch.int32, device=x.device)
+    programs, part, flags = grid_and_exchange(m, bm, split, num_sms, x.device, flags_per_block=2)
     dummy = stat2
     linear_norm_fwd_epi_kernel[(programs,)](
         a_desc, b_desc, out_desc, bias if bias is not None else dummy, gamma if gamma is not None else dummy,

@@ -173,14 +173,30 @@ def _merge_partner(base, flag, half, mean, m2, BLOCK: gl.constexpr, PART_COLS: g
     parts in the same order (Chan's formula, equal counts), so every program gets the same bits."""
     row_l: gl.constexpr = mean.type.layout
     r_idx = gl.arange(0, mean.shape[0], row_l)
-    gl.store(base + half * (2 * BLOCK) + r_idx, mean)
-    gl.store(base + half * (2 * BLOCK) + BLOCK + r_idx, m2)
+    seen = _publish_part(base + half * (2 * BLOCK), r_idx, mean, m2, flag, BLOCK, "acq_rel")
+    _wait_parts(flag, seen, SPLIT)
+    return _merge_parts(base, r_idx, BLOCK, PART_COLS, RMS, SPLIT)
+
+
+@gluon.jit
+def _publish_part(rec, r_idx, mean, m2, flag, BLOCK: gl.constexpr, SEM: gl.constexpr):
+    """This program's partial statistics of rows ``r_idx`` into its part of the row block's record
+    (``rec``: [mean, M2 or Σz²][BLOCK rows]), then one count in ``flag`` (``SEM``: release, or
+    acq_rel for a caller that waits next); returns the count after it."""
+    gl.store(rec + r_idx, mean)
+    gl.store(rec + BLOCK + r_idx, m2)
+    # every lane's record stores precede the count
     gl.thread_barrier()
-    seen = gl.atomic_add(flag, 1, sem="acq_rel", scope="gpu") + 1
+    return gl.atomic_add(flag, 1, sem=SEM, scope="gpu") + 1
+
+
+@gluon.jit
+def _wait_parts(flag, seen, SPLIT: gl.constexpr):
+    """Spin until ``flag`` counts all ``SPLIT`` parts (``seen``: the count last read); the acquiring
+    lane's view then reaches every lane of the partition before their loads."""
     while seen < SPLIT:
         seen = gl.atomic_add(flag, 0, sem="acquire", scope="gpu")
     gl.thread_barrier()
-    return _merge_parts(base, r_idx, BLOCK, PART_COLS, RMS, SPLIT)
 
 
 @gluon.jit
@@ -540,6 +556,20 @@ def _desc(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [rows, cols], layout)
 
 
+def grid_and_exchange(m: int, bm: int, split: int, num_sms: int, device, *, flags_per_block: int):
+    """The persistent grid (``split`` programs per group of a row block, at most one program per SM:
+    the partners wait for each other) and the row-statistics exchange it needs: the record (2·split
+    fp32 per row, uninitialised: every part writes its own) and ``flags_per_block`` zeroed flags per
+    row block; (programs, None, None) without flags (no exchange)."""
+    blocks = -(-m // bm)
+    programs = max(1, min(blocks, num_sms // split)) * split
+    if flags_per_block == 0:
+        return programs, None, None
+    part = torch.empty(blocks * 2 * split * bm, dtype=torch.float32, device=device)
+    flags = torch.zeros(blocks * flags_per_block, dtype=torch.int32, device=device)
+    return programs, part, flags
+
+
 def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, xhat=None, eps: float,
             rms: bool, num_sms: int, split: int = 1, ws: bool = False) -> None:  # fmt: skip
     """out (M, N) = norm(x @ wᵀ + bias)·γ + β, stat1 (mean, LayerNorm) and stat2 (rstd / rrms) (M,)
@@ -560,13 +590,10 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, x
     b_desc = _desc(w, bn, bk)
     out_desc = _desc(out, out_rows, bn)
     xhat_desc = _desc(xhat, out_rows, bn) if save else out_desc
-    blocks = -(-m // bm)
-    programs = max(1, min(blocks, num_sms // split)) * split
     dummy = stat2
-    if split > 1:
-        part = torch.empty(blocks * 2 * split * bm, dtype=torch.float32, device=x.device)
-        flags = torch.zeros(blocks * (2 if ws else 1), dtype=torch.int32, device=x.device)
-    else:
+    per_block = 0 if split == 1 else 2 if ws else 1  # flags per row block: one per warpgroup under ws
+    programs, part, flags = grid_and_exchange(m, bm, split, num_sms, x.device, flags_per_block=per_block)
+    if split == 1:
         part, flags = dummy, dummy
     kernel = linear_norm_fwd_ws_kernel if ws else linear_norm_fwd_kernel
     kernel[(programs,)](
