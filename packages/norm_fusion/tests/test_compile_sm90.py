@@ -127,20 +127,26 @@ def _jobs() -> dict[str, dict]:
     # the warp-specialised kernel (config.gluon_ws), with its SASS HGMMA counts
     for name, (n, rms, xhat, split) in GLUON_WS.items():
         jobs[name] = _gluon_job(n, rms=rms, xhat=xhat, split=split, ws=True) | {"sass_between": _SASS_WGMMA}
-    for name, (n, rms) in GLUON_EPI.items():
-        jobs[name] = _gluon_epi_job(n, rms=rms) | {"sass_between": _SASS_WGMMA_EPI}
+    for name, (n, rms, save_z) in GLUON_EPI.items():
+        jobs[name] = _gluon_epi_job(n, rms=rms, save_z=save_z) | {"sass_between": _SASS_WGMMA_EPI}
     return jobs
 
 
-# (N, RMS) of the normalisation-partition Gluon builds (gluon.fwd_epi_sm90)
-GLUON_EPI = {"gluon_epi_ln_fwd_n1024": (1024, False), "gluon_epi_rms_fwd_n384": (384, True)}
+# (N, RMS, SAVE_Z) of the normalisation-partition Gluon builds (gluon.fwd_epi_sm90); SAVE_Z: a
+# training forward, which also stores the pre-norm value
+GLUON_EPI = {
+    "gluon_epi_ln_fwd_n1024": (1024, False, False),
+    "gluon_epi_rms_fwd_n384": (384, True, False),
+    "gluon_epi_ln_fwd_n4096_save_z": (4096, False, True),
+    "gluon_epi_rms_fwd_n1024_save_z": (1024, True, True),
+}
 _SASS_WGMMA_EPI = {
     "hgmma": [r"^\.text\.linear_norm_fwd_epi_kernel:", r"(?!)", r"\bHGMMA\."],
     "hgmma_gsb0": [r"^\.text\.linear_norm_fwd_epi_kernel:", r"(?!)", r"\bHGMMA\..*\bgsb0\b"],
 }
 
 
-def _gluon_epi_job(n: int, *, rms: bool) -> dict:
+def _gluon_epi_job(n: int, *, rms: bool, save_z: bool) -> dict:
     """The normalisation-partition Gluon forward at the tiles and ring depth its launcher picks."""
     import torch
     from triton.runtime.jit import mangle_type
@@ -157,9 +163,10 @@ def _gluon_epi_job(n: int, *, rms: bool) -> dict:
 
     types = {"a_desc": desc(128, e.BLOCK_K_EPI), "b_desc": desc(bn, e.BLOCK_K_EPI), "out_desc": desc(64, bn),
              **{p: "*bf16" for p in ("bias_ptr", "gamma_ptr", "beta_ptr")}, "stat1_ptr": "*fp32",
-             "stat2_ptr": "*fp32", "part_ptr": "*fp32", "flag_ptr": "*i32", "eps": "fp32"}  # fmt: skip
+             "stat2_ptr": "*fp32", "part_ptr": "*fp32", "flag_ptr": "*i32", "zsave_ptr": "*bf16",
+             "zoff_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
     consts = dict(RMS=rms, HAS_BIAS=True, HAS_GAMMA=True, HAS_BETA=not rms, STAGES=e.stages_for_epi(bn),
-                  SPLIT=config.gluon_epi_split(n))  # fmt: skip
+                  SPLIT=config.gluon_epi_split(n), SAVE_Z=save_z)  # fmt: skip
     return dict(module=e.__name__, kernel="linear_norm_fwd_epi_kernel", types=types, constexprs=consts,
                 gluon=True, num_warps=4)  # fmt: skip
 

@@ -137,27 +137,42 @@ def test_ws_launch_arguments(monkeypatch) -> None:
 
 def test_forward_picks_a_kernel_the_sms_can_hold(monkeypatch) -> None:
     """Which Gluon kernel ``dispatch.forward`` launches (kernels replaced by recorders, the device
-    check passed): the normalisation partition without x̂, the warp-specialised kernel with x̂, and
-    neither (the Triton kernel) where the row block's programs outnumber the SMs: they wait for each
-    other, so all must be resident (N = 8192: 32 or 16 programs on a 16-SM slice)."""
+    check passed): the normalisation partition without x̂ and for a training forward saving the
+    pre-norm value (``raw``), the warp-specialised kernel with x̂, and neither (the Triton kernel)
+    where the row block's programs outnumber the SMs: they wait for each other, so all must be
+    resident (N = 8192: 32 or 16 programs on a 16-SM slice), or where a raw save meets N that the
+    normalisation partition does not cut (N = 576) or ``ADS_NORM_FUSION_GLUON_EPI=0``."""
     pytest.importorskip("triton.experimental.gluon")
     from ads_norm_fusion.gluon import fwd_epi_sm90, fwd_sm90
 
     seen = []
     monkeypatch.setattr(dispatch, "why_not", lambda *a, **kw: None)
-    monkeypatch.setattr(fwd_epi_sm90, "forward", lambda *a, split, **kw: seen.append(("epi", split)))
+
+    def epi(*a, split, zsave, zoff, **kw):
+        seen.append(("epi", split) if zsave is None else ("epi-z", split, zoff is not None))
+
+    monkeypatch.setattr(fwd_epi_sm90, "forward", epi)
     monkeypatch.setattr(fwd_sm90, "forward", lambda *a, split, **kw: seen.append(("ws", split)))
     monkeypatch.delenv("ADS_NORM_FUSION_GLUON_EPI", raising=False)
     monkeypatch.delenv("ADS_NORM_FUSION_GLUON_SPLIT", raising=False)
     kw = dict(stat1=None, bias=None, gamma=None, beta=None, eps=1e-5)
     for sms, n, xhat, want in [(132, 1024, False, ("epi", 4)), (132, 1024, True, ("ws", 2)),
+                               (132, 1024, "raw", ("epi-z", 4, True)), (132, 576, "raw", None),
                                (132, 8192, False, ("epi", 32)), (16, 8192, False, ("ws", 16)),
-                               (8, 8192, False, None), (8, 8192, True, None)]:  # fmt: skip
+                               (8, 8192, False, None), (8, 8192, True, None), (8, 8192, "raw", None),
+                               (132, 4096, "raw", ("epi-z", 16, True))]:  # fmt: skip
         monkeypatch.setattr(dispatch, "num_sms", lambda _d, s=sms: s)
         x, w, out = _mats(64, 64, n)
+        xoff = torch.empty(64) if xhat == "raw" else None
         seen.clear()
-        took = dispatch.forward("ln_fwd", x, w, out, out, xhat=out if xhat else None, **kw)
+        took = dispatch.forward(
+            "ln_fwd", x, w, out, out, xhat=out if xhat else None, raw=xhat == "raw", xoff=xoff, **kw
+        )
         assert took == (want is not None) and seen == ([want] if want else []), (sms, n, xhat, seen)
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_EPI", "0")
+    x, w, out = _mats(64, 64, 1024)
+    assert not dispatch.forward("rms_fwd", x, w, out, out, xhat=out, raw=True, **kw)
+    assert seen == [("epi-z", 16, True)]
 
 
 def test_switch_auto_by_size(monkeypatch) -> None:
@@ -333,13 +348,47 @@ def test_gluon_forward_wide(gluon_wide, kind: str, case: Case) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [Case(4097, 384, 768), Case(129, 1024, 1024, FP16)], ids=str)
 @pytest.mark.parametrize("kind", ["ln", "rms"])
-def test_gluon_forward_training(gluon_split, kind: str, case: Case) -> None:
-    """With grad enabled and an affine norm the forward also writes x̂ (the backward reads it)."""
+def test_gluon_forward_training(gluon_split, kind: str, case: Case, monkeypatch) -> None:
+    """With grad enabled and an affine norm the forward also writes what the backward reads: the
+    normalisation partition (``-epi``) the pre-norm value (the default ``config.save_prenorm``),
+    the other kernels x̂ (``ADS_NORM_FUSION_SAVE=xhat``; with the default they leave training to
+    the Triton kernels). Checks that the Gluon kernel really ran."""
+    epi = os.environ["ADS_NORM_FUSION_GLUON_EPI"] == "1"
+    if not epi:
+        monkeypatch.setenv("ADS_NORM_FUSION_SAVE", "xhat")
+    _training_checked(case, kind, monkeypatch, want="epi-z" if epi else "sm90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case", [Case(4097, 384, 4096), Case(1, 64, 1536, FP16), Case(300, 1040, 2048, norm_bias=False)], ids=str
+)
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_gluon_forward_training_wide(gluon_wide, kind: str, case: Case, monkeypatch) -> None:
+    """Training forwards above N = 1024: with ``-epi`` the normalisation-partition kernel saves the
+    pre-norm value (the default ``config.save_prenorm``) and must really be the kernel that ran."""
+    epi = os.environ["ADS_NORM_FUSION_GLUON_EPI"] == "1"
+    _training_checked(case, kind, monkeypatch, want="epi-z" if epi else None)
+
+
+def _training_checked(case: Case, kind: str, monkeypatch, want: str | None) -> None:
+    """Output and every gradient of a training forward of ``case`` against the references, and
+    which Gluon kernel ran (``want``: "epi-z" the normalisation partition saving the pre-norm
+    value, "sm90" ``fwd_sm90``, None neither)."""
+    from ads_norm_fusion.gluon import fwd_epi_sm90, fwd_sm90
+
+    ran = []
+    for mod, name in ((fwd_epi_sm90, "epi"), (fwd_sm90, "sm90")):
+
+        def spy(*a, _real=mod.forward, _name=name, **kw):
+            ran.append(_name + ("-z" if kw.get("zsave") is not None else ""))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(mod, "forward", spy)
     if kind == "rms":
         case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
     eps = 1e-5 if kind == "ln" else 1e-6
     d = inputs(case)
-    _assert_gluon_path(d, torch.empty(case.m, case.n, dtype=case.dtype, device=DEVICE), xhat=True)
     t = {k: (None if v is None else v.detach().clone().requires_grad_()) for k, v in d.items() if k != "dy"}
     if kind == "ln":
         y = linear_layernorm(t["x"], t["w"], t["bias"], t["gamma"], t["beta"], eps)
@@ -353,6 +402,7 @@ def test_gluon_forward_training(gluon_split, kind: str, case: Case) -> None:
     check(y, ref, base, "y")
     for name, g in grads.items():
         check(g, gref[name], gbase[name], f"d{name}")
+    assert ran == ([want] if want else []), ran
 
 
 def _guarded(m, n, dtype):
@@ -369,10 +419,13 @@ def _assert_written(full, m, name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,k,n", [(1, 64, 128), (8513, 96, 384), (1, 64, 2048), (3001, 96, 4096)])
 @pytest.mark.parametrize("mode", ["ln_fwd", "rms_fwd"])
-@pytest.mark.parametrize("save_xhat", [True, False])
+@pytest.mark.parametrize("save_xhat", [True, False, "raw"])
 def test_gluon_forward_writes_all(gluon_split, m, k, n, mode, save_xhat) -> None:
     if n > 1024 and os.environ["ADS_NORM_FUSION_GLUON_SPLIT"] == "1":
         pytest.skip("N > 1024 needs the shared row blocks")
+    raw = save_xhat == "raw"
+    if raw and os.environ["ADS_NORM_FUSION_GLUON_EPI"] != "1":
+        pytest.skip("only the normalisation partition saves the pre-norm value")
     from ads_norm_fusion.triton.launch import launch_rownorm
 
     dt = BF16
@@ -382,14 +435,20 @@ def test_gluon_forward_writes_all(gluon_split, m, k, n, mode, save_xhat) -> None
     xf, xh = _guarded(m, n, dt) if save_xhat else (None, None)
     s1f = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
     s2f = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
+    of = poisoned_empty((m + 6,), dtype=torch.float32, device=DEVICE)
+    xoff = of[3 : 3 + m] if raw and mode == "ln_fwd" else None
     assert dispatch.why_not(x, w, y, xhat=xh, vectors=(gamma, beta)) is None
     launch_rownorm(
         mode, x, y, s2f[3 : 3 + m], b=w, gamma=gamma, beta=beta if mode == "ln_fwd" else None,
-        xhat=xh, stat1=s1f[3 : 3 + m], eps=1e-5,
+        xhat=xh, stat1=s1f[3 : 3 + m], eps=1e-5, aux_raw=raw, xoff=xoff,
     )  # fmt: skip
     _assert_written(yf, m, "y")
     if save_xhat:
         _assert_written(xf, m, "xhat")
+    if xoff is not None:
+        _assert_written(of[:, None], m, "xoff")
+        if n % 128 == 0:  # the normalisation partition's pre-norm value is centred: no offset
+            assert (xoff == 0).all()
     _assert_written(s2f[:, None], m, "rstat")
     if mode == "ln_fwd":
         _assert_written(s1f[:, None], m, "mean")

@@ -23,7 +23,8 @@ def test_memcheck_clean():
 @pytest.mark.parametrize("ws,epi", [("0", "0"), ("1", "0"), ("1", "1")], ids=["single", "ws", "epi"])
 def test_memcheck_clean_gluon_forward(ws, epi):
     """Each Gluon kernel: single-partition, warp-specialised, and the normalisation partition
-    (``ADS_NORM_FUSION_GLUON_EPI=1``, inference calls)."""
+    (``ADS_NORM_FUSION_GLUON_EPI=1``: inference calls, and training calls saving the pre-norm value
+    where N is a multiple of 128)."""
     script = Path(__file__).with_name("memcheck_case.py")
     env = {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_WS": ws, "ADS_NORM_FUSION_GLUON_EPI": epi}
     assert_memcheck_clean(script, done_marker="memcheck cases: all paths ran", env=env)

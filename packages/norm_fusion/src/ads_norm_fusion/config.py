@@ -205,8 +205,8 @@ GLUON_MIN_ELEMENTS = 1 << 25  # M·N below which ``auto`` keeps the Triton forwa
 def gluon_forward(m: int, n: int) -> bool:
     """``ADS_NORM_FUSION_GLUON``: whether the Gluon sm_90 forward of ``linear_*norm`` (the row
     block's GEMM output kept in shared memory, ``gluon.fwd_sm90``) may take an (M, K) x (N, K)
-    call, which its predicate ``gluon.dispatch.why_not`` then checks (N <= 1024; a training forward
-    that saves its staged pre-norm tiles stays on the Triton kernels). ``auto`` (default): calls of
+    call, which its predicate ``gluon.dispatch.why_not`` then checks (a training forward that saves
+    the pre-norm value runs it only where ``gluon_epi_split`` cuts N). ``auto`` (default): calls of
     M·N >= 2^25 outputs, where with its warp-specialised kernel (``gluon_ws``) it measured faster
     than the Triton forward on the H200 (65536×1024×1024: LayerNorm 339 -> 285 us, RMSNorm 310 ->
     261 us); below, its host launch dominates (8192×512×512 RMSNorm: 141 us against 96 us).
@@ -281,13 +281,15 @@ def gluon_ws() -> bool:
 
 def save_prenorm() -> bool:
     """What a training forward of ``linear_*norm`` keeps for the backward (affine norms only).
-    ``ADS_NORM_FUSION_SAVE=z``: the staged pre-norm tile (z, shifted by the first column tile's mean
-    for LayerNorm, plus that per-row offset), which the Triton forwards already write to stage the
-    row, so saving it costs no extra M×N store; the backward recomputes x̂ from it in fp32.
-    ``xhat``: a separate x̂ written next to y (one more M×N store). Default ``z`` (H200, LayerNorm
-    training forward at 65536×1024×1024: 415 → 332 µs; BENCHMARKS.md). A training forward that
-    saves z runs the Triton kernels; with ``xhat`` the Gluon forward (``gluon_forward``) may take
-    it and writes x̂ itself (not measured faster for training, hence not the default)."""
+    ``ADS_NORM_FUSION_SAVE=z``: the pre-norm value with a per-row offset, from which the backward
+    recomputes x̂ in fp32: the Triton forwards save the tile they stage the row in (z shifted by
+    the first column tile's mean for LayerNorm, that mean the offset), so it costs them no extra
+    M×N store; the Gluon normalisation-partition kernel (``gluon_epi``, N cut by
+    ``gluon_epi_split``) stores z minus the row mean (offset 0) or, RMSNorm, z from its
+    normalisation partition. ``xhat``: a separate x̂ written next to y by the Triton kernels or
+    ``gluon.fwd_sm90``. Default ``z`` (H200, LayerNorm training forward at 65536×1024×1024 through
+    the Triton kernels: 415 → 332 µs; through the normalisation partition on the H100, 1.3-1.5x
+    faster than the Triton forward at N or K of 4096; BENCHMARKS.md)."""
     return _choice("ADS_NORM_FUSION_SAVE", "z", ("z", "xhat")) == "z"
 
 

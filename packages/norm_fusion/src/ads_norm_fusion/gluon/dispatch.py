@@ -9,7 +9,9 @@ row strides); row-major 2-D tensors with 16-byte aligned bases and row strides, 
 an sm_90 GPU with Triton's Gluon, off the interpreter; ``ADS_NORM_FUSION_GLUON``
 (``config.gluon_forward``: by default calls of 2^25 outputs or more). Where N is a multiple of 128 two
 or more programs share each row block (``config.gluon_split``); ``config.gluon_ws`` picks the warp-
-specialised kernel.
+specialised kernel. Calls without x̂, and training calls that save the pre-norm value
+(``config.save_prenorm``), go to the normalisation-partition kernel (``fwd_epi_sm90``) where
+``config.gluon_epi_split`` cuts N; training calls it does not take run the Triton kernels.
 """
 
 from __future__ import annotations
@@ -62,24 +64,29 @@ def why_not(x, w, out, *, xhat=None, vectors=()) -> str | None:
     return device_reason(x)
 
 
-def forward(mode: str, x, w, out, stat2, *, stat1, bias, gamma, beta, xhat, eps: float) -> bool:
+def forward(mode: str, x, w, out, stat2, *, stat1, bias, gamma, beta, xhat, eps: float, raw: bool = False,
+            xoff=None) -> bool:  # fmt: skip
     """Runs the Gluon forward for ``mode`` ("ln_fwd" / "rms_fwd") and returns True where ``why_not``
-    allows, else returns False (the caller runs the Triton kernel). The programs that share a row
-    block wait for each other, so all of them must be resident at once: a split wider than the
-    device's SMs (a small MIG slice) is refused here, where the SM count is known."""
+    allows, else returns False (the caller runs the Triton kernel). ``raw``: xhat is to get the
+    pre-norm value (``config.save_prenorm``; LayerNorm: with its row offsets ``xoff``), which only
+    the normalisation-partition kernel writes. The programs that share a row block wait for each
+    other, so all of them must be resident at once: a split wider than the device's SMs (a small MIG
+    slice) is refused here, where the SM count is known."""
     if why_not(x, w, out, xhat=xhat, vectors=(bias, gamma, beta)) is not None:
         return False
     sms = num_sms(x.device)
     n = w.shape[0]
-    epi_split = config.gluon_epi_split(n) if config.gluon_epi() and xhat is None else 0
+    epi_split = config.gluon_epi_split(n) if config.gluon_epi() and (xhat is None or raw) else 0
     if 0 < epi_split <= sms:
         from . import fwd_epi_sm90
 
         fwd_epi_sm90.forward(
             x, w, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, eps=eps, rms=mode == "rms_fwd",
-            num_sms=sms, split=epi_split,
+            num_sms=sms, split=epi_split, zsave=xhat if raw else None, zoff=xoff if raw else None,
         )  # fmt: skip
         return True
+    if raw:
+        return False
     split = config.gluon_split(n)
     if split > sms:
         return False

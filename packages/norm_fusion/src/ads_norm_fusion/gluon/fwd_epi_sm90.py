@@ -17,8 +17,11 @@ shared-memory buffer, beside a ring of 64-deep K steps:
     in place in 64 × 64 pieces, applies γ and β, sends it to y with TMA and frees the buffer.
 
 The MMA warpgroups wait for the buffer only when a row block's normalisation outlasts the next row
-block's GEMM, a small fraction of it (hence one buffer: a second would cost the ring a stage). No x̂
-output (a training forward saving x̂ takes ``fwd_sm90``, one saving z the Triton kernels). Needs
+block's GEMM, a small fraction of it (hence one buffer: a second would cost the ring a stage). A
+training forward (``SAVE_Z``) also gets the pre-norm value the backward reads
+(``config.save_prenorm``): z minus its row mean (LayerNorm, with a row offset of 0) or z itself
+(RMSNorm), in the inputs' dtype, stored from the partition's registers (no shared memory is left for
+a second TMA tile). A training forward saving x̂ itself takes ``fwd_sm90``. Needs
 (``dispatch``): N/``SPLIT`` = 128 or 256, K a multiple of 8, 16-byte aligned row-major tensors; rows
 past M: TMA loads zeros and drops their stores.
 """
@@ -116,13 +119,14 @@ def _row_stats(base, own, flag, nf, eps, row_l: gl.constexpr, BM: gl.constexpr, 
 
 
 @gluon.jit
-def _norm_rows(args, RMS: gl.constexpr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.constexpr, SPLIT: gl.constexpr):
+def _norm_rows(args, RMS: gl.constexpr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.constexpr, SPLIT: gl.constexpr,
+               SAVE_Z: gl.constexpr):  # fmt: skip
     """Normalisation partition (``NORM_WARPS`` warps): per row block of this program, once the
     buffer is full, per 64-row half: the merged statistics (written out by part 0), the half
     normalised in place in ``PIECE``-column pieces with γ and β, sent to y by one TMA store; the
     buffer is freed once both stores have read it."""
     (z_smem, z_full, z_empty, out_desc, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, part_ptr, flag_ptr, M, N,
-     eps) = args  # fmt: skip
+     eps, zsave_ptr, zoff_ptr) = args  # fmt: skip
     dtype: gl.constexpr = z_smem.dtype
     R: gl.constexpr = z_smem.shape[1]
     BN: gl.constexpr = z_smem.shape[2]
@@ -145,18 +149,23 @@ def _norm_rows(args, RMS: gl.constexpr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.co
             row_ok = (rows < M) & (half == 0)  # one program of the row block writes the statistics
             if not RMS:
                 gl.store(stat1_ptr + rows, mean, mask=row_ok)
+                if SAVE_Z:
+                    gl.store(zoff_ptr + rows, gl.zeros_like(mean), mask=row_ok)
             gl.store(stat2_ptr + rows, rstat, mask=row_ok)
+            zrow = gl.expand_dims(zsave_ptr + rows.to(gl.int64) * N, 1)
+            zmask = gl.expand_dims(rows < M, 1)
             back = gl.expand_dims(shift - mean, 1)
             scale = gl.expand_dims(rstat, 1)
             tile = z_smem.index(h)
             for c in gl.static_range(BN // PIECE):
                 piece = tile.slice(c * PIECE, PIECE, dim=1)
                 w = piece.load(piece_l).to(gl.float32)
-                if RMS:
-                    y = w * scale
-                else:
-                    y = (w + back) * scale
+                if not RMS:
+                    w = w + back
                 cols = col0 + c * PIECE + gl.arange(0, PIECE, col_l)
+                if SAVE_Z:
+                    gl.store(zrow + gl.expand_dims(cols, 0), w.to(dtype), mask=zmask)
+                y = w * scale
                 y = _affine(y, cols, gamma_ptr, beta_ptr, HAS_GAMMA, HAS_BETA)
                 piece.store(y.to(dtype))
             fence_async_shared()
@@ -169,17 +178,19 @@ def _norm_rows(args, RMS: gl.constexpr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.co
 
 @gluon.jit
 def linear_norm_fwd_epi_kernel(
-    a_desc, b_desc, out_desc, bias_ptr, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, part_ptr, flag_ptr, M, N,
-    K, eps, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GAMMA: gl.constexpr, HAS_BETA: gl.constexpr,
-    STAGES: gl.constexpr, SPLIT: gl.constexpr, MMA_REGS: gl.constexpr = 184, NORM_REGS: gl.constexpr = 152,
+    a_desc, b_desc, out_desc, bias_ptr, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, part_ptr, flag_ptr,
+    zsave_ptr, zoff_ptr, M, N, K, eps, RMS: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_GAMMA: gl.constexpr,
+    HAS_BETA: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, SAVE_Z: gl.constexpr,
+    MMA_REGS: gl.constexpr = 184, NORM_REGS: gl.constexpr = 152,
     LOAD_REGS: gl.constexpr = 24,
 ):  # fmt: skip
     """y = norm(a·bᵀ + bias)·γ + β for a (M, K), b (N, K); stat1 = mean (LayerNorm), stat2 = rstd or
-    rrms, fp32 per row. Launched with 4 warps (the first MMA warpgroup); ``a_desc`` has 128-row
-    boxes, ``b_desc`` and ``out_desc`` (64-row boxes) N/``SPLIT`` columns. ``part_ptr``: 2·SPLIT·128
-    fp32 per row block; ``flag_ptr``: 2 int32 per row block, zeroed by the caller. The grid is a
-    multiple of ``SPLIT`` and at most one program per SM (the partners' waits end only if all are
-    resident)."""
+    rrms, fp32 per row; with ``SAVE_Z`` zsave (M, N) the pre-norm value (z - mean, or z for RMSNorm)
+    and zoff (M,) fp32 zeros (LayerNorm). Launched with 4 warps (the first MMA warpgroup); ``a_desc``
+    has 128-row boxes, ``b_desc`` and ``out_desc`` (64-row boxes) N/``SPLIT`` columns.
+    ``part_ptr``: 2·SPLIT·128 fp32 per row block; ``flag_ptr``: 2 int32 per row block, zeroed by the
+    caller. The grid is a multiple of ``SPLIT`` and at most one program per SM (the partners' waits
+    end only if all are resident)."""
     dtype: gl.constexpr = a_desc.dtype
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -200,7 +211,7 @@ def linear_norm_fwd_epi_kernel(
 
     margs = (a_smem, b_smem, z_smem, ready, empty, z_full, z_empty, bias_ptr, part_ptr, flag_ptr, M, K)
     nargs = (z_smem, z_full, z_empty, out_desc, gamma_ptr, beta_ptr, stat1_ptr, stat2_ptr, part_ptr, flag_ptr,
-             M, N, eps)  # fmt: skip
+             M, N, eps, zsave_ptr, zoff_ptr)  # fmt: skip
     NT: gl.constexpr = 1
     largs = (a_desc, b_desc, a_smem, b_smem, ready, empty, M, K, NT, STAGES, SPLIT)
     WG0: gl.constexpr = 0
@@ -209,7 +220,7 @@ def linear_norm_fwd_epi_kernel(
         [
             (_mma_rows, (margs, WG0, RMS, HAS_BIAS, STAGES, SPLIT)),
             (_mma_rows, (margs, WG1, RMS, HAS_BIAS, STAGES, SPLIT)),
-            (_norm_rows, (nargs, RMS, HAS_GAMMA, HAS_BETA, SPLIT)),
+            (_norm_rows, (nargs, RMS, HAS_GAMMA, HAS_BETA, SPLIT, SAVE_Z)),
             (_ws_loads, largs),
         ],
         [4, NORM_WARPS, 1],
@@ -218,10 +229,14 @@ def linear_norm_fwd_epi_kernel(
 
 
 def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, eps: float, rms: bool,
-            num_sms: int, split: int) -> None:  # fmt: skip
+            num_sms: int, split: int, zsave=None, zoff=None) -> None:  # fmt: skip
     """out (M, N) = norm(x @ wᵀ + bias)·γ + β, stat1 (mean, LayerNorm) and stat2 (rstd / rrms) (M,)
-    fp32; x (M, K), w (N, K). The caller checked ``dispatch.why_not`` and picked ``split``
-    (``config.gluon_epi_split``: N/split is 128 or 256, split <= the SMs)."""
+    fp32; x (M, K), w (N, K); zsave (M, N), given for a training forward, the pre-norm value the
+    backward reads (x̂ = (zsave - zoff)·rstd, or zsave·rrms) and zoff (M,) fp32 its LayerNorm row
+    offset. The caller checked ``dispatch.why_not`` and picked ``split`` (``config.gluon_epi_split``:
+    N/split is 128 or 256, split <= the SMs)."""
+    if zsave is not None and not rms and zoff is None:
+        raise ValueError("a LayerNorm pre-norm value needs its row offsets (zoff)")
     m, k = x.shape
     n = w.shape[0]
     if m == 0:
@@ -236,9 +251,10 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, e
     dummy = stat2
     linear_norm_fwd_epi_kernel[(programs,)](
         a_desc, b_desc, out_desc, bias if bias is not None else dummy, gamma if gamma is not None else dummy,
-        beta if beta is not None else dummy, stat1 if stat1 is not None else stat2, stat2, part, flags, m, n,
-        k, float(eps), RMS=bool(rms), HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None,
-        HAS_BETA=beta is not None, STAGES=stages, SPLIT=split, num_warps=4,
+        beta if beta is not None else dummy, stat1 if stat1 is not None else stat2, stat2, part, flags,
+        zsave if zsave is not None else out, zoff if zoff is not None else stat2, m, n, k, float(eps),
+        RMS=bool(rms), HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
+        STAGES=stages, SPLIT=split, SAVE_Z=zsave is not None, num_warps=4,
     )  # fmt: skip
 
 

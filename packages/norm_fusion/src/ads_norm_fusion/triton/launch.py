@@ -89,10 +89,12 @@ def launch_rownorm(
     stage_xhat = forward and aux_raw and xhat is not None
     k = a.shape[1] if b is not None else n
     sms = num_sms(a.device) if a.device.type == "cuda" else 1
-    if forward and b is not None and b_trans and not stage_xhat:
-        if gluon_dispatch.forward(
-            mode, a, b, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, xhat=xhat, eps=eps
-        ):
+    if forward and b is not None and b_trans:
+        took = gluon_dispatch.forward(
+            mode, a, b, out, stat2, stat1=stat1, bias=bias, gamma=gamma, beta=beta, xhat=xhat, eps=eps,
+            raw=stage_xhat, xoff=xoff,
+        )  # fmt: skip
+        if took:
             return
     if mode in ("ln_fwd", "rms_fwd", "gemm") and b is not None and b_trans:
         pcfg = persistent_config(m, n, k, sms)
