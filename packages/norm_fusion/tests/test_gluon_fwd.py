@@ -469,3 +469,27 @@ def test_gluon_forward_mean_far_from_zero(gluon_split, kind: str, offset: float,
     d = inputs(case)
     d["bias"] = (d["bias"].float() + offset).to(case.dtype)
     _forward_checked(d, case, kind, eps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+def test_launch_cache_relaunch_matches(gluon_split, kind: str, monkeypatch) -> None:
+    """A relaunch from ``gluon.launch_cache`` gives the bits of Triton's own launch, and a call that
+    Triton specialises otherwise (K = 48 after 64: not a multiple of 16; M = 1) gets its own kernel."""
+    from ads_norm_fusion.gluon import fwd_epi_sm90
+
+    if os.environ["ADS_NORM_FUSION_GLUON_EPI"] != "1":
+        pytest.skip("the launch cache serves the normalisation-partition kernel")
+    outs = {}
+    for cached in ("0", "1", "1"):
+        monkeypatch.setenv("ADS_NORM_FUSION_LAUNCH_CACHE", cached)
+        for m, k in ((300, 64), (300, 48), (1, 64)):
+            x = randn((m, k), dtype=BF16, device=DEVICE)
+            w = randn((512, k), dtype=BF16, device=DEVICE, seed=1)
+            g = randn((512,), dtype=BF16, device=DEVICE, seed=2)
+            with torch.no_grad():
+                y = linear_rmsnorm(x, w, None, g) if kind == "rms" else linear_layernorm(x, w, None, g, g)
+            outs.setdefault((m, k), []).append(y)
+    for (m, k), ys in outs.items():
+        assert all(torch.equal(ys[0], y) for y in ys[1:]), (m, k)
+    assert len(fwd_epi_sm90._LAUNCH._kernels) >= 3

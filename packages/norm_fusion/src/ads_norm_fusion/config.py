@@ -20,7 +20,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES``,
 ``ADS_NORM_FUSION_BWD_ACC2D`` (the row-wise norm backward, see ``norm_bwd_config``),
 ``ADS_NORM_FUSION_BWD_SUMS`` (fused/torch/kernel, see ``norm_bwd_sums``);
-``ADS_NORM_FUSION_SAVE`` (z/xhat, see ``save_prenorm``).
+``ADS_NORM_FUSION_SAVE`` (z/xhat, see ``save_prenorm``); ``ADS_NORM_FUSION_LAUNCH_CACHE`` (0/1, see
+``launch_cache``).
 """
 
 from __future__ import annotations
@@ -268,6 +269,13 @@ def gluon_epi_split(n: int) -> int:
         if n % part == 0 and n // part <= GLUON_EPI_MAX_SPLIT:
             return n // part
     return 0
+
+
+def launch_cache() -> bool:
+    """``ADS_NORM_FUSION_LAUNCH_CACHE``: ``1`` (default) relaunches the Gluon normalisation-partition
+    forward's compiled kernel without Triton's per-call argument binding (``gluon.launch_cache``),
+    where that host time bounded calls of ~0.2 ms; ``0`` launches through Triton every time (A/B)."""
+    return _choice("ADS_NORM_FUSION_LAUNCH_CACHE", "1", ("0", "1")) == "1"
 
 
 def gluon_ws() -> bool:

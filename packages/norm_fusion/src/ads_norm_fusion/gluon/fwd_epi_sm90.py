@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ads_kernel_tools.kernels.gluon_hopper import init_ring
 
+from .. import config
 from .fwd_sm90 import (
     _SMEM_SPARE,
     BLOCK_M,
@@ -55,6 +56,7 @@ from .fwd_sm90 import (
     _ws_loads,
     grid_and_exchange,
 )
+from .launch_cache import LaunchCache
 
 PIECE = gl.constexpr(64)  # columns the normalisation partition handles at once (64 values per thread)
 # warps of the normalisation partition: with 2 MMA warpgroups and the producer warp, 11 warps leave
@@ -249,13 +251,19 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, e
     out_desc = _desc(out, BLOCK_M, bn)
     programs, part, flags = grid_and_exchange(m, bm, split, num_sms, x.device, flags_per_block=2)
     dummy = stat2
-    linear_norm_fwd_epi_kernel[(programs,)](
+    args = (
         a_desc, b_desc, out_desc, bias if bias is not None else dummy, gamma if gamma is not None else dummy,
         beta if beta is not None else dummy, stat1 if stat1 is not None else stat2, stat2, part, flags,
         zsave if zsave is not None else out, zoff if zoff is not None else stat2, m, n, k, float(eps),
+    )  # fmt: skip
+    consts = dict(
         RMS=bool(rms), HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
         STAGES=stages, SPLIT=split, SAVE_Z=zsave is not None, num_warps=4,
     )  # fmt: skip
+    _LAUNCH.launch((programs,), args, consts, cached=config.launch_cache())
+
+
+_LAUNCH = LaunchCache(linear_norm_fwd_epi_kernel)
 
 
 def stages_for_epi(bn: int) -> int:

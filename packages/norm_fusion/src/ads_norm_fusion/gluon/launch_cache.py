@@ -1,0 +1,152 @@
+"""Relaunching a compiled Triton / Gluon kernel without Triton's per-call argument binding.
+
+``kernel[grid](*args, **kw)`` costs tens of microseconds of host time before the launch itself:
+Triton binds the arguments, specialises each one (pointer alignment, integers equal to 1 or
+divisible by 16, descriptor types with their layouts' text), hashes the result and looks the
+compiled kernel up. Where the GPU work of a call is a few hundred microseconds, that host time can
+bound a loop of calls. ``LaunchCache`` keeps the compiled kernel of each specialisation under a key
+it computes itself from the same properties (:func:`spec_key`) and, on a hit, calls the compiled
+kernel's launcher directly, with the arguments in the kernel's parameter order, as Triton's own
+``JITFunction.run`` does after its lookup. A miss, or an argument whose type the key does not know,
+takes Triton's path (which compiles where needed).
+
+What the key covers: tensors by dtype and 16-byte alignment of their data pointer; Python ints by
+equality to 1, divisibility by 16 and width (i32, i64, u64); floats, bools and None by type (bools by value);
+Gluon host tensor descriptors by dtype, block shape and layout; constexpr and option keywords by
+value; the current device. What it does not: Triton's debug and instrumentation knobs and global
+values a kernel reads (set them before the first launch), and pre-run hooks (none here).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ads_kernel_tools.capability import interpreter_active
+
+__all__ = ["LaunchCache", "spec_key"]
+
+_UNKNOWN = object()
+
+
+def _relaunch_supported() -> bool:
+    """The direct relaunch follows Triton 3.6's ``JITFunction.run`` and launcher signature: other
+    versions take Triton's path every time."""
+    try:
+        import triton
+    except ImportError:  # pragma: no cover - the kernels need Triton anyway
+        return False
+    return triton.__version__.split(".")[:2] == ["3", "6"]
+
+
+_RELAUNCH = _relaunch_supported()
+
+
+def _int_width(a: int) -> int:
+    """Triton's integer argument types: i32, i64, u64 (0, 1, 2)."""
+    if -(2**31) <= a < 2**31:
+        return 0
+    return 1 if -(2**63) <= a < 2**63 else 2
+
+
+def _descriptor_types() -> tuple[type, ...]:
+    types = []
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+        types.append(GluonDescriptor)
+    except ImportError:  # pragma: no cover - Triton without Gluon
+        pass
+    return tuple(types)
+
+
+_DESCRIPTORS = _descriptor_types()
+
+
+def _arg_key(a: Any) -> Any:
+    """What Triton's specialisation of one runtime argument depends on, or ``_UNKNOWN``."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() & 15 == 0)
+    if a is None or isinstance(a, float):
+        return type(a)
+    if isinstance(a, bool):  # before int: a bool is an int
+        return a
+    if isinstance(a, int):
+        return (int, a == 1, a & 15 == 0, _int_width(a))
+    if _DESCRIPTORS and isinstance(a, _DESCRIPTORS):
+        return (a.base.dtype, tuple(a.block_shape), a.layout, a.padding)
+    return _UNKNOWN
+
+
+def spec_key(args: tuple, kwargs: dict) -> tuple | None:
+    """The cache key of one launch (positional runtime arguments, constexpr / option keywords), or
+    None where an argument's type is not covered (the caller then takes Triton's path)."""
+    keys = []
+    for a in args:
+        k = _arg_key(a)
+        if k is _UNKNOWN:
+            return None
+        keys.append(k)
+    return (_current_device(), tuple(keys), tuple(sorted(kwargs.items())))
+
+
+def _current_device() -> int:
+    return torch.cuda.current_device()
+
+
+def _current_stream() -> int:
+    """The stream Triton would launch on: the current device's current stream."""
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_stream(driver.active.get_current_device())
+
+
+def _launch_hooks() -> tuple:
+    from triton import knobs
+
+    return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+
+
+class LaunchCache:
+    """``LaunchCache(fn).launch(grid, args, kwargs)`` launches ``fn[grid](*args, **kwargs)``.
+
+    ``fn`` is a ``@triton.jit`` / ``@gluon.jit`` function; ``args`` its leading runtime arguments in
+    order, ``kwargs`` the rest by name (constexprs) and launch options (``num_warps``...). The first
+    launch of each :func:`spec_key` goes through Triton; later ones reuse its compiled kernel.
+    ``cached=False`` always takes Triton's path (A/B runs), as do Triton's interpreter and Triton
+    versions other than 3.6."""
+
+    def __init__(self, fn: Callable, max_entries: int = 64) -> None:
+        self.fn = fn
+        self.max_entries = max_entries
+        self._kernels: dict[tuple, Any] = {}
+        params = inspect.signature(fn.fn).parameters
+        self._names = tuple(params)
+        self._defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+
+    def launch(self, grid: tuple[int, ...], args: tuple, kwargs: dict, *, cached: bool = True) -> None:
+        key = spec_key(args, kwargs) if cached and _RELAUNCH and not interpreter_active() else None
+        kernel = self._kernels.get(key) if key is not None else None
+        if kernel is None:
+            kernel = self.fn[grid](*args, **kwargs)
+            if key is not None and len(self._kernels) < self.max_entries:
+                self._kernels[key] = kernel
+            return
+        self._run(kernel, grid, args, kwargs)
+
+    def _run(self, kernel, grid, args, kwargs) -> None:
+        """What ``JITFunction.run`` does once it has found the compiled kernel: every parameter's
+        value in order (constexprs included; the launcher skips them), the current stream, the
+        launch hooks and their metadata."""
+        tail = self._names[len(args) :]
+        bound = (*args, *(kwargs[n] if n in kwargs else self._defaults[n] for n in tail))
+        stream = _current_stream()
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        run = kernel.run  # after the first launch: the handles are loaded
+        meta = kernel.launch_metadata(grid, stream, *bound)
+        enter, leave = _launch_hooks()
+        run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, meta, enter, leave, *bound)
