@@ -72,7 +72,16 @@ def test_constructors() -> None:
         a(x.bfloat16()).shape == (5, 48) and b(x.half()).shape == (5, 48) and c(x.bfloat16()).shape == (5, 48)
     )
     assert set(a.state_dict()) == {"linear.weight", "linear.bias", "norm.weight", "norm.bias"}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"norm size 32 != linear.out_features 16"):
         FusedLinearLayerNorm.from_modules(nn.Linear(4, 16), nn.LayerNorm(32))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"norm size 16 != linear.in_features 4"):
+        RMSNormLinear.from_modules(nn.RMSNorm(16), nn.Linear(4, 16))
+    with pytest.raises(ValueError, match="takes an nn.RMSNorm and an nn.Linear"):
         RMSNormLinear.from_modules(nn.Linear(16, 16), nn.RMSNorm(16))  # wrong order
+    with pytest.raises(ValueError, match="takes an nn.Linear and an nn.RMSNorm"):
+        FusedLinearRMSNorm.from_modules(nn.Linear(16, 16), nn.LayerNorm(16))
+    # registered in the order they run: the state dict's key order
+    pair = RMSNormLinear.from_modules(nn.RMSNorm(16), nn.Linear(16, 8))
+    assert list(pair.state_dict()) == ["norm.weight", "linear.weight", "linear.bias"]
+    pair = FusedLinearRMSNorm.from_modules(nn.Linear(16, 8), nn.RMSNorm(8))
+    assert list(pair.state_dict()) == ["linear.weight", "linear.bias", "norm.weight"]

@@ -27,6 +27,28 @@ def _rms_eps(norm: nn.RMSNorm, dtype: torch.dtype) -> float:
     return norm.eps if norm.eps is not None else torch.finfo(dtype).eps
 
 
+def _adopt(cls, norm_type: type, first: nn.Module, second: nn.Module, *, norm_first: bool):
+    """A ``cls`` module holding the given (linear, norm) pair, registered in the order they run (the
+    state dict's key order), after checking their types and that the norm's size is the linear's
+    output (norm after the linear) or input (norm before it) width."""
+    linear, norm = (second, first) if norm_first else (first, second)
+    if not isinstance(linear, nn.Linear) or not isinstance(norm, norm_type):
+        names = ["an nn.Linear", f"an nn.{norm_type.__name__}"]
+        if norm_first:
+            names.reverse()
+        raise ValueError(f"from_modules takes {names[0]} and {names[1]}")
+    side = "in_features" if norm_first else "out_features"
+    if _single_dim(norm) != getattr(linear, side):
+        raise ValueError(f"norm size {_single_dim(norm)} != linear.{side} {getattr(linear, side)}")
+    mod = cls.__new__(cls)
+    nn.Module.__init__(mod)
+    if norm_first:
+        mod.norm, mod.linear = norm, linear
+    else:
+        mod.linear, mod.norm = linear, norm
+    return mod
+
+
 class FusedLinearLayerNorm(nn.Module):
     """``LayerNorm(Linear(x))`` over the output features. Args as nn.Linear plus ``eps`` and
     ``elementwise_affine`` / ``norm_bias`` of nn.LayerNorm."""
@@ -51,14 +73,9 @@ class FusedLinearLayerNorm(nn.Module):
 
     @classmethod
     def from_modules(cls, linear: nn.Linear, norm: nn.LayerNorm) -> FusedLinearLayerNorm:
-        if not isinstance(linear, nn.Linear) or not isinstance(norm, nn.LayerNorm):
-            raise ValueError("from_modules takes an nn.Linear and an nn.LayerNorm")
-        if _single_dim(norm) != linear.out_features:
-            raise ValueError(f"norm size {_single_dim(norm)} != linear.out_features {linear.out_features}")
-        mod = cls.__new__(cls)
-        nn.Module.__init__(mod)
-        mod.linear, mod.norm = linear, norm
-        return mod
+        """Wraps an existing pair (sharing its parameters): the same outputs, gradients and state
+        dict as ``norm(linear(x))``."""
+        return _adopt(cls, nn.LayerNorm, linear, norm, norm_first=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return linear_layernorm(
@@ -86,14 +103,9 @@ class FusedLinearRMSNorm(nn.Module):
 
     @classmethod
     def from_modules(cls, linear: nn.Linear, norm: nn.RMSNorm) -> FusedLinearRMSNorm:
-        if not isinstance(linear, nn.Linear) or not isinstance(norm, nn.RMSNorm):
-            raise ValueError("from_modules takes an nn.Linear and an nn.RMSNorm")
-        if _single_dim(norm) != linear.out_features:
-            raise ValueError(f"norm size {_single_dim(norm)} != linear.out_features {linear.out_features}")
-        mod = cls.__new__(cls)
-        nn.Module.__init__(mod)
-        mod.linear, mod.norm = linear, norm
-        return mod
+        """Wraps an existing pair (sharing its parameters): the same outputs, gradients and state
+        dict as ``norm(linear(x))``."""
+        return _adopt(cls, nn.RMSNorm, linear, norm, norm_first=False)
 
     def forward(self, x: Tensor) -> Tensor:
         eps = _rms_eps(self.norm, x.dtype)
@@ -120,15 +132,10 @@ class RMSNormLinear(nn.Module):
 
     @classmethod
     def from_modules(cls, norm: nn.RMSNorm, linear: nn.Linear) -> RMSNormLinear:
-        """Takes the pair in the order they run: the norm first, then the linear."""
-        if not isinstance(linear, nn.Linear) or not isinstance(norm, nn.RMSNorm):
-            raise ValueError("from_modules takes an nn.RMSNorm and an nn.Linear")
-        if _single_dim(norm) != linear.in_features:
-            raise ValueError(f"norm size {_single_dim(norm)} != linear.in_features {linear.in_features}")
-        mod = cls.__new__(cls)
-        nn.Module.__init__(mod)
-        mod.norm, mod.linear = norm, linear
-        return mod
+        """Wraps an existing pair, given in the order they run: the norm first, then the linear
+        (sharing their parameters; the same outputs, gradients and state dict as
+        ``linear(norm(x))``)."""
+        return _adopt(cls, nn.RMSNorm, norm, linear, norm_first=True)
 
     def forward(self, x: Tensor) -> Tensor:
         eps = _rms_eps(self.norm, x.dtype)
