@@ -15,42 +15,20 @@ _FLAGS = dict(HAS_GEMM=True, B_TRANS=True, HAS_BIAS=True, HAS_GAMMA=True, HAS_BE
               AUX_RAW=False, WEIGHT_GRADS=False, BIAS_GRAD=False, NUM_STAGES=4, BLOCK_K=64,
               FLATTEN=False)  # fmt: skip
 # the tiles config.rownorm_config picks on the H200
+# fmt: off
 ROWNORM_CASES = {
     "ln_fwd_n1024": dict(MODE=0, SINGLE=False, BLOCK_M=128, BLOCK_N=256, _warps=8),
     "ln_fwd_n256_single": dict(MODE=0, SINGLE=True, BLOCK_M=128, BLOCK_N=256, _warps=8),
     "ln_fwd_m64_xhat": dict(MODE=0, SINGLE=False, BLOCK_M=64, BLOCK_N=256, SAVE_XHAT=True, _warps=4),
     "rms_fwd_n1040": dict(MODE=1, SINGLE=False, BLOCK_M=128, BLOCK_N=128, _warps=8),
-    "ln_input_grad": dict(
-        MODE=2,
-        SINGLE=False,
-        BLOCK_M=128,
-        BLOCK_N=256,
-        B_TRANS=False,
-        HAS_BIAS=False,
-        WEIGHT_GRADS=True,
-        _warps=8,
-    ),  # fmt: skip
-    "rms_input_grad_raw": dict(
-        MODE=3,
-        SINGLE=False,
-        BLOCK_M=128,
-        BLOCK_N=256,
-        B_TRANS=False,
-        AUX_RAW=True,
-        WEIGHT_GRADS=True,
-        _warps=8,
-    ),  # fmt: skip
-    "ln_norm_bwd": dict(
-        MODE=2,
-        SINGLE=False,
-        BLOCK_M=128,
-        BLOCK_N=256,
-        HAS_GEMM=False,
-        WEIGHT_GRADS=True,
-        BIAS_GRAD=True,
-        _warps=8,
-    ),  # fmt: skip
+    "ln_input_grad": dict(MODE=2, SINGLE=False, BLOCK_M=128, BLOCK_N=256, B_TRANS=False, HAS_BIAS=False,
+                          WEIGHT_GRADS=True, _warps=8),
+    "rms_input_grad_raw": dict(MODE=3, SINGLE=False, BLOCK_M=128, BLOCK_N=256, B_TRANS=False, AUX_RAW=True,
+                               WEIGHT_GRADS=True, _warps=8),
+    "ln_norm_bwd": dict(MODE=2, SINGLE=False, BLOCK_M=128, BLOCK_N=256, HAS_GEMM=False, WEIGHT_GRADS=True,
+                        BIAS_GRAD=True, _warps=8),
 }
+# fmt: on
 
 
 def _jobs() -> dict[str, dict]:
