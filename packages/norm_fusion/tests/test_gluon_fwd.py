@@ -371,10 +371,22 @@ def test_gluon_forward_training_wide(gluon_wide, kind: str, case: Case, monkeypa
     _training_checked(case, kind, monkeypatch, want="epi-z" if epi else None)
 
 
-def _training_checked(case: Case, kind: str, monkeypatch, want: str | None) -> None:
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ln", "rms"])
+@pytest.mark.parametrize("n", [1024, 4096])
+def test_gluon_forward_training_mean_far_from_zero(kind: str, n: int, monkeypatch) -> None:
+    """Training forwards through the normalisation partition on rows whose mean (64) is far from
+    their spread: the saved pre-norm value is centred in fp32 before its rounding, so x̂ and every
+    gradient keep the reference's accuracy."""
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON", "on")
+    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_EPI", "1")
+    _training_checked(Case(1000, 512, n), kind, monkeypatch, want="epi-z", offset=64.0)
+
+
+def _training_checked(case: Case, kind: str, monkeypatch, want: str | None, offset: float = 0.0) -> None:
     """Output and every gradient of a training forward of ``case`` against the references, and
     which Gluon kernel ran (``want``: "epi-z" the normalisation partition saving the pre-norm
-    value, "sm90" ``fwd_sm90``, None neither)."""
+    value, "sm90" ``fwd_sm90``, None neither); ``offset`` is added to the GEMM bias."""
     from ads_norm_fusion.gluon import fwd_epi_sm90, fwd_sm90
 
     ran = []
@@ -389,6 +401,8 @@ def _training_checked(case: Case, kind: str, monkeypatch, want: str | None) -> N
         case = Case(case.m, case.k, case.n, case.dtype, case.bias, case.affine, norm_bias=False)
     eps = 1e-5 if kind == "ln" else 1e-6
     d = inputs(case)
+    if offset:
+        d["bias"] = (d["bias"].float() + offset).to(case.dtype)
     t = {k: (None if v is None else v.detach().clone().requires_grad_()) for k, v in d.items() if k != "dy"}
     if kind == "ln":
         y = linear_layernorm(t["x"], t["w"], t["bias"], t["gamma"], t["beta"], eps)
