@@ -7,11 +7,16 @@ at ``--shape`` (default 8192 512 512); forward+backward at ``--bwd-shape`` (defa
 because the backward's dense GEMMs (cuBLAS on a GPU) are real CPU work here and would swamp the
 host time at larger shapes.
 Each op is timed on the eager path and with the custom ops forced (``plain_eager`` patched to False).
+``--gluon``: ``linear_layernorm`` / ``linear_rmsnorm`` through the Gluon normalisation-partition
+forward's host path instead (``ADS_NORM_FUSION_GLUON=on``, the device taken for an sm_90 GPU, the
+compiled kernel's launcher a no-op): its predicate, exchange buffers, TMA descriptors and
+``gluon.launch_cache`` key run as on a GPU, on CPU tensors.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -35,10 +40,49 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def _stub() -> None:
-    for name in _STUBBED:
+def _stub(gluon: bool = False) -> None:
+    for name in _STUBBED[1:] if gluon else _STUBBED:
         setattr(_ops, name, lambda *a, **k: None)
+    if gluon:  # the Triton kernels a call falls back to (and the wide-row backward) launch nothing
+        launch.rownorm_kernel = launch.rownorm_persistent_kernel = _NoLaunch()
+        _stub_gluon()
     launch.norm_bwd_kernel = _NoLaunch()  # its launcher's allocations and checks still run
+
+
+class _NoKernel:
+    """A compiled kernel whose launcher does nothing (``gluon.launch_cache`` relaunches it)."""
+
+    function = packed_metadata = None
+
+    def launch_metadata(self, *args):
+        return None
+
+    def run(self, *args):
+        return None
+
+
+class _NoJit:
+    """A jit function's surface (``fn``, ``fn[grid](...)``) whose launches compile nothing."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: _NoKernel()
+
+
+def _stub_gluon() -> None:
+    """The Gluon normalisation-partition forward as on an sm_90 GPU, minus the kernel."""
+    from .gluon import dispatch, fwd_epi_sm90, launch_cache
+
+    dispatch.device_reason = lambda x: None
+    dispatch.num_sms = lambda device: 132
+    launch_cache.interpreter_active = lambda: False
+    launch_cache._RELAUNCH = True
+    launch_cache._current_device = lambda: 0
+    launch_cache._current_stream = lambda: 0
+    launch_cache._launch_hooks = lambda: (None, None)
+    fwd_epi_sm90._LAUNCH = launch_cache.LaunchCache(_NoJit(fwd_epi_sm90.linear_norm_fwd_epi_kernel.fn))
 
 
 def _leaves(m: int, k: int, n: int) -> list[torch.Tensor]:
@@ -91,13 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", type=int, nargs=3, default=(8192, 512, 512), metavar=("M", "K", "N"))
     parser.add_argument("--bwd-shape", type=int, nargs=3, default=(64, 64, 64), metavar=("M", "K", "N"))
     parser.add_argument("-n", type=int, default=300, help="calls per sample (7 samples, median)")
+    parser.add_argument("--gluon", action="store_true", help="the Gluon forward's host path (N % 128 == 0)")
     args = parser.parse_args(argv)
-    _stub()
+    if args.gluon:
+        os.environ["ADS_NORM_FUSION_GLUON"] = "on"
+    _stub(args.gluon)
     eager = _ops.plain_eager
     print(
         f"host us per call, kernels stubbed; fwd at {tuple(args.shape)}, fwd+bwd at {tuple(args.bwd_shape)}"
+        + ("; Gluon forward's host path" if args.gluon else "")
     )
-    for op in CALLS:
+    for op in ("linear_layernorm", "linear_rmsnorm") if args.gluon else CALLS:
         for path, pred in (("eager", eager), ("custom op", lambda tensors: False)):
             _ops.plain_eager = pred
             r = measure(op, args.shape, args.bwd_shape, args.n)

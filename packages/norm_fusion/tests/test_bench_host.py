@@ -1,0 +1,29 @@
+"""``python -m ads_norm_fusion.bench_host`` runs on a CPU (interpreter, kernels stubbed), with and
+without ``--gluon`` (the Gluon forward's host path), and prints a line per op and path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_OPS = ("linear_layernorm", "linear_rmsnorm", "rmsnorm_linear")
+
+
+@pytest.mark.parametrize("gluon", [False, True], ids=["triton", "gluon"])
+def test_bench_host_runs(gluon: bool) -> None:
+    if gluon:
+        pytest.importorskip("triton.experimental.gluon")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # the Gluon forward needs N a multiple of 128; the Triton path's backward stays on its stubbed kernel
+    # only up to the interpreter's 64-wide norm backward
+    args = ["-n", "3", "--shape", "128", "64", "256", "--bwd-shape", "64", "64", "128" if gluon else "64"]
+    done = subprocess.run(
+        [sys.executable, "-m", "ads_norm_fusion.bench_host", *args, *(["--gluon"] if gluon else [])],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.split(" ", 1)[0] in _OPS]
+    assert len(lines) == (4 if gluon else 6), done.stdout
