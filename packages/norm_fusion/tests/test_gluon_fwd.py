@@ -62,13 +62,7 @@ def test_epi_knob_and_split(monkeypatch) -> None:
     256 columns where they divide N, else 128, at most 32 programs; 0 where neither fits."""
     from ads_norm_fusion import config
 
-    monkeypatch.delenv("ADS_NORM_FUSION_GLUON_EPI", raising=False)
-    assert config.gluon_epi() is True
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_EPI", "0")
-    assert config.gluon_epi() is False
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_EPI", "on")
-    with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON_EPI"):
-        config.gluon_epi()
+    _check_switch(monkeypatch, "ADS_NORM_FUSION_GLUON_EPI", config.gluon_epi, bad="on")
     parts = {128: 1, 256: 1, 384: 3, 1024: 4, 1152: 9, 4096: 16, 8192: 32, 192: 0, 64: 0, 8448: 0}
     assert {n: config.gluon_epi_split(n) for n in parts} == parts
 
@@ -76,13 +70,24 @@ def test_epi_knob_and_split(monkeypatch) -> None:
 def test_ws_knob(monkeypatch) -> None:
     from ads_norm_fusion import config
 
-    monkeypatch.delenv("ADS_NORM_FUSION_GLUON_WS", raising=False)
-    assert config.gluon_ws() is True
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "0")
-    assert config.gluon_ws() is False
-    monkeypatch.setenv("ADS_NORM_FUSION_GLUON_WS", "yes")
-    with pytest.raises(ValueError, match="ADS_NORM_FUSION_GLUON_WS"):
-        config.gluon_ws()
+    _check_switch(monkeypatch, "ADS_NORM_FUSION_GLUON_WS", config.gluon_ws, bad="yes")
+
+
+def test_launch_cache_knob(monkeypatch) -> None:
+    from ads_norm_fusion import config
+
+    _check_switch(monkeypatch, "ADS_NORM_FUSION_LAUNCH_CACHE", config.launch_cache, bad="true")
+
+
+def _check_switch(monkeypatch, name: str, read, *, bad: str) -> None:
+    """A 0/1 switch on by default: unset -> True, ``0`` -> False, anything else a ValueError naming it."""
+    monkeypatch.delenv(name, raising=False)
+    assert read() is True
+    monkeypatch.setenv(name, "0")
+    assert read() is False
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=name):
+        read()
 
 
 def test_ws_launch_arguments(monkeypatch) -> None:

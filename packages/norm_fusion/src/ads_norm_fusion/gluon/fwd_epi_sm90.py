@@ -44,6 +44,7 @@ from .fwd_sm90 import (
     BLOCK_M,
     MAX_STAGES,
     SMEM_BYTES,
+    _ab_smem,
     _acc_layout,
     _affine,
     _desc,
@@ -194,12 +195,9 @@ def linear_norm_fwd_epi_kernel(
     caller. The grid is a multiple of ``SPLIT`` and at most one program per SM (the partners' waits
     end only if all are resident)."""
     dtype: gl.constexpr = a_desc.dtype
-    BM: gl.constexpr = a_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
     R: gl.constexpr = out_desc.block_type.shape[0]
-    a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
+    a_smem, b_smem = _ab_smem(a_desc, b_desc, STAGES)
     # one 64-row half of z per MMA warpgroup
     z_smem = gl.allocate_shared_memory(dtype, [2, R, BN], out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())

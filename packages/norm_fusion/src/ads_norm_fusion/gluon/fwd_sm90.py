@@ -122,6 +122,19 @@ def _issue(p, total, per_rb, k_tiles, pid, nprog, col0, a_desc, b_desc, a_smem, 
 
 
 @gluon.jit
+def _ab_smem(a_desc, b_desc, STAGES: gl.constexpr):
+    """The ``STAGES``-slot ring of A tiles (``a_desc``'s box) and B tiles (``b_desc``'s box) every
+    forward kernel's GEMM reads. Returns (a_smem, b_smem)."""
+    dtype: gl.constexpr = a_desc.dtype
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
+    return a_smem, b_smem
+
+
+@gluon.jit
 def _program(M, BM: gl.constexpr, SPLIT: gl.constexpr):
     """This program's place in the persistent grid: (first row block, row-block stride, which part
     of the columns it holds (0 to ``SPLIT`` - 1), how many row blocks it walks). The ``SPLIT``
@@ -308,8 +321,7 @@ def linear_norm_fwd_kernel(
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
     col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
 
-    a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
+    a_smem, b_smem = _ab_smem(a_desc, b_desc, STAGES)
     z_smem = gl.allocate_shared_memory(dtype, [NT, BM, BN], out_desc.layout)
     if SAVE_XHAT and SPLIT == 1:
         xh_smem = gl.allocate_shared_memory(dtype, [BM, BN], xhat_desc.layout)
@@ -509,11 +521,9 @@ def linear_norm_fwd_ws_kernel(
     and the record layout of ``linear_norm_fwd_kernel``."""
     dtype: gl.constexpr = a_desc.dtype
     BM: gl.constexpr = a_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
     R: gl.constexpr = out_desc.block_type.shape[0]
-    a_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, BK], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, BK], b_desc.layout)
+    a_smem, b_smem = _ab_smem(a_desc, b_desc, STAGES)
     WGS: gl.constexpr = BM // R  # MMA warpgroups
     z_smem = gl.allocate_shared_memory(dtype, [WGS * NT, R, BN], out_desc.layout)
     if SAVE_XHAT and SPLIT == 1:
