@@ -107,7 +107,38 @@ def _jobs() -> dict[str, dict]:
         jobs[name] = _gluon_job(n, rms=rms, xhat=xhat, split=split, ws=True) | {"sass_between": _SASS_WGMMA}
     for name, (n, rms, save_z) in GLUON_EPI.items():
         jobs[name] = _gluon_epi_job(n, rms=rms, save_z=save_z) | {"sass_between": _SASS_WGMMA_EPI}
+    for name, (n, nt) in GLUON_RMS_LINEAR.items():
+        jobs[name] = _gluon_rms_linear_job(n, nt) | {"sass_between": _SASS_WGMMA_RMS_LINEAR}
     return jobs
+
+
+# (N, column tiles per program) of the Gluon rmsnorm_linear forward (gluon.rms_linear_sm90)
+GLUON_RMS_LINEAR = {"gluon_rms_linear_n1024": (1024, 1), "gluon_rms_linear_n1024_nt4": (1024, 4)}
+_SASS_WGMMA_RMS_LINEAR = {
+    "hgmma": [r"^\.text\.rms_linear_fwd_kernel:", r"(?!)", r"\bHGMMA\."],
+    "hgmma_gsb0": [r"^\.text\.rms_linear_fwd_kernel:", r"(?!)", r"\bHGMMA\..*\bgsb0\b"],
+}
+
+
+def _gluon_rms_linear_job(n: int, nt: int) -> dict:
+    """The Gluon ``rmsnorm_linear`` forward at the tiles and ring depth its launcher picks."""
+    import torch
+    from triton.runtime.jit import mangle_type
+
+    from ads_norm_fusion.gluon import fwd_sm90 as g
+    from ads_norm_fusion.gluon import rms_linear_sm90 as r
+
+    bn = r.block_n(n)
+    host = torch.empty(256, 256, dtype=torch.bfloat16)
+
+    def desc(rows, cols):
+        return mangle_type(g._desc(host, rows, cols))
+
+    types = {"a_desc": desc(128, g.BLOCK_K), "b_desc": desc(bn, g.BLOCK_K), "out_desc": desc(64, bn),
+             "bias_ptr": "*bf16", "rrms_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
+    consts = dict(HAS_BIAS=True, NT=nt, STAGES=r.stages_for(bn), SPLIT=r.split_for(n, bn, nt, 132))
+    return dict(module=r.__name__, kernel="rms_linear_fwd_kernel", types=types, constexprs=consts,
+                gluon=True, num_warps=4)  # fmt: skip
 
 
 # (N, RMS, SAVE_Z) of the normalisation-partition Gluon builds (gluon.fwd_epi_sm90); SAVE_Z: a
@@ -206,7 +237,8 @@ def ptx(request) -> dict[str, dict]:
 # each compile costs 10-20 s of CPU: the representative kernels by default, the rest with --run-slow
 _DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "ln_fwd_persistent_stage_xhat", "rms_input_grad_raw",
             "rms_gemm", "rms_gemm_dx", "norm_bwd", "norm_bwd_raw", "norm_bwd_rms_xg", "gluon_ln_fwd_n1024",
-            "gluon_ln_fwd_n1024_split2", "gluon_ws_ln_fwd_n1024_split2")  # fmt: skip
+            "gluon_ln_fwd_n1024_split2", "gluon_ws_ln_fwd_n1024_split2",
+            "gluon_rms_linear_n1024")  # fmt: skip
 CASES = [
     c if c in _DEFAULT else pytest.param(c, marks=pytest.mark.slow)
     for c in [
@@ -225,6 +257,7 @@ CASES = [
         "gluon_rms_fwd_n768_xhat_split2",
         *GLUON_WS,
         *GLUON_EPI,
+        *GLUON_RMS_LINEAR,
     ]  # fmt: skip
 ]
 
@@ -249,6 +282,9 @@ def test_compiles_for_sm90(ptx, case) -> None:
     if case in GLUON_EPI:  # two MMA warpgroups, one commit group per K step each
         (hgmma,), (groups,) = counts["hgmma"], counts["hgmma_gsb0"]
         assert hgmma >= 4 and groups == 2, counts
+    if case in GLUON_RMS_LINEAR:  # two MMA warpgroups, one commit group per K step each
+        (hgmma,), (groups,) = counts["hgmma"], counts["hgmma_gsb0"]
+        assert hgmma >= 8 and groups == 2, counts
     if case in GLUON_WS:  # one commit group per K step (2-4 HGMMA), not one per instruction
         (hgmma,), (groups,) = counts["hgmma"], counts["hgmma_gsb0"]
         warpgroups = min(GLUON_WS[case][3], 2)  # split > 1: two 64-row warpgroups

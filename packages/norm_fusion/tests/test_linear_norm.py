@@ -97,10 +97,14 @@ RMS_LINEAR_CASES = [pytest.param(c, id=str(c)) for c in RMS_LINEAR_CPU] + [
 
 
 # both forwards and both backwards, whatever the defaults pick at a shape
+_FWD, _BWD = "ADS_NORM_FUSION_RMS_FWD", "ADS_NORM_FUSION_RMS_BWD"
+_TRITON_FWD = {"ADS_NORM_FUSION_RMS_GLUON": "0"}
 RMS_PATHS = {
-    "fused-input": {"ADS_NORM_FUSION_RMS_FWD": "fused", "ADS_NORM_FUSION_RMS_BWD": "input"},
-    "rowpass-output": {"ADS_NORM_FUSION_RMS_FWD": "rowpass", "ADS_NORM_FUSION_RMS_BWD": "output"},
-    "rowpass-cublas": {"ADS_NORM_FUSION_RMS_FWD": "rowpass", "ADS_NORM_FUSION_RMS_BWD": "cublas"},
+    "fused-input": _TRITON_FWD | {_FWD: "fused", _BWD: "input"},
+    "rowpass-output": _TRITON_FWD | {_FWD: "rowpass", _BWD: "output"},
+    "rowpass-cublas": _TRITON_FWD | {_FWD: "rowpass", _BWD: "cublas"},
+    # the Gluon forward (gluon.rms_linear_sm90) where the device has it, else the defaults
+    "gluon-cublas": {"ADS_NORM_FUSION_RMS_GLUON": "on", _BWD: "cublas"},
 }
 
 

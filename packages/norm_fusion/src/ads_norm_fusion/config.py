@@ -11,6 +11,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_FLATTEN``, ``ADS_NORM_FUSION_RMS_TMA_STORE`` (0/1, see ``rms_flatten``),
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
 ``ADS_NORM_FUSION_RMS_BWD`` (cublas/input/output, see ``rms_backward_mode``),
+``ADS_NORM_FUSION_RMS_GLUON`` (auto/on/0, see ``rms_gluon``), ``ADS_NORM_FUSION_RMS_GLUON_NT``
+(1/2/4, see ``rms_gluon_nt``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/on/0, see ``gluon_forward``),
@@ -125,6 +127,24 @@ def rms_forward_rowpass(k: int) -> bool:
     single kernel) or ``rowpass`` (always the row pass)."""
     mode = _choice("ADS_NORM_FUSION_RMS_FWD", "auto", ("fused", "auto", "rowpass"))
     return mode == "rowpass" or (mode == "auto" and k >= RMS_ROWPASS_MIN_K)
+
+
+def rms_gluon(m: int, n: int) -> bool:
+    """``ADS_NORM_FUSION_RMS_GLUON``: whether the Gluon sm_90 ``rmsnorm_linear`` forward
+    (``gluon.rms_linear_sm90``: Σx² from the GEMM's own A tiles, no row pass) may take an (M, K) x
+    (N, K) call, which ``gluon.dispatch.rms_linear_why_not`` then checks. ``auto`` (default): calls of
+    M·N >= 2^25 outputs (below, host time dominates, as for ``gluon_forward``); ``on``: every call
+    (tests); ``0``: never (the Triton kernels, ``rms_forward_rowpass``)."""
+    mode = _choice("ADS_NORM_FUSION_RMS_GLUON", "auto", ("auto", "on", "0"))
+    return mode == "on" or (mode == "auto" and m * n >= GLUON_MIN_ELEMENTS)
+
+
+def rms_gluon_nt() -> int:
+    """``ADS_NORM_FUSION_RMS_GLUON_NT``: column tiles per program of the Gluon ``rmsnorm_linear``
+    forward (each program sums x² once per row block, in its first tile). ``1`` (default): every
+    program one 256-column tile of a row block; ``2``, ``4``: fewer programs per row block, each
+    walking more tiles (A/B runs)."""
+    return int(_choice("ADS_NORM_FUSION_RMS_GLUON_NT", "1", ("1", "2", "4")))
 
 
 def rms_backward_mode() -> str:

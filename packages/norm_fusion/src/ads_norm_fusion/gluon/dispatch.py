@@ -97,3 +97,34 @@ def forward(mode: str, x, w, out, stat2, *, stat1, bias, gamma, beta, xhat, eps:
         rms=mode == "rms_fwd", num_sms=sms, split=split, ws=config.gluon_ws(),
     )  # fmt: skip
     return True
+
+
+def rms_linear_why_not(x, w, out, *, bias=None) -> str | None:
+    """None when the Gluon ``rmsnorm_linear`` forward (``rms_linear_sm90``) takes the call (x (M, K),
+    w (N, K) with γ folded in, out (M, N)), else the first reason it does not, in ``why_not``'s order:
+    the switch (``config.rms_gluon``), sizes, dtypes, layouts, the device."""
+    m, k = x.shape
+    n = w.shape[0]
+    if not config.rms_gluon(m, n):
+        return f"ADS_NORM_FUSION_RMS_GLUON (M·N={m * n})"
+    if n <= 0 or n % 8 != 0 or k <= 0 or k % 8 != 0:
+        return f"N={n}, K={k} (need positive multiples of 8)"
+    if x.dtype not in _DTYPES or w.dtype != x.dtype or out.dtype != x.dtype:
+        return f"dtype {x.dtype} / {w.dtype} -> {out.dtype}"
+    if not all(_tma_matrix(t) for t in (x, w, out)):
+        return "strided or unaligned tensors"
+    if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1):
+        return "strided bias"
+    return device_reason(x)
+
+
+def rms_linear_forward(x, w, out, rrms, *, bias, eps: float) -> bool:
+    """Runs the Gluon ``rmsnorm_linear`` forward where ``rms_linear_why_not`` allows and returns
+    True, else returns False (the caller runs the Triton kernels)."""
+    if rms_linear_why_not(x, w, out, bias=bias) is not None:
+        return False
+    from . import rms_linear_sm90
+
+    rms_linear_sm90.forward(x, w, out, rrms, bias=bias, eps=eps, num_sms=num_sms(x.device),
+                            nt=config.rms_gluon_nt())  # fmt: skip
+    return True

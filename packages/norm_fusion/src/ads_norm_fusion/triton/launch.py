@@ -261,11 +261,13 @@ def launch_rms_gemm(
     eps: float,
 ) -> None:
     """out (M, N) = diag(rrms(x)) · (x @ wᵀ) (+ bias); x (M, K), w (N, K) with the norm weight folded in.
-    rrms (M,) fp32 is written too: by one row pass over x before the persistent scaled GEMM (K >= 1024),
-    or by the single kernel that sums x² in its K loop (``config.rms_forward_rowpass``)."""
+    rrms (M,) fp32 is written too: by the Gluon kernel that sums x² from its shared-memory A tiles
+    (``gluon.dispatch.rms_linear_forward``; sm_90), else by one row pass over x before the persistent
+    scaled GEMM (K >= 1024) or by the single kernel that sums x² in its K loop
+    (``config.rms_forward_rowpass``)."""
     m, k = x.shape
     n = w.shape[0]
-    if m == 0:
+    if m == 0 or gluon_dispatch.rms_linear_forward(x, w, out, rrms, bias=bias, eps=eps):
         return
     if rms_forward_rowpass(k):
         launch_row_stat(x, rrms, eps=eps)
