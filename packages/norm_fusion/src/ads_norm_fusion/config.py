@@ -12,7 +12,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
 ``ADS_NORM_FUSION_RMS_BWD`` (cublas/input/output, see ``rms_backward_mode``),
 ``ADS_NORM_FUSION_RMS_GLUON`` (auto/on/0, see ``rms_gluon``), ``ADS_NORM_FUSION_RMS_GLUON_NT``
-(1/2/4, see ``rms_gluon_nt``),
+(1/2/4, see ``rms_gluon_nt``), ``ADS_NORM_FUSION_RMS_GLUON_PINGPONG`` (0/1, see ``rms_gluon_pingpong``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/on/0, see ``gluon_forward``),
@@ -145,6 +145,13 @@ def rms_gluon_nt() -> int:
     program one 256-column tile of a row block; ``2``, ``4``: fewer programs per row block, each
     walking more tiles (A/B runs)."""
     return int(_choice("ADS_NORM_FUSION_RMS_GLUON_NT", "1", ("1", "2", "4")))
+
+
+def rms_gluon_pingpong() -> bool:
+    """``ADS_NORM_FUSION_RMS_GLUON_PINGPONG=1``: the Gluon ``rmsnorm_linear`` forward's two MMA
+    warpgroups take alternate 128 × 128 tiles (one's epilogue under the other's wgmma) instead of
+    sharing each 128 × 256 tile (``0``, default)."""
+    return _choice("ADS_NORM_FUSION_RMS_GLUON_PINGPONG", "0", ("0", "1")) == "1"
 
 
 def rms_backward_mode() -> str:

@@ -50,18 +50,20 @@ from .fwd_sm90 import (
     grid_and_exchange,
 )
 
+MAX_STAGES_PINGPONG = 6  # 32 KB stages of the ping-pong kernel's 128 x 128 tiles: five fit
+
 
 @gluon.jit
-def _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, SQ, WG: gl.constexpr,
+def _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, SQ, ROW0: gl.constexpr,
                  STAGES: gl.constexpr):  # fmt: skip
-    """``fwd_sm90._mma_tile`` over warpgroup WG's 64 rows of the A tiles, and where ``SQ`` (the
-    program's first column tile of a row block) the rows' Σx² added to ``sq`` from each A tile while
-    its wgmma runs. Returns (acc, s, ph, sq)."""
+    """``fwd_sm90._mma_tile`` over rows [ROW0, ROW0 + acc rows) of the A tiles, and where ``SQ``
+    (the program's first column tile of a row block) the rows' Σx² added to ``sq`` from each A tile
+    while its wgmma runs. Returns (acc, s, ph, sq)."""
     R: gl.constexpr = acc.shape[0]
     sq_l: gl.constexpr = sq.type.layout.parent
     for kk in range(k_tiles):
         mbarrier.wait(ready.index(s), ph)
-        a_tile = a_smem.index(s).slice(WG * R, R, dim=0)
+        a_tile = a_smem.index(s).slice(ROW0, R, dim=0)
         acc = warpgroup_mma(a_tile, b_smem.index(s).permute((1, 0)), acc, use_acc=kk > 0, is_async=True)
         if SQ:
             a = a_tile.load(sq_l).to(gl.float32)
@@ -74,22 +76,43 @@ def _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, SQ, WG: 
     return acc, s, ph, sq
 
 
+@gluon.constexpr_function
+def _sq_layout(bk):
+    """Registers of an A tile read back for Σx²: 16-byte runs of a row per thread (one swizzle
+    chunk), ``bk``/8 lanes across a K step, four warps down the rows."""
+    return gl.BlockedLayout([1, 8], [32 * 8 // bk, bk // 8], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _scaled_store(acc, rrms, y_tile, out_desc, bias_ptr, off_m, off_n, N, HAS_BIAS: gl.constexpr):
+    """y = acc·rrms (+ bias) of the tile at (off_m, off_n) to y by one TMA store from ``y_tile``,
+    once the staging tile's previous store has read it (awaited here, not after the store)."""
+    col_l: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
+    y = acc * gl.expand_dims(rrms, 1)
+    if HAS_BIAS:
+        cols = off_n + gl.arange(0, acc.shape[1], col_l)
+        y = y + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32), 0)
+    tma.store_wait(0)
+    gl.thread_barrier()
+    y_tile.store(y.to(y_tile.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(out_desc, [off_m, off_n], y_tile)
+
+
 @gluon.jit
 def _scaled_rows(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr,
                  SPLIT: gl.constexpr):  # fmt: skip
     """MMA warpgroup WG: rows [WG·64, WG·64 + 64) of every row block of this program, each of its
     column tiles computed, scaled by the rows' rrms, biased and stored; rrms written by part 0."""
     (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps) = args
-    dtype: gl.constexpr = y_smem.dtype
     BM: gl.constexpr = a_smem.shape[1]
     BK: gl.constexpr = a_smem.shape[2]
     R: gl.constexpr = y_smem.shape[1]
     BN: gl.constexpr = y_smem.shape[2]
     acc_l: gl.constexpr = _acc_layout(BN, 4)
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
-    col_l: gl.constexpr = gl.SliceLayout(0, acc_l)
-    # 16-byte runs of a row per thread (one swizzle chunk), eight lanes across a 64-column step
-    sq_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BK, BK // 8], [4, 1], [1, 0])
+    sq_l: gl.constexpr = _sq_layout(BK)
     pid, nprog, half, my_blocks = _program(M, BM, SPLIT)
     col0 = half * (NT * BN)
     k_tiles = gl.cdiv(K, BK)
@@ -103,33 +126,63 @@ def _scaled_rows(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexp
         rrms = gl.zeros([R], gl.float32, row_l)
         for j in range(NT):
             acc = gl.zeros([R, BN], gl.float32, acc_l)
-            acc, s, ph, sq = _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, j == 0, WG,
-                                          STAGES)  # fmt: skip
+            acc, s, ph, sq = _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, j == 0,
+                                          WG * R, STAGES)  # fmt: skip
             if j == 0:
                 rrms = gl.convert_layout(gl.rsqrt(sq * inv_k + eps), row_l)
                 rows = off_m + gl.arange(0, R, row_l)
                 gl.store(rrms_ptr + rows, rrms, mask=(rows < M) & (half == 0))
-            y = acc * gl.expand_dims(rrms, 1)
-            cols = col0 + j * BN + gl.arange(0, BN, col_l)
-            if HAS_BIAS:
-                y = y + gl.expand_dims(gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32), 0)
-            tma.store_wait(0)  # the staging tile's previous store has read it
-            gl.thread_barrier()
-            y_tile.store(y.to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(out_desc, [off_m, col0 + j * BN], y_tile)
+            _scaled_store(acc, rrms, y_tile, out_desc, bias_ptr, off_m, col0 + j * BN, N, HAS_BIAS)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _pingpong_tiles(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr,
+                    SPLIT: gl.constexpr):  # fmt: skip
+    """MMA warpgroup WG of the ping-pong kernel: every other tile of this program's (row block,
+    column tile) walk, all 128 rows of it, x² summed from each of its A tiles; the other warpgroup's
+    tiles lie between its own in the ring, whose slot and phase it recomputes per tile."""
+    (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps) = args
+    BM: gl.constexpr = a_smem.shape[1]
+    BK: gl.constexpr = a_smem.shape[2]
+    BN: gl.constexpr = y_smem.shape[2]
+    acc_l: gl.constexpr = _acc_layout(BN, 4)
+    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
+    sq_l: gl.constexpr = _sq_layout(BK)
+    pid, nprog, half, my_blocks = _program(M, BM, SPLIT)
+    col0 = half * (NT * BN)
+    k_tiles = gl.cdiv(K, BK)
+    inv_k = 1.0 / K.to(gl.float32)
+    y_tile = y_smem.index(WG)
+    for t in range(WG, my_blocks * NT, 2):
+        i = t // NT
+        j = t - i * NT
+        off_m = (pid + i * nprog) * BM
+        step = t * k_tiles
+        s = step % STAGES
+        ph = (step // STAGES) & 1
+        acc = gl.zeros([BM, BN], gl.float32, acc_l)
+        sq = gl.zeros([BM], gl.float32, gl.SliceLayout(1, sq_l))
+        acc, s, ph, sq = _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, True, 0, STAGES)
+        rrms = gl.convert_layout(gl.rsqrt(sq * inv_k + eps), row_l)
+        rows = off_m + gl.arange(0, BM, row_l)
+        gl.store(rrms_ptr + rows, rrms, mask=(rows < M) & (half == 0) & (j == 0))
+        _scaled_store(acc, rrms, y_tile, out_desc, bias_ptr, off_m, col0 + j * BN, N, HAS_BIAS)
     tma.store_wait(0)
 
 
 @gluon.jit
 def rms_linear_fwd_kernel(
     a_desc, b_desc, out_desc, bias_ptr, rrms_ptr, M, N, K, eps, HAS_BIAS: gl.constexpr, NT: gl.constexpr,
-    STAGES: gl.constexpr, SPLIT: gl.constexpr, MMA_REGS: gl.constexpr = 232, LOAD_REGS: gl.constexpr = 24,
+    STAGES: gl.constexpr, SPLIT: gl.constexpr, PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 232,
+    LOAD_REGS: gl.constexpr = 24,
 ):  # fmt: skip
     """y (M, N) = rrms·(a·bᵀ) (+ bias), rrms (M,) fp32 = rsqrt(mean_K(a²) + eps), for a (M, K) and b
     (N, K). Launched with 4 warps (the first MMA warpgroup); ``a_desc`` has 128-row boxes,
-    ``b_desc`` and ``out_desc`` (64-row boxes) ``BN`` columns. The grid is a multiple of ``SPLIT``."""
+    ``b_desc`` and ``out_desc`` ``BN`` columns. The grid is a multiple of ``SPLIT``.
+    ``PINGPONG`` False: both MMA warpgroups on every tile, 64 rows each (``out_desc``: 64-row boxes);
+    True: each warpgroup all 128 rows of every other tile (``out_desc``: 128-row boxes, ``BN`` at most
+    128 for the registers), so one warpgroup's epilogue runs under the other's wgmma."""
     dtype: gl.constexpr = a_desc.dtype
     BN: gl.constexpr = b_desc.block_type.shape[0]
     R: gl.constexpr = out_desc.block_type.shape[0]
@@ -137,33 +190,48 @@ def rms_linear_fwd_kernel(
     y_smem = gl.allocate_shared_memory(dtype, [2, R, BN], out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    init_ring(ready, empty, STAGES, 2)
+    init_ring(ready, empty, STAGES, 1 if PINGPONG else 2)
     fence_async_shared()
 
     args = (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps)
     largs = (a_desc, b_desc, a_smem, b_smem, ready, empty, M, K, NT, STAGES, SPLIT)
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
-    gl.warp_specialize(
-        [
-            (_scaled_rows, (args, WG0, HAS_BIAS, NT, STAGES, SPLIT)),
-            (_scaled_rows, (args, WG1, HAS_BIAS, NT, STAGES, SPLIT)),
-            (_ws_loads, largs),
-        ],
-        [4, 1],
-        [MMA_REGS, LOAD_REGS],
-    )
+    if PINGPONG:
+        gl.warp_specialize(
+            [
+                (_pingpong_tiles, (args, WG0, HAS_BIAS, NT, STAGES, SPLIT)),
+                (_pingpong_tiles, (args, WG1, HAS_BIAS, NT, STAGES, SPLIT)),
+                (_ws_loads, largs),
+            ],
+            [4, 1],
+            [MMA_REGS, LOAD_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_scaled_rows, (args, WG0, HAS_BIAS, NT, STAGES, SPLIT)),
+                (_scaled_rows, (args, WG1, HAS_BIAS, NT, STAGES, SPLIT)),
+                (_ws_loads, largs),
+            ],
+            [4, 1],
+            [MMA_REGS, LOAD_REGS],
+        )
 
 
-def block_n(n: int) -> int:
-    """Column tile width: 256 (128 × 256 tiles, cuBLAS's bytes per FLOP) unless N is at most 128."""
-    return 128 if n <= 128 else 256
+def block_n(n: int, pingpong: bool = False) -> int:
+    """Column tile width: 256 (128 × 256 tiles, cuBLAS's bytes per FLOP) unless N is at most 128;
+    the ping-pong kernel's one-warpgroup 128-row tiles 128 (its accumulator's registers)."""
+    return 128 if n <= 128 or pingpong else 256
 
 
-def stages_for(bn: int) -> int:
-    """TMA ring depth beside the two 64 × ``bn`` staging tiles."""
+def stages_for(bn: int, pingpong: bool = False) -> int:
+    """TMA ring depth beside the two staging tiles (64 × ``bn``, ping-pong 128 × ``bn``)."""
     per_stage = (2 * BLOCK_M + bn) * BLOCK_K * 2
-    return min(MAX_STAGES, (SMEM_BYTES - 2 * BLOCK_M * bn * 2 - _SMEM_SPARE) // per_stage)
+    staging = 2 * (2 * BLOCK_M if pingpong else BLOCK_M) * bn * 2
+    return min(
+        MAX_STAGES_PINGPONG if pingpong else MAX_STAGES, (SMEM_BYTES - staging - _SMEM_SPARE) // per_stage
+    )
 
 
 def split_for(n: int, bn: int, nt: int, num_sms: int) -> int:
@@ -173,22 +241,24 @@ def split_for(n: int, bn: int, nt: int, num_sms: int) -> int:
 
 
 def forward(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rrms: torch.Tensor, *,
-            bias: torch.Tensor | None, eps: float, num_sms: int, nt: int = 1) -> None:  # fmt: skip
+            bias: torch.Tensor | None, eps: float, num_sms: int, nt: int = 1,
+            pingpong: bool = False) -> None:  # fmt: skip
     """out (M, N) = rrms·(x @ wᵀ) (+ bias) and rrms (M,) fp32; x (M, K), w (N, K) with γ folded in.
-    ``nt``: column tiles per program (``config.rms_gluon_nt``); the caller checked
+    ``nt``: column tiles per program (``config.rms_gluon_nt``); ``pingpong``: the kernel whose
+    warpgroups take alternate tiles (``config.rms_gluon_pingpong``); the caller checked
     ``dispatch.rms_linear_why_not``."""
     m, k = x.shape
     n = w.shape[0]
     if m == 0:
         return
-    bn = block_n(n)
+    bn = block_n(n, pingpong)
     split = split_for(n, bn, nt, num_sms)
     tiles = -(-n // bn)
     nt = -(-tiles // split)  # the tiles a program walks, after split_for's cap at the SMs
     bm = 2 * BLOCK_M
     programs, _, _ = grid_and_exchange(m, bm, split, num_sms, x.device, flags_per_block=0)
     rms_linear_fwd_kernel[(programs,)](
-        _desc(x, bm, BLOCK_K), _desc(w, bn, BLOCK_K), _desc(out, BLOCK_M, bn),
+        _desc(x, bm, BLOCK_K), _desc(w, bn, BLOCK_K), _desc(out, bm if pingpong else BLOCK_M, bn),
         bias if bias is not None else rrms, rrms, m, n, k, float(eps), HAS_BIAS=bias is not None, NT=nt,
-        STAGES=stages_for(bn), SPLIT=split, num_warps=4,
+        STAGES=stages_for(bn, pingpong), SPLIT=split, PINGPONG=pingpong, num_warps=4,
     )  # fmt: skip
