@@ -105,7 +105,7 @@ def _scaled_rows(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexp
                  SPLIT: gl.constexpr):  # fmt: skip
     """MMA warpgroup WG: rows [WG·64, WG·64 + 64) of every row block of this program, each of its
     column tiles computed, scaled by the rows' rrms, biased and stored; rrms written by part 0."""
-    (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps) = args
+    (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps, _turn) = args
     BM: gl.constexpr = a_smem.shape[1]
     BK: gl.constexpr = a_smem.shape[2]
     R: gl.constexpr = y_smem.shape[1]
@@ -141,8 +141,14 @@ def _pingpong_tiles(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.const
                     SPLIT: gl.constexpr):  # fmt: skip
     """MMA warpgroup WG of the ping-pong kernel: every other tile of this program's (row block,
     column tile) walk, all 128 rows of it, x² summed from each of its A tiles; the other warpgroup's
-    tiles lie between its own in the ring, whose slot and phase it recomputes per tile."""
-    (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps) = args
+    tiles lie between its own in the ring, whose slot and phase it recomputes per tile.
+
+    The two warpgroups' K loops take turns (``turn``: one mbarrier per warpgroup, arrived by the
+    other once its K loop is done; warpgroup 0 starts): a ring slot's previous use is then always
+    complete when a warpgroup waits for its next, which the ready barriers' phase parity needs (a
+    waiter two uses ahead would pass at once), and each warpgroup's epilogue runs under the other's
+    K loop."""
+    (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps, turn) = args
     BM: gl.constexpr = a_smem.shape[1]
     BK: gl.constexpr = a_smem.shape[2]
     BN: gl.constexpr = y_smem.shape[2]
@@ -163,7 +169,10 @@ def _pingpong_tiles(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.const
         ph = (step // STAGES) & 1
         acc = gl.zeros([BM, BN], gl.float32, acc_l)
         sq = gl.zeros([BM], gl.float32, gl.SliceLayout(1, sq_l))
+        q = t // 2
+        mbarrier.wait(turn.index(WG), (q & 1) ^ (1 - WG))  # warpgroup 0's first wait passes
         acc, s, ph, sq = _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, True, 0, STAGES)
+        mbarrier.arrive(turn.index(1 - WG))
         rrms = gl.convert_layout(gl.rsqrt(sq * inv_k + eps), row_l)
         rows = off_m + gl.arange(0, BM, row_l)
         gl.store(rrms_ptr + rows, rrms, mask=(rows < M) & (half == 0) & (j == 0))
@@ -191,9 +200,12 @@ def rms_linear_fwd_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     init_ring(ready, empty, STAGES, 1 if PINGPONG else 2)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
     fence_async_shared()
 
-    args = (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps)
+    args = (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps, turn)
     largs = (a_desc, b_desc, a_smem, b_smem, ready, empty, M, K, NT, STAGES, SPLIT)
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
