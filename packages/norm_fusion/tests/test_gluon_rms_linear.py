@@ -24,6 +24,8 @@ def test_knobs(monkeypatch) -> None:
     monkeypatch.delenv("ADS_NORM_FUSION_RMS_GLUON", raising=False)
     monkeypatch.delenv("ADS_NORM_FUSION_RMS_GLUON_NT", raising=False)
     big = config.GLUON_MIN_ELEMENTS
+    assert not config.rms_gluon(big, big)  # opt-in
+    monkeypatch.setenv("ADS_NORM_FUSION_RMS_GLUON", "auto")
     assert config.rms_gluon(big // 1024, 1024) and not config.rms_gluon(big // 1024 - 1, 1024)
     assert config.rms_gluon_nt() == 1
     monkeypatch.setenv("ADS_NORM_FUSION_RMS_GLUON", "on")

@@ -132,10 +132,11 @@ def rms_forward_rowpass(k: int) -> bool:
 def rms_gluon(m: int, n: int) -> bool:
     """``ADS_NORM_FUSION_RMS_GLUON``: whether the Gluon sm_90 ``rmsnorm_linear`` forward
     (``gluon.rms_linear_sm90``: Σx² from the GEMM's own A tiles, no row pass) may take an (M, K) x
-    (N, K) call, which ``gluon.dispatch.rms_linear_why_not`` then checks. ``auto`` (default): calls of
+    (N, K) call, which ``gluon.dispatch.rms_linear_why_not`` then checks. ``auto``: calls of
     M·N >= 2^25 outputs (below, host time dominates, as for ``gluon_forward``); ``on``: every call
-    (tests); ``0``: never (the Triton kernels, ``rms_forward_rowpass``)."""
-    mode = _choice("ADS_NORM_FUSION_RMS_GLUON", "auto", ("auto", "on", "0"))
+    (tests); ``0`` (default until it has run on a GPU): never (the Triton kernels,
+    ``rms_forward_rowpass``)."""
+    mode = _choice("ADS_NORM_FUSION_RMS_GLUON", "0", ("auto", "on", "0"))
     return mode == "on" or (mode == "auto" and m * n >= GLUON_MIN_ELEMENTS)
 
 
