@@ -2,8 +2,9 @@
 
 Partial row tiles (M = 77, 1), column tails (N = 80, 1040 with 128-wide tiles) and K = 48 that is no
 multiple of the 64-wide K step; forward, backward and the input-grad ops. With
-``ADS_NORM_FUSION_GLUON=on`` it runs the Gluon forward's cases instead (``gluon_main``). Prints one
-line at the end.
+``ADS_NORM_FUSION_GLUON=on`` it runs the Gluon forward's cases instead (``gluon_main``), with
+``ADS_NORM_FUSION_RMS_GLUON=on`` the Gluon ``rmsnorm_linear`` forward's (``rms_linear_main``). Prints
+one line at the end.
 """
 
 from __future__ import annotations
@@ -48,7 +49,24 @@ def gluon_main() -> None:
     print("memcheck cases: all paths ran")
 
 
+def rms_linear_main() -> None:
+    """The Gluon ``rmsnorm_linear`` forward (``ADS_NORM_FUSION_RMS_GLUON=on``) in the tile walk the
+    environment picks: partial row blocks, K tails (48, 1040), column tails (N = 80, 272, 1040 in
+    256- or 128-wide tiles), 133 row blocks, 16 column tiles per row block; forward and gradients."""
+    dev, dt = "cuda", torch.bfloat16
+    for m, k, n in ((77, 48, 80), (1, 48, 1040), (300, 1040, 1040), (129, 80, 272), (17000, 48, 272),
+                    (77, 48, 4096)):  # fmt: skip
+        x, w, b, _, _, dy = _inputs(m, k, n)
+        gk = torch.randn(k, device=dev, dtype=dt, requires_grad=True)
+        torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
+    torch.cuda.synchronize()
+    print("memcheck cases: all paths ran")
+
+
 def main() -> None:
+    if os.environ.get("ADS_NORM_FUSION_RMS_GLUON") == "on":
+        rms_linear_main()
+        return
     if os.environ.get("ADS_NORM_FUSION_GLUON") == "on":
         gluon_main()
         return

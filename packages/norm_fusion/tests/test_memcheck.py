@@ -28,3 +28,13 @@ def test_memcheck_clean_gluon_forward(ws, epi):
     script = Path(__file__).with_name("memcheck_case.py")
     env = {"ADS_NORM_FUSION_GLUON": "on", "ADS_NORM_FUSION_GLUON_WS": ws, "ADS_NORM_FUSION_GLUON_EPI": epi}
     assert_memcheck_clean(script, done_marker="memcheck cases: all paths ran", env=env)
+
+
+@pytest.mark.parametrize("pingpong", ["0", "1"], ids=["shared-tiles", "pingpong"])
+def test_memcheck_clean_gluon_rms_linear(pingpong):
+    """The Gluon ``rmsnorm_linear`` forward, both kernels, at one and at two column tiles per program."""
+    script = Path(__file__).with_name("memcheck_case.py")
+    for nt in ("1", "2"):
+        env = {"ADS_NORM_FUSION_RMS_GLUON": "on", "ADS_NORM_FUSION_RMS_GLUON_PINGPONG": pingpong,
+               "ADS_NORM_FUSION_RMS_GLUON_NT": nt}  # fmt: skip
+        assert_memcheck_clean(script, done_marker="memcheck cases: all paths ran", env=env)
