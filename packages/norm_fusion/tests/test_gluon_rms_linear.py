@@ -1,7 +1,8 @@
 """The Gluon sm_90 ``rmsnorm_linear`` forward (``gluon.rms_linear_sm90``): which calls its predicate
 admits and its knobs (CPU); output and rrms against the fp32 reference through the op, at every
 column-tile walk (GPU, ``ADS_NORM_FUSION_RMS_GLUON=on``); that it writes every output element and
-nothing outside; and that the training step through it keeps the reference gradients."""
+nothing outside. Training steps through it: ``test_linear_norm.test_rmsnorm_linear`` (path
+``gluon-cublas``)."""
 
 from __future__ import annotations
 
@@ -137,26 +138,6 @@ def test_gluon_rmsnorm_linear(gluon_nt, case: Case, scale: float) -> None:
     assert torch.equal(y_api, y)
     want = torch.rsqrt(d["x"].float().square().mean(-1) + eps)
     torch.testing.assert_close(rrms, want, atol=0, rtol=2e-6)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", [Case(4097, 384, 768), Case(129, 1040, 1024, FP16, bias=False)], ids=str)
-def test_gluon_rmsnorm_linear_training(case: Case, monkeypatch) -> None:
-    """The training step with the Gluon forward: output and every gradient against the fp32
-    reference (the backward reads the forward's rrms and y)."""
-    monkeypatch.setenv("ADS_NORM_FUSION_RMS_GLUON", "on")
-    eps = 1e-6
-    d = inputs(case, norm_over="k")
-    t = {k: (None if v is None else v.detach().clone().requires_grad_()) for k, v in d.items() if k != "dy"}
-    y = rmsnorm_linear(t["x"], t["gamma"], t["w"], t["bias"], eps)
-    names = [n for n in ("x", "gamma", "w", "bias") if t[n] is not None]
-    grads = dict(zip(names, torch.autograd.grad(y, [t[n] for n in names], d["dy"])))
-    (ref, gref), (base, gbase) = ref_and_baseline(
-        lambda tt, dt: rmsnorm_linear_torch(tt, dt, eps), d, names, case.dtype, grads=True
-    )
-    check(y, ref, base, "y")
-    for name, g in grads.items():
-        check(g, gref[name], gbase[name], f"d{name}")
 
 
 @pytest.mark.gpu
