@@ -107,24 +107,20 @@ def _jobs() -> dict[str, dict]:
         jobs[name] = _gluon_job(n, rms=rms, xhat=xhat, split=split, ws=True) | {"sass_between": _SASS_WGMMA}
     for name, (n, rms, save_z) in GLUON_EPI.items():
         jobs[name] = _gluon_epi_job(n, rms=rms, save_z=save_z) | {"sass_between": _SASS_WGMMA_EPI}
-    for name, (n, nt, pingpong) in GLUON_RMS_LINEAR.items():
-        jobs[name] = _gluon_rms_linear_job(n, nt, pingpong) | {"sass_between": _SASS_WGMMA_RMS_LINEAR}
+    for name, (n, nt) in GLUON_RMS_LINEAR.items():
+        jobs[name] = _gluon_rms_linear_job(n, nt) | {"sass_between": _SASS_WGMMA_RMS_LINEAR}
     return jobs
 
 
 # (N, column tiles per program) of the Gluon rmsnorm_linear forward (gluon.rms_linear_sm90)
-GLUON_RMS_LINEAR = {
-    "gluon_rms_linear_n1024": (1024, 1, False),
-    "gluon_rms_linear_n1024_nt4": (1024, 4, False),
-    "gluon_rms_linear_n1024_pingpong": (1024, 2, True),
-}
+GLUON_RMS_LINEAR = {"gluon_rms_linear_n1024": (1024, 1), "gluon_rms_linear_n1024_nt4": (1024, 4)}
 _SASS_WGMMA_RMS_LINEAR = {
     "hgmma": [r"^\.text\.rms_linear_fwd_kernel:", r"(?!)", r"\bHGMMA\."],
     "hgmma_gsb0": [r"^\.text\.rms_linear_fwd_kernel:", r"(?!)", r"\bHGMMA\..*\bgsb0\b"],
 }
 
 
-def _gluon_rms_linear_job(n: int, nt: int, pingpong: bool) -> dict:
+def _gluon_rms_linear_job(n: int, nt: int) -> dict:
     """The Gluon ``rmsnorm_linear`` forward at the tiles and ring depth its launcher picks."""
     import torch
     from triton.runtime.jit import mangle_type
@@ -132,17 +128,15 @@ def _gluon_rms_linear_job(n: int, nt: int, pingpong: bool) -> dict:
     from ads_norm_fusion.gluon import fwd_sm90 as g
     from ads_norm_fusion.gluon import rms_linear_sm90 as r
 
-    bn = r.block_n(n, pingpong)
+    bn = r.block_n(n)
     host = torch.empty(256, 256, dtype=torch.bfloat16)
 
     def desc(rows, cols):
         return mangle_type(g._desc(host, rows, cols))
 
     types = {"a_desc": desc(128, g.BLOCK_K), "b_desc": desc(bn, g.BLOCK_K),
-             "out_desc": desc(128 if pingpong else 64, bn), "bias_ptr": "*bf16", "rrms_ptr": "*fp32",
-             "eps": "fp32"}  # fmt: skip
-    consts = dict(HAS_BIAS=True, NT=nt, STAGES=r.stages_for(bn, pingpong), SPLIT=r.split_for(n, bn, nt, 132),
-                  PINGPONG=pingpong)  # fmt: skip
+             "out_desc": desc(64, bn), "bias_ptr": "*bf16", "rrms_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
+    consts = dict(HAS_BIAS=True, NT=nt, STAGES=r.stages_for(bn), SPLIT=r.split_for(n, bn, nt, 132))
     return dict(module=r.__name__, kernel="rms_linear_fwd_kernel", types=types, constexprs=consts,
                 gluon=True, num_warps=4)  # fmt: skip
 

@@ -12,7 +12,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
 ``ADS_NORM_FUSION_RMS_BWD`` (cublas/input/output, see ``rms_backward_mode``),
 ``ADS_NORM_FUSION_RMS_GLUON`` (auto/on/0, see ``rms_gluon``), ``ADS_NORM_FUSION_RMS_GLUON_NT``
-(1/2/4, see ``rms_gluon_nt``), ``ADS_NORM_FUSION_RMS_GLUON_PINGPONG`` (0/1, see ``rms_gluon_pingpong``),
+(1/2/4, see ``rms_gluon_nt``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
 ``ADS_NORM_FUSION_PERSISTENT`` (0/1, see ``rownorm_persistent``), ``ADS_NORM_FUSION_PROGS_PER_SM``
 (see ``persistent_config``), ``ADS_NORM_FUSION_GLUON`` (auto/on/0, see ``gluon_forward``),
@@ -132,11 +132,12 @@ def rms_forward_rowpass(k: int) -> bool:
 def rms_gluon(m: int, n: int) -> bool:
     """``ADS_NORM_FUSION_RMS_GLUON``: whether the Gluon sm_90 ``rmsnorm_linear`` forward
     (``gluon.rms_linear_sm90``: Σx² from the GEMM's own A tiles, no row pass) may take an (M, K) x
-    (N, K) call, which ``gluon.dispatch.rms_linear_why_not`` then checks. ``auto``: calls of
-    M·N >= 2^25 outputs (below, host time dominates, as for ``gluon_forward``); ``on``: every call
-    (tests); ``0`` (default until it has run on a GPU): never (the Triton kernels,
+    (N, K) call, which ``gluon.dispatch.rms_linear_why_not`` then checks. ``auto`` (default): calls of
+    M·N >= 2^25 outputs (below, host time dominates, as for ``gluon_forward``), where it measured
+    1.07-1.10x the cuBLAS GEMM on the H100 against 1.21-1.70x for the Triton kernels
+    (BENCHMARKS.md); ``on``: every call (tests); ``0``: never (the Triton kernels,
     ``rms_forward_rowpass``)."""
-    mode = _choice("ADS_NORM_FUSION_RMS_GLUON", "0", ("auto", "on", "0"))
+    mode = _choice("ADS_NORM_FUSION_RMS_GLUON", "auto", ("auto", "on", "0"))
     return mode == "on" or (mode == "auto" and m * n >= GLUON_MIN_ELEMENTS)
 
 
@@ -146,13 +147,6 @@ def rms_gluon_nt() -> int:
     program one 256-column tile of a row block; ``2``, ``4``: fewer programs per row block, each
     walking more tiles (A/B runs)."""
     return int(_choice("ADS_NORM_FUSION_RMS_GLUON_NT", "1", ("1", "2", "4")))
-
-
-def rms_gluon_pingpong() -> bool:
-    """``ADS_NORM_FUSION_RMS_GLUON_PINGPONG=1``: the Gluon ``rmsnorm_linear`` forward's two MMA
-    warpgroups take alternate 128 × 128 tiles (one's epilogue under the other's wgmma) instead of
-    sharing each 128 × 256 tile (``0``, default)."""
-    return _choice("ADS_NORM_FUSION_RMS_GLUON_PINGPONG", "0", ("0", "1")) == "1"
 
 
 def rms_backward_mode() -> str:

@@ -126,5 +126,5 @@ def rms_linear_forward(x, w, out, rrms, *, bias, eps: float) -> bool:
     from . import rms_linear_sm90
 
     rms_linear_sm90.forward(x, w, out, rrms, bias=bias, eps=eps, num_sms=num_sms(x.device),
-                            nt=config.rms_gluon_nt(), pingpong=config.rms_gluon_pingpong())  # fmt: skip
+                            nt=config.rms_gluon_nt())  # fmt: skip
     return True

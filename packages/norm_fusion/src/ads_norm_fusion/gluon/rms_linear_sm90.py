@@ -50,8 +50,6 @@ from .fwd_sm90 import (
     grid_and_exchange,
 )
 
-MAX_STAGES_PINGPONG = 6  # 32 KB stages of the ping-pong kernel's 128 x 128 tiles: five fit
-
 
 @gluon.jit
 def _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, SQ, ROW0: gl.constexpr,
@@ -113,7 +111,7 @@ def _scaled_rows(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexp
                  SPLIT: gl.constexpr):  # fmt: skip
     """MMA warpgroup WG: rows [WG·64, WG·64 + 64) of every row block of this program, each of its
     column tiles computed, scaled by the rows' rrms, biased and stored; rrms written by part 0."""
-    (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps, _turn) = args
+    (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps) = args
     BM: gl.constexpr = a_smem.shape[1]
     BK: gl.constexpr = a_smem.shape[2]
     R: gl.constexpr = y_smem.shape[1]
@@ -142,58 +140,13 @@ def _scaled_rows(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexp
 
 
 @gluon.jit
-def _pingpong_tiles(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr,
-                    SPLIT: gl.constexpr):  # fmt: skip
-    """MMA warpgroup WG of the ping-pong kernel: every other tile of this program's (row block,
-    column tile) walk, all 128 rows of it, x² summed from each of its A tiles; the other warpgroup's
-    tiles lie between its own in the ring, whose slot and phase it recomputes per tile.
-
-    The two warpgroups' K loops take turns (``turn``: one mbarrier per warpgroup, arrived by the
-    other once its K loop is done; warpgroup 0 starts): a ring slot's previous use is then always
-    complete when a warpgroup waits for its next, which the ready barriers' phase parity needs (a
-    waiter two uses ahead would pass at once), and each warpgroup's epilogue runs under the other's
-    K loop."""
-    (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps, turn) = args
-    BM: gl.constexpr = a_smem.shape[1]
-    BK: gl.constexpr = a_smem.shape[2]
-    BN: gl.constexpr = y_smem.shape[2]
-    acc_l: gl.constexpr = _acc_layout(BN, 4)
-    row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
-    sq_l: gl.constexpr = _sq_layout(BK)
-    pid, nprog, half, my_blocks, col0, k_tiles, inv_k = _walk(M, K, BM, BK, BN, NT, SPLIT)
-    y_tile = y_smem.index(WG)
-    for t in range(WG, my_blocks * NT, 2):
-        i = t // NT
-        j = t - i * NT
-        off_m = (pid + i * nprog) * BM
-        step = t * k_tiles
-        s = step % STAGES
-        ph = (step // STAGES) & 1
-        acc = gl.zeros([BM, BN], gl.float32, acc_l)
-        sq = gl.zeros([BM], gl.float32, gl.SliceLayout(1, sq_l))
-        q = t // 2
-        mbarrier.wait(turn.index(WG), (q & 1) ^ (1 - WG))  # warpgroup 0's first wait passes
-        acc, s, ph, sq = _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, True, 0, STAGES)
-        mbarrier.arrive(turn.index(1 - WG))
-        rrms = gl.convert_layout(gl.rsqrt(sq * inv_k + eps), row_l)
-        rows = off_m + gl.arange(0, BM, row_l)
-        gl.store(rrms_ptr + rows, rrms, mask=(rows < M) & (half == 0) & (j == 0))
-        _scaled_store(acc, rrms, y_tile, out_desc, bias_ptr, off_m, col0 + j * BN, N, HAS_BIAS)
-    tma.store_wait(0)
-
-
-@gluon.jit
 def rms_linear_fwd_kernel(
     a_desc, b_desc, out_desc, bias_ptr, rrms_ptr, M, N, K, eps, HAS_BIAS: gl.constexpr, NT: gl.constexpr,
-    STAGES: gl.constexpr, SPLIT: gl.constexpr, PINGPONG: gl.constexpr = False, MMA_REGS: gl.constexpr = 232,
-    LOAD_REGS: gl.constexpr = 24,
+    STAGES: gl.constexpr, SPLIT: gl.constexpr, MMA_REGS: gl.constexpr = 232, LOAD_REGS: gl.constexpr = 24,
 ):  # fmt: skip
     """y (M, N) = rrms·(a·bᵀ) (+ bias), rrms (M,) fp32 = rsqrt(mean_K(a²) + eps), for a (M, K) and b
     (N, K). Launched with 4 warps (the first MMA warpgroup); ``a_desc`` has 128-row boxes,
-    ``b_desc`` and ``out_desc`` ``BN`` columns. The grid is a multiple of ``SPLIT``.
-    ``PINGPONG`` False: both MMA warpgroups on every tile, 64 rows each (``out_desc``: 64-row boxes);
-    True: each warpgroup all 128 rows of every other tile (``out_desc``: 128-row boxes, ``BN`` at most
-    128 for the registers), so one warpgroup's epilogue runs under the other's wgmma."""
+    ``b_desc`` and ``out_desc`` (64-row boxes) ``BN`` columns. The grid is a multiple of ``SPLIT``."""
     dtype: gl.constexpr = a_desc.dtype
     BN: gl.constexpr = b_desc.block_type.shape[0]
     R: gl.constexpr = out_desc.block_type.shape[0]
@@ -201,51 +154,33 @@ def rms_linear_fwd_kernel(
     y_smem = gl.allocate_shared_memory(dtype, [2, R, BN], out_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    init_ring(ready, empty, STAGES, 1 if PINGPONG else 2)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
+    init_ring(ready, empty, STAGES, 2)
     fence_async_shared()
 
-    args = (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps, turn)
+    args = (a_smem, b_smem, y_smem, ready, empty, out_desc, bias_ptr, rrms_ptr, M, N, K, eps)
     largs = (a_desc, b_desc, a_smem, b_smem, ready, empty, M, K, NT, STAGES, SPLIT)
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
-    if PINGPONG:
-        gl.warp_specialize(
-            [
-                (_pingpong_tiles, (args, WG0, HAS_BIAS, NT, STAGES, SPLIT)),
-                (_pingpong_tiles, (args, WG1, HAS_BIAS, NT, STAGES, SPLIT)),
-                (_ws_loads, largs),
-            ],
-            [4, 1],
-            [MMA_REGS, LOAD_REGS],
-        )
-    else:
-        gl.warp_specialize(
-            [
-                (_scaled_rows, (args, WG0, HAS_BIAS, NT, STAGES, SPLIT)),
-                (_scaled_rows, (args, WG1, HAS_BIAS, NT, STAGES, SPLIT)),
-                (_ws_loads, largs),
-            ],
-            [4, 1],
-            [MMA_REGS, LOAD_REGS],
-        )
-
-
-def block_n(n: int, pingpong: bool = False) -> int:
-    """Column tile width: 256 (128 × 256 tiles, cuBLAS's bytes per FLOP) unless N is at most 128;
-    the ping-pong kernel's one-warpgroup 128-row tiles 128 (its accumulator's registers)."""
-    return 128 if n <= 128 or pingpong else 256
-
-
-def stages_for(bn: int, pingpong: bool = False) -> int:
-    """TMA ring depth beside the two staging tiles (64 × ``bn``, ping-pong 128 × ``bn``)."""
-    per_stage = (2 * BLOCK_M + bn) * BLOCK_K * 2
-    staging = 2 * (2 * BLOCK_M if pingpong else BLOCK_M) * bn * 2
-    return min(
-        MAX_STAGES_PINGPONG if pingpong else MAX_STAGES, (SMEM_BYTES - staging - _SMEM_SPARE) // per_stage
+    gl.warp_specialize(
+        [
+            (_scaled_rows, (args, WG0, HAS_BIAS, NT, STAGES, SPLIT)),
+            (_scaled_rows, (args, WG1, HAS_BIAS, NT, STAGES, SPLIT)),
+            (_ws_loads, largs),
+        ],
+        [4, 1],
+        [MMA_REGS, LOAD_REGS],
     )
+
+
+def block_n(n: int) -> int:
+    """Column tile width: 256 (128 × 256 tiles, cuBLAS's bytes per FLOP) unless N is at most 128."""
+    return 128 if n <= 128 else 256
+
+
+def stages_for(bn: int) -> int:
+    """TMA ring depth beside the two 64 × ``bn`` staging tiles."""
+    per_stage = (2 * BLOCK_M + bn) * BLOCK_K * 2
+    return min(MAX_STAGES, (SMEM_BYTES - 2 * BLOCK_M * bn * 2 - _SMEM_SPARE) // per_stage)
 
 
 def split_for(n: int, bn: int, nt: int, num_sms: int) -> int:
@@ -255,24 +190,22 @@ def split_for(n: int, bn: int, nt: int, num_sms: int) -> int:
 
 
 def forward(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rrms: torch.Tensor, *,
-            bias: torch.Tensor | None, eps: float, num_sms: int, nt: int = 1,
-            pingpong: bool = False) -> None:  # fmt: skip
+            bias: torch.Tensor | None, eps: float, num_sms: int, nt: int = 1) -> None:  # fmt: skip
     """out (M, N) = rrms·(x @ wᵀ) (+ bias) and rrms (M,) fp32; x (M, K), w (N, K) with γ folded in.
-    ``nt``: column tiles per program (``config.rms_gluon_nt``); ``pingpong``: the kernel whose
-    warpgroups take alternate tiles (``config.rms_gluon_pingpong``); the caller checked
+    ``nt``: column tiles per program (``config.rms_gluon_nt``); the caller checked
     ``dispatch.rms_linear_why_not``."""
     m, k = x.shape
     n = w.shape[0]
     if m == 0:
         return
-    bn = block_n(n, pingpong)
+    bn = block_n(n)
     split = split_for(n, bn, nt, num_sms)
     tiles = -(-n // bn)
     nt = -(-tiles // split)  # the tiles a program walks, after split_for's cap at the SMs
     bm = 2 * BLOCK_M
     programs, _, _ = grid_and_exchange(m, bm, split, num_sms, x.device, flags_per_block=0)
     rms_linear_fwd_kernel[(programs,)](
-        _desc(x, bm, BLOCK_K), _desc(w, bn, BLOCK_K), _desc(out, bm if pingpong else BLOCK_M, bn),
+        _desc(x, bm, BLOCK_K), _desc(w, bn, BLOCK_K), _desc(out, BLOCK_M, bn),
         bias if bias is not None else rrms, rrms, m, n, k, float(eps), HAS_BIAS=bias is not None, NT=nt,
-        STAGES=stages_for(bn, pingpong), SPLIT=split, PINGPONG=pingpong, num_warps=4,
+        STAGES=stages_for(bn), SPLIT=split, num_warps=4,
     )  # fmt: skip
