@@ -134,7 +134,7 @@ def rms_gluon(m: int, n: int) -> bool:
     (``gluon.rms_linear_sm90``: Σx² from the GEMM's own A tiles, no row pass) may take an (M, K) x
     (N, K) call, which ``gluon.dispatch.rms_linear_why_not`` then checks. ``auto`` (default): calls of
     M·N >= 2^25 outputs (below, host time dominates, as for ``gluon_forward``), where it measured
-    1.07-1.10x the cuBLAS GEMM on the H100 against 1.21-1.70x for the Triton kernels
+    1.05-1.12x the cuBLAS GEMM on the H100 against 1.21-1.76x for the Triton kernels
     (BENCHMARKS.md); ``on``: every call (tests); ``0``: never (the Triton kernels,
     ``rms_forward_rowpass``)."""
     mode = _choice("ADS_NORM_FUSION_RMS_GLUON", "auto", ("auto", "on", "0"))
