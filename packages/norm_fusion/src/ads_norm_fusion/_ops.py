@@ -20,8 +20,9 @@ Ops (all 2-D; the public API flattens leading dims):
   xoff None for RMSNorm or x̂ itself); dweight/dnorm_bias/dbias are (0,) unless asked for, and so is
   xg = x̂·γ unless ``want_xg`` (``rmsnorm_linear``'s weight-gradient operand, its norm over K).
 - ``rmsnorm_linear_fwd(x, norm_weight, w, bias, eps) -> (y, rrms)``: a GEMM with W·γ and the per-row
-  scale in its epilogue (rrms from Σx² in its K loop, or from one row pass first:
-  ``config.rms_forward_rowpass``).
+  scale in its epilogue (rrms from Σx² over the A tiles in shared memory in the Gluon sm_90 kernel,
+  ``gluon.dispatch.rms_linear_forward``; on the Triton path from Σx² in its K loop, or from one row
+  pass first: ``config.rms_forward_rowpass``).
 - ``rmsnorm_linear_dx(dy, w, x, y, rrms, norm_weight, bias, weight_grad) -> (dx, dnorm_weight)``:
   its input gradient from the saved output (a row pass for the coefficient, then a GEMM epilogue).
 - ``gemm_norm_input_grad(dy, w_next_t, aux, rstat, weight, rms, aux_raw, weight_grads)

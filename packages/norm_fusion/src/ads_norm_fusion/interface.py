@@ -161,8 +161,9 @@ def rmsnorm_linear(
 ) -> Tensor:
     """``RMSNorm(x) @ wᵀ + bias`` with the norm over the K input features as a per-row scale.
 
-    ``rrms = rsqrt(mean(x²) + eps)`` comes from one row pass over x (K >= 1024) or from the x tiles
-    the GEMM loads (smaller K); ``norm_weight`` (K,) is folded into w.
+    ``rrms = rsqrt(mean(x²) + eps)`` comes from the x tiles the GEMM loads (on Hopper, calls of
+    2^25 outputs or more: the Gluon kernel, which reads x once; elsewhere the Triton kernels, K < 1024)
+    or from one row pass over x (Triton, K >= 1024); ``norm_weight`` (K,) is folded into w.
     Args: x (..., K), norm_weight (K,) or None, w (N, K), bias (N,) or None.
     Returns y (..., N); autograd reaches x, norm_weight, w and bias.
     """
