@@ -438,6 +438,17 @@ def _mma_tile(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, WG: gl.constexp
     wgmma group in flight behind the newest, a slot released once its wgmma has retired; ``SLICE``:
     the A tile holds two warpgroups' rows, this one takes its 64. Returns (acc, s, ph) for the
     next tile."""
+    acc, s, ph, _ = _mma_steps(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, 0.0, False, WG, STAGES,
+                               SLICE, False)  # fmt: skip
+    return acc, s, ph
+
+
+@gluon.jit
+def _mma_steps(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, SQ, WG: gl.constexpr,
+               STAGES: gl.constexpr, SLICE: gl.constexpr, SUM_SQ: gl.constexpr):  # fmt: skip
+    """``_mma_tile``'s K loop; with ``SUM_SQ``, where ``SQ`` holds at run time, the A rows' Σx² is
+    also added to ``sq`` (rows in ``sq``'s layout's parent) from each A tile while its wgmma runs
+    (``rms_linear_sm90``: rrms without a pass over x). Returns (acc, s, ph, sq)."""
     R: gl.constexpr = acc.shape[0]
     for kk in range(k_tiles):
         mbarrier.wait(ready.index(s), ph)
@@ -445,6 +456,10 @@ def _mma_tile(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, WG: gl.constexp
         if SLICE:
             a_tile = a_tile.slice(WG * R, R, dim=0)
         acc = warpgroup_mma(a_tile, b_smem.index(s).permute((1, 0)), acc, use_acc=kk > 0, is_async=True)
+        if SUM_SQ:
+            if SQ:
+                a = a_tile.load(sq.type.layout.parent).to(gl.float32)
+                sq = sq + gl.sum(a * a, axis=1)
         acc = warpgroup_mma_wait(1, deps=(acc,))
         # the previous step's wgmma has retired: release its slot (computed from s, not carried: a
         # name assigned a loop-carried value is not carried itself by Triton's frontend)
@@ -452,7 +467,7 @@ def _mma_tile(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, WG: gl.constexp
         s, ph = _advance(s, ph, STAGES)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(empty.index(_prev_slot(s, STAGES)))  # the tile's last step
-    return acc, s, ph
+    return acc, s, ph, sq
 
 
 @gluon.jit

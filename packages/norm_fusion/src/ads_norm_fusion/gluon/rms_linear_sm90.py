@@ -28,8 +28,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
 from ads_kernel_tools.kernels.gluon_hopper import init_ring
@@ -42,36 +40,12 @@ from .fwd_sm90 import (
     SMEM_BYTES,
     _ab_smem,
     _acc_layout,
-    _advance,
     _desc,
-    _prev_slot,
+    _mma_steps,
     _program,
     _ws_loads,
     grid_and_exchange,
 )
-
-
-@gluon.jit
-def _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, SQ, ROW0: gl.constexpr,
-                 STAGES: gl.constexpr):  # fmt: skip
-    """``fwd_sm90._mma_tile`` over rows [ROW0, ROW0 + acc rows) of the A tiles, and where ``SQ``
-    (the program's first column tile of a row block) the rows' Σx² added to ``sq`` from each A tile
-    while its wgmma runs. Returns (acc, s, ph, sq)."""
-    R: gl.constexpr = acc.shape[0]
-    sq_l: gl.constexpr = sq.type.layout.parent
-    for kk in range(k_tiles):
-        mbarrier.wait(ready.index(s), ph)
-        a_tile = a_smem.index(s).slice(ROW0, R, dim=0)
-        acc = warpgroup_mma(a_tile, b_smem.index(s).permute((1, 0)), acc, use_acc=kk > 0, is_async=True)
-        if SQ:
-            a = a_tile.load(sq_l).to(gl.float32)
-            sq = sq + gl.sum(a * a, axis=1)
-        acc = warpgroup_mma_wait(1, deps=(acc,))
-        mbarrier.arrive(empty.index(_prev_slot(s, STAGES)), pred=kk > 0)
-        s, ph = _advance(s, ph, STAGES)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(empty.index(_prev_slot(s, STAGES)))
-    return acc, s, ph, sq
 
 
 @gluon.constexpr_function
@@ -129,8 +103,8 @@ def _scaled_rows(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexp
         rrms = gl.zeros([R], gl.float32, row_l)
         for j in range(NT):
             acc = gl.zeros([R, BN], gl.float32, acc_l)
-            acc, s, ph, sq = _mma_tile_sq(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, j == 0,
-                                          WG * R, STAGES)  # fmt: skip
+            acc, s, ph, sq = _mma_steps(a_smem, b_smem, ready, empty, s, ph, k_tiles, acc, sq, j == 0, WG,
+                                        STAGES, True, True)  # fmt: skip
             if j == 0:
                 rrms = gl.convert_layout(gl.rsqrt(sq * inv_k + eps), row_l)
                 rows = off_m + gl.arange(0, R, row_l)
