@@ -1,5 +1,6 @@
 """Run by the GPU job under ``compute-sanitizer --tool memcheck``: lying offsets, seqused entries
-and page indices, forward and backward, bf16 (local and top-left windows included) and FP8. The
+and page indices, forward and backward, bf16 (local and top-left windows, a learnable sink included)
+and FP8. The
 kernels clamp every span to its tensor, so memcheck must
 report 0 errors. Not a pytest file (it needs the sanitizer around the whole process)."""
 
@@ -29,6 +30,10 @@ def main() -> None:
         for kw in (dict(causal=True), dict(window_size=(40, 7), softcap=5.0), dict(window_size=(40, 7))):
             out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 512, 512, return_lse=True, **kw)
             torch.autograd.grad(out.float().sum(), (q, k, v))
+        # a learnable sink that needs its gradient: the Gluon forward with the sink and its fp32 out
+        sink = torch.randn(4, device=dev, dtype=bf, requires_grad=True)
+        out, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 512, 512, causal=True, learnable_sink=sink)
+        torch.autograd.grad(out.float().sum(), (q, k, v, sink))
         used = torch.tensor([500, -4, 1 << 30], dtype=torch.int32, device=dev)
         out, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 512, 512, seqused_q=used, seqused_k=used)
         torch.autograd.grad(out.float().sum(), (q, k, v))

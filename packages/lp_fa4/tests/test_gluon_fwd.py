@@ -44,7 +44,9 @@ def _tensors(device, d=128, dv=None, dtype=torch.bfloat16, heads=4, kv_heads=2):
         (dict(pb=dict(win_left=16), t=dict(dtype=torch.float8_e4m3fn)), "FP8 with a window"),
         (dict(pb=dict(scale=-1.0)), "softmax_scale"),
         (dict(page_table=True), "paged"),
-        (dict(sink=True), "sink"),
+        (dict(sink=True, t=dict(dtype=torch.float8_e4m3fn)), "FP8 with a learnable sink"),
+        (dict(out32=True, t=dict(dtype=torch.float8_e4m3fn)), "out torch.float32"),
+        (dict(out16=True), "out torch.float16"),
         (dict(t=dict(d=96)), "head dims"),
         (dict(t=dict(d=256)), "head dims"),
         (dict(t=dict(d=128, dv=64)), "head dims"),
@@ -59,7 +61,10 @@ def test_predicate_sends_the_rest_to_triton(change, reason, device):
     if change.get("strided"):
         q = torch.zeros(64, 8, 128, dtype=q.dtype, device=device)[:, ::2]
     pt = torch.zeros(1, 1, dtype=torch.int32, device=device) if change.get("page_table") else None
-    sink = torch.zeros(4, dtype=q.dtype, device=device) if change.get("sink") else None
+    sink = torch.zeros(4, dtype=torch.bfloat16, device=device) if change.get("sink") else None
+    if change.get("out32") or change.get("out16"):
+        out_dtype = torch.float32 if change.get("out32") else torch.float16
+        out = torch.empty(out.shape, dtype=out_dtype, device=device)
     got = dispatch.why_not(q, k, v, pt, sink, _pb(**change.get("pb", {})), out)
     assert got is not None and reason in got, got
 
@@ -84,6 +89,10 @@ def test_predicate_takes_supported_calls_on_sm90_only(mask, d, dtype, device, mo
         assert got is None
     else:
         assert got in ("interpreter", "not an sm_90 GPU"), got
+    if dtype != torch.float8_e4m3fn:  # a learnable sink, with the fp32 out the op then asks for
+        sink = torch.zeros(q.shape[1], dtype=torch.float32, device=device)
+        out32 = torch.empty(out.shape, dtype=torch.float32, device=device)
+        assert dispatch.why_not(q, k, v, None, sink, pb, out32) == got
     monkeypatch.setenv("LP_FA4_BACKEND", "triton")
     assert dispatch.why_not(q, k, v, None, None, pb, out) == "LP_FA4_BACKEND=triton"
     monkeypatch.setenv("LP_FA4_BACKEND", "cuda")
@@ -105,6 +114,8 @@ def _job(
     lpt: bool = False,
     window: bool = False,
     top_left: bool = False,
+    sink: bool = False,
+    out32: bool = False,
 ) -> dict:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -124,10 +135,13 @@ def _job(
              "o_desc": desc(g.BLOCK_M // 2), "out_ptr": f"*{name}", "lse_ptr": "*fp32", "qk_scale2": "fp32",
              **{n: "*i32" for n in ("tiles_ptr", "count_ptr", "cu_q_ptr", "cu_k_ptr", "used_q_ptr",
                                     "used_k_ptr")}}  # fmt: skip
+    if out32:
+        types["out_ptr"] = "*fp32"
+    types["sink_ptr"] = f"*{name}" if sink else "*i32"  # not read without a sink
     stages, qbuf = g.stages_for(d)
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=stages, QBUF=qbuf, CAUSAL=causal, HAS_USED_Q=used,
                   HAS_USED_K=used, LSE_PER_SEQ=dense, CONSUMER_REGS=232, PRODUCER_REGS=24,
-                  LPT=lpt, WINDOW=window, TOP_LEFT=top_left)  # fmt: skip
+                  LPT=lpt, WINDOW=window, TOP_LEFT=top_left, HAS_SINK=sink, OUT32=out32)  # fmt: skip
     return dict(module=g.__name__, kernel="attn_fwd_ws", types=types, constexprs=consts, gluon=True)
 
 
@@ -141,6 +155,9 @@ JOBS = {
     "d128-dense-lpt": dict(d=128, dense=True, lpt=True),  # dense non-causal: the list's order, no list
     "d128-window": dict(d=128, window=True),
     "d64-window-top-left-seqused-fp16": dict(d=64, window=True, top_left=True, used=True, fp16=True),
+    # a learnable sink, with the fp32 out the op asks for when the sink needs its gradient
+    "d128-sink-out32": dict(d=128, sink=True, out32=True),
+    "d64-causal-sink-fp16": dict(d=64, causal=True, sink=True, fp16=True),
 }
 
 
@@ -192,6 +209,27 @@ DENSE = [
 @pytest.mark.parametrize("case", VARLEN + DENSE + WINDOWED, ids=lambda c: c.id)
 def test_forward_matches_reference(case, device, gluon_calls):
     run_case(Case(**{**case.__dict__, "grad": False}), device)
+    assert gluon_calls, "the Gluon forward did not run"
+
+
+# a learnable sink in the epilogue: ragged lengths (empty kv sequences: 0 and LSE = the sink's
+# logit), causal with Lq > Lk, GQA, D 64/128, fp16, dense; with its gradient the forward writes fp32
+SINK = [
+    Case(lq=(0, 1, T - 1, T + 1, 1000), lk=(5, 0, T - 1, T, 1000), heads=4, kv_heads=2, d=128, sink=True),
+    Case(lq=(1, T + 1, 300), lk=(T + 1, 0, 129), heads=4, kv_heads=1, d=64, causal=True, sink=True,
+         dtype=torch.float16),
+    Case(lq=(1024,) * 2, lk=(1024,) * 2, heads=4, kv_heads=4, d=128, dense=True, causal=True, sink=True),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("case", SINK, ids=lambda c: c.id)
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_sink_through_gluon(case, grad, device, gluon_calls):
+    """Outputs, LSE and (with ``grad``: the fp32 out kept for the backward) every gradient, the
+    sink's included, against the reference under the rule, with the Gluon forward running."""
+    run_case(Case(**{**case.__dict__, "grad": grad}), device)
     assert gluon_calls, "the Gluon forward did not run"
 
 

@@ -241,14 +241,46 @@ SINK_GRAD_CASES = [
 @pytest.mark.parametrize("case", SINK_GRAD_CASES, ids=lambda c: c.id)
 def test_sink_grad_from_the_fp32_output(case, device):
     """With a sink that needs a gradient the backward's row term dO_i·O_i (= Σ_j P_ij dP_ij) takes O
-    from the forward recomputed into fp32 (``_ops.bwd_impl``), so it carries no rounding of O: every
-    gradient within the rule."""
+    in fp32, kept by the forward (the op's out32), so it carries no rounding of O: every gradient
+    within the rule."""
     run_case(case, device)
 
 
+def test_sink_grad_through_the_op_without_out32(device):
+    """A direct caller of the op whose sink needs a gradient but who did not ask for the fp32
+    output gets the forward run again into fp32 (``_ops.bwd_impl``): the same gradients as the
+    interface's."""
+    from lp_fa4 import _ops
+    from lp_fa4.triton.launch import BIG
+
+    lq = (5, 9, 1)
+    cu = lengths_to_offsets(list(lq), device=device)
+    ins = [randn((15, 2, 32), dtype=torch.bfloat16, device=device, seed=s) for s in (1, 2, 3)]
+    sink0 = randn((2,), dtype=torch.bfloat16, device=device, seed=4)
+    dout = randn((15, 2, 32), dtype=torch.bfloat16, device=device, seed=5)
+
+    def grads(run):
+        leaves = [t.clone().requires_grad_() for t in (*ins, sink0)]
+        out = run(*leaves)
+        out = out[0] if isinstance(out, tuple) else out
+        return torch.autograd.grad(out.float().mul(dout.float()).sum(), leaves)
+
+    def api_call(q, k, v, s):
+        return flash_attn_varlen_func(q, k, v, cu, cu, 9, 9, causal=True, learnable_sink=s)
+
+    def op_call(q, k, v, s):  # the op's inputs in order, out32 left at False
+        opts = (9, 9, 32**-0.5, 0.0, BIG, 0, False, False, BIG, False, True, False)
+        return _ops.attention(q, k, v, cu, cu, None, None, None, s, *opts)[0]
+
+    api, op = grads(api_call), grads(op_call)
+    for a, b in zip(api, op):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_sink_without_grad_skips_the_recompute(monkeypatch, device):
-    """A sink that needs no gradient costs the backward nothing: the op gets no sink, so the
-    forward is not run again."""
+    """A sink that needs no gradient costs nothing: the forward writes out in the input dtype.
+    One that does: the forward writes it in fp32 for the backward's row term, and the backward
+    does not run the forward again."""
     from lp_fa4 import _ops
 
     calls = []
@@ -268,4 +300,5 @@ def test_sink_without_grad_skips_the_recompute(monkeypatch, device):
     out = flash_attn_varlen_func(q, k, v, cu, cu, 9, 9, learnable_sink=sink)
     out = out[0] if isinstance(out, tuple) else out
     out.float().sum().backward()
-    assert calls.count(torch.float32) == 1 and sink.grad is not None, calls
+    assert calls == [torch.bfloat16, torch.float32] and sink.grad is not None, calls
+    assert out.dtype == torch.bfloat16

@@ -86,6 +86,7 @@ def fwd_impl(
     k_descale: Tensor | None = None,
     v_descale: Tensor | None = None,
     resident_bwd: bool = False,
+    out32: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse): out like the query rows (broadcast_q: B·Lq rows), lse fp32 natural log, (B, H, S)
     when ``lse_dense`` else (H, rows). ``zero_fill`` pre-fills out 0 / lse -inf for rows no kernel
@@ -95,9 +96,10 @@ def fwd_impl(
     FP8 (float8_e4m3fn q, k, v): ``q/k/v_descale`` contiguous fp32 (B, Hkv), all three; out bf16.
     ``resident_bwd``: the backward's, like ``deterministic``: a broadcast_q call's backward runs the
     query-resident kernel (``lp_fa4.broadcast.plan``'s ``resident``, planned once by the interface);
-    the backward raises if that kernel cannot take the call."""
+    the backward raises if that kernel cannot take the call. ``out32``: out in fp32, unrounded, for a
+    sink's gradient (``bwd_impl``); the caller rounds it to the input dtype."""
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
-    out_dtype = _out_dtype(q)
+    out_dtype = torch.float32 if out32 else _out_dtype(q)
     if zero_fill:
         out = q.new_zeros(out_shape, dtype=out_dtype)
         lse = torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device)
@@ -143,9 +145,11 @@ def _(
     k_descale=None,
     v_descale=None,
     resident_bwd=False,
+    out32=False,
 ):
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
-    return q.new_empty(out_shape, dtype=_out_dtype(q)), q.new_empty(lse_shape, dtype=torch.float32)
+    out_dtype = torch.float32 if out32 else _out_dtype(q)
+    return q.new_empty(out_shape, dtype=out_dtype), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _flat(lse: Tensor, lse_dense: bool) -> Tensor:
@@ -185,15 +189,20 @@ def bwd_impl(
     pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
     lse_f = _flat(lse, lse_dense).contiguous()
     dlse_f = _flat(dlse, lse_dense).float().contiguous() if dlse is not None else None
+    # an fp32 out (``fwd_impl``'s out32) came back through the caller's rounding: its gradient is
+    # the rounded output's, exactly representable in the input dtype
+    do = do if do.dtype == q.dtype or q.dtype == torch.float32 else do.to(q.dtype)
     do = do if do.stride(-1) == 1 else do.contiguous()
-    if sink is not None:
+    if sink is not None and out.dtype != torch.float32:
         # d sink_h = Σ_i p_i (dLSE_i - dO_i·O_i), p_i = exp(sink_h - LSE_i). With O rounded to the
         # input dtype (as FA4 takes it), dO_i·O_i carried that rounding into the gradient where the
         # sum over the rows cancels (2.9 % off in bf16 on a case random testing found, PyTorch's
-        # bf16 math 0.02 %): the forward runs again into fp32, for calls whose sink needs a gradient
-        # only (``_backward`` passes no sink otherwise), and the backward's row term takes that O.
+        # bf16 math 0.02 %), and into dQ where one key dominates a row: the row term takes O in
+        # fp32. The interface's forward keeps it (``fwd_impl``'s out32) when the sink needs a
+        # gradient; a caller of the op that did not ask for it gets the forward run again here.
         out = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
-        launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, None, sink, pb, out, torch.empty_like(lse), lse_dense)
+        fwd_dispatch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, None, sink, pb, out, torch.empty_like(lse),
+                         lse_dense)  # fmt: skip
     dq, dk, dv, delta = bwd_dispatch.bwd(
         do, q, k, v, out, lse_f, dlse_f, cu_q, cu_k, used_q, used_k, pb, deterministic, resident=resident_bwd
     )
@@ -289,7 +298,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def bwd_call(ctx, dout, dlse, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink):
     """The backward kernels for one forward (its options in ``ctx``): (dq, dk, dv, dsink)."""
     if dout is None:
-        dout = torch.zeros_like(out)
+        dout = torch.zeros(out.shape, dtype=_out_dtype(q), device=out.device)
     max_q, max_k, scale, softcap, wl, wr, top_left, bq, rows_cap, lse_dense = ctx.opts
     # a dispatch mode entered after the forward (FlopCounterMode around backward) sees the op
     bwd = bwd_impl if getattr(ctx, "eager", False) and _plain_eager((dout, dlse)) else torch.ops.lp_fa4.bwd

@@ -7,9 +7,10 @@ bottom-right causal mask, local windows (FA4's bottom-right ``window_size``) and
 windows of ``jagged_attention`` (bf16/fp16), dense and varlen (dense arrives as varlen with
 cu_seqlens), seqused_q/k, the LSE in either layout, and ``jagged_attention`` (its rows past
 max_seqlen_q are pre-filled with zeros by the op); on an sm_90 GPU with ``LP_FA4_BACKEND=auto`` (the
-default), and broadcast_q calls on their queries repeated per kv sequence (``fwd``). Everything
-else keeps the Triton path: paged KV, softcap, learnable sink, a row cap below max_seqlen_q, other
-head dims, fp32, strided tensors, the interpreter.
+default), and broadcast_q calls on their queries repeated per kv sequence (``fwd``); a learnable
+sink (16-bit inputs), and an fp32 out for 16-bit inputs (what the op asks for when the sink needs its
+gradient). Everything else keeps the Triton path: paged KV, softcap, a row cap below max_seqlen_q,
+other head dims, fp32 inputs, strided tensors, the interpreter.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return "LP_FA4_BACKEND=triton"
     if page_table is not None:
         return "paged KV"
-    if sink is not None:
-        return "learnable sink"
+    if sink is not None and q.dtype == torch.float8_e4m3fn:
+        return "FP8 with a learnable sink"
     if (reason := score_reason(pb, windows=True)) is not None:
         return reason
     if q.dtype == torch.float8_e4m3fn and _band(pb) == "window":
@@ -68,8 +69,10 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return f"k {k.dtype}, head dim {k.shape[-1]} unlike q's"
     if (reason := tile_reason(q.dtype, q.shape[-1], v)) is not None:
         return reason
-    if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)) or out.dtype != _DTYPES[q.dtype]:
+    if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)):
         return "strided or unaligned tensors"
+    if out.dtype != _DTYPES[q.dtype] and not (out.dtype == torch.float32 and q.dtype != torch.float8_e4m3fn):
+        return f"out {out.dtype} for q {q.dtype}"
     return device_reason(q)
 
 
@@ -122,7 +125,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
     causal = band == "causal"
     window = None if band in (None, "causal") else (pb.win_left, pb.win_right)
     fwd_sm90.fwd(q, k, v, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k, pb.scale, causal, out, lse,
-                 lse_dense, descale=descale, window=window, top_left=pb.top_left)  # fmt: skip
+                 lse_dense, descale=descale, window=window, top_left=pb.top_left, sink=sink)  # fmt: skip
 
 
 def _band(pb: launch.Problem) -> str | None:

@@ -27,6 +27,10 @@ Semantics (the Triton forward's, ``lp_fa4.triton._fwd``, for the subset admitted
 seqused_q[b], max_seqlen_q); rows [rows, slot) of its slot get O = 0, LSE = -inf; keys are the first
 min(Lk_b, seqused_k[b], max_seqlen_k). Causal masks are bottom-right aligned (query i sees key j iff
 j <= i + Lk - Lq, with Lq the used query length). A row with no key gets 0 / -inf.
+A learnable sink (``HAS_SINK``: one logit per query head, natural units, not scaled) joins each
+row's denominator only, in the epilogue: a row with no key then gets 0 / the sink's logit (FA4's
+values). ``OUT32``: out is fp32 (the accumulator before its rounding to the input dtype), stored
+straight from registers; the op asks for it when a sink needs its gradient (``lp_fa4._ops``).
 Keys of a K/V tile past the sequence get P = 0 (their scores are -inf): they are another sequence's
 rows, or TMA zero fill past the tensor.
 
@@ -280,12 +284,13 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
               STAGES: gl.constexpr, QBUF: gl.constexpr, CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr,
               HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr, LPT: gl.constexpr,
               FP8: gl.constexpr, RELABEL: gl.constexpr, WINDOW: gl.constexpr,
-              TOP_LEFT: gl.constexpr, PINGPONG: gl.constexpr, SERIAL: gl.constexpr):  # fmt: skip
+              TOP_LEFT: gl.constexpr, PINGPONG: gl.constexpr, SERIAL: gl.constexpr,
+              HAS_SINK: gl.constexpr, OUT32: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: rows [WG·64, WG·64 + 64) of every work item of this program."""
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
      used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-     GROUP, win_left, win_right, turn) = args  # fmt: skip
+     GROUP, win_left, win_right, turn, sink_ptr) = args  # fmt: skip
     R: gl.constexpr = o_smem.shape[1]  # 64 rows per warpgroup
     dtype: gl.constexpr = q_smem.dtype
     o_dtype: gl.constexpr = o_smem.dtype
@@ -429,18 +434,24 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
         mbarrier.arrive(q_empty.index(qb), count=1)  # every Q·Kᵀ of the item has retired
         ti += 1
 
-        # epilogue: O = acc / l, LSE = (m + log2 l)·ln2; rows without a key give 0 / -inf
-        has = l_i > 0.0
-        l_o = gl.convert_layout(gl.where(has, l_i, 1.0), orow_l)
-        if FP8:
-            l_o = l_o / gl.load(vd_ptr + d_at)
-            m_i = m_i - P_SHIFT  # l summed P·2^P_SHIFT
-        o = acc / gl.expand_dims(l_o, 1)
-        o = gl.where(gl.expand_dims(gl.convert_layout(has, orow_l), 1), o, 0.0)
-        lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        if HAS_SINK:
+            o, lse = _sink_epilogue(acc, m_i, l_i, gl.load(sink_ptr + h).to(gl.float32) * 1.4426950408889634,
+                                    orow_l)  # fmt: skip
+        else:
+            # O = acc / l, LSE = (m + log2 l)·ln2; rows without a key give 0 / -inf
+            has = l_i > 0.0
+            l_o = gl.convert_layout(gl.where(has, l_i, 1.0), orow_l)
+            if FP8:
+                l_o = l_o / gl.load(vd_ptr + d_at)
+                m_i = m_i - P_SHIFT  # l summed P·2^P_SHIFT
+            o = acc / gl.expand_dims(l_o, 1)
+            o = gl.where(gl.expand_dims(gl.convert_layout(has, orow_l), 1), o, 0.0)
+            lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         n_valid = rows - r0
         n_rows = slot - r0
-        if (n_valid >= R) & (n_rows >= R):
+        if OUT32:
+            store_rows(out_ptr, o, q0 + r0, n_rows, n_valid, h * D, H * D, R, D, 4, True)
+        elif (n_valid >= R) & (n_rows >= R):
             stage_for_tma(o_s, o.to(o_dtype))
             tma.async_copy_shared_to_global(o_desc, [q0 + r0, h * D], o_s)
         else:
@@ -455,16 +466,30 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
 
 
 @gluon.jit
+def _sink_epilogue(acc, m_i, l_i, sink2, orow_l: gl.constexpr):
+    """(O, LSE) of a warpgroup's rows with the sink's logit ``sink2`` (log2 units) in each
+    denominator: l' = l·2^(m - m') + 2^(sink2 - m') over m' = max(m, sink2), O = acc·2^(m - m') / l',
+    LSE = (m' + log2 l')·ln2. A row without a key (m = -inf, l = 0, acc = 0) gets O = 0 and LSE =
+    the sink's logit."""
+    m_f = gl.maximum(m_i, sink2)
+    w = gl.exp2(m_i - m_f)
+    l_f = l_i * w + gl.exp2(sink2 - m_f)
+    o = acc * gl.expand_dims(gl.convert_layout(w / l_f, orow_l), 1)
+    return o, (m_f + gl.log2(l_f)) * 0.6931471805599453
+
+
+@gluon.jit
 def attn_fwd_ws(
     q_desc, k_desc, v_desc, o_desc, out_ptr, lse_ptr, stride_lb, stride_lh,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
     H, GROUP, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr, vcol_ptr,
-    win_left, win_right, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+    win_left, win_right, sink_ptr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
     QBUF: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
     RELABEL: gl.constexpr = False, WINDOW: gl.constexpr = False, TOP_LEFT: gl.constexpr = False,
-    PINGPONG: gl.constexpr = False, SERIAL: gl.constexpr = False,
+    PINGPONG: gl.constexpr = False, SERIAL: gl.constexpr = False, HAS_SINK: gl.constexpr = False,
+    OUT32: gl.constexpr = False,
 ):  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8  # e4m3 q, k, v (module docstring)
@@ -485,7 +510,7 @@ def attn_fwd_ws(
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
              used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-             GROUP, win_left, win_right, turn)  # fmt: skip
+             GROUP, win_left, win_right, turn, sink_ptr)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
              max_q, max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right)  # fmt: skip
@@ -496,11 +521,11 @@ def attn_fwd_ws(
         gl.static_assert(not PINGPONG, "PINGPONG takes two consumer warpgroups")
         gl.warp_specialize(
             [(_consumer, (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, HAS_SINK, OUT32)),
              (_consumer, (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, HAS_SINK, OUT32)),
              (_consumer, (cargs, WG2, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, HAS_SINK, OUT32)),
              (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8, WINDOW,
                           TOP_LEFT))],
             [4, 4, 1],
@@ -509,9 +534,9 @@ def attn_fwd_ws(
     else:
         gl.warp_specialize(
             [(_consumer, (cargs, WG0, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, HAS_SINK, OUT32)),
              (_consumer, (cargs, WG1, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LSE_PER_SEQ,
-                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL)),
+                          LPT, FP8, RELABEL, WINDOW, TOP_LEFT, PINGPONG, SERIAL, HAS_SINK, OUT32)),
              (_producer, (pargs, D, BM, BN, STAGES, QBUF, CAUSAL, HAS_USED_Q, HAS_USED_K, LPT, FP8, WINDOW,
                           TOP_LEFT))],
             [4, 1],
@@ -595,9 +620,10 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         lse_dense: bool, lpt: bool | None = None, descale=None, v_copy: str | None = None,
         window: tuple[int, int] | None = None, top_left: bool = False,
         pingpong: bool | None = None, warpgroups: int | None = None,
-        serial: bool | None = None) -> None:  # fmt: skip
+        serial: bool | None = None, sink: torch.Tensor | None = None) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
-    ``dispatch.why_not``. No host sync.
+    ``dispatch.why_not``. No host sync. ``sink``: (H,) learnable sink logits (16-bit inputs); out
+    may be fp32 then (the module docstring's ``OUT32``).
 
     ``lpt`` (default: dense q, causal and S <= ``config.fwd_lpt_max_s()``): walk the dense batch's
     tiles in head groups whose K/V fit in L2 (sized by ``lpt_group``), heaviest tiles first in each
@@ -640,8 +666,12 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     q_box = BM if nwg == 2 else 64  # a TMA box is a power of two: 192-row items load three boxes
     q_desc = TensorDescriptor(q.view(tq, h * d), [tq, h * d], [h * d, 1], [q_box, d],
                               smem_layout(q_box, d, gdt))  # fmt: skip
-    o_desc = TensorDescriptor(out.view(tq, h * d), [tq, h * d], [h * d, 1], [64, d],
-                              smem_layout(64, d, _GL[out.dtype]))  # fmt: skip
+    out32 = out.dtype == torch.float32
+    # an fp32 out is stored from registers (``OUT32``): the descriptor, over q, only sizes the
+    # unused staging buffer in the input dtype
+    o_base = q if out32 else out
+    o_desc = TensorDescriptor(o_base.view(tq, h * d), [tq, h * d], [h * d, 1], [64, d],
+                              smem_layout(64, d, _GL[o_base.dtype]))  # fmt: skip
     if tk > 0:
         k2, v2, rows_k = k.view(tk, hkv * d), v.view(tk, hkv * d), tk
     else:  # no keys at all: a one-row dummy keeps the descriptors valid; no step loads it
@@ -697,11 +727,12 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         q_desc, k_desc, v_desc, o_desc, out, lse, stride_lb, stride_lh, tiles, count, cu_q, cu_k,
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
         h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items, qd, kd, vd, vcol,
-        *(window if window is not None else (0, 0)),
+        *(window if window is not None else (0, 0)), sink if sink is not None else cu_q,
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=_regs(nwg),
         PRODUCER_REGS=24, LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None,
         TOP_LEFT=bool(top_left), PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
         SERIAL=fp8 and (nwg == 3 if serial is None else bool(serial)),
+        HAS_SINK=sink is not None, OUT32=out32,
         num_warps=4,
     )  # fmt: skip
