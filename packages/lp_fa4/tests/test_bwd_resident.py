@@ -144,7 +144,7 @@ def test_op_carries_resident_plan(monkeypatch, device):
     resident_calls = count_calls(monkeypatch, launch_bwd, "bwd_resident")
     q, k, v, cu_q, cu_k = (t.requires_grad_(t.is_floating_point()) for t in _inputs(9, LK, 2, 2, 32, device))
     args = _resident_op_args(q, k, v, cu_q, cu_k, 9)
-    out, _ = torch.ops.lp_fa4.fwd(*args)
+    out, _, _ = torch.ops.lp_fa4.fwd(*args)
     torch.autograd.grad(out.float().sum(), (q, k, v))
     assert resident_calls
     torch.library.opcheck(torch.ops.lp_fa4.fwd.default, args)
@@ -154,7 +154,7 @@ def test_resident_flag_on_a_call_it_does_not_take_raises(device):
     """``resident_bwd`` set by hand on a GQA call: the backward refuses instead of sending the MHA
     kernel past K/V's heads."""
     q, k, v, cu_q, cu_k = (t.requires_grad_(t.is_floating_point()) for t in _inputs(9, LK, 2, 1, 32, device))
-    out, _ = torch.ops.lp_fa4.fwd(*_resident_op_args(q, k, v, cu_q, cu_k, 9))
+    out, _, _ = torch.ops.lp_fa4.fwd(*_resident_op_args(q, k, v, cu_q, cu_k, 9))
     with pytest.raises(ValueError, match="GQA/MQA"):
         torch.autograd.grad(out.float().sum(), (q, k, v))
 

@@ -614,7 +614,7 @@ def test_custom_op_backward_equals_eager(device):
     grads = []
     for fn in (_ops.attention, torch.ops.lp_fa4.fwd):
         leaves = [t.clone().requires_grad_() for t in (q8, k8, v8, qd, kd, vd)]
-        out, _ = fn(*leaves[:3], cu, cu, *opts, *leaves[3:])
+        out, _, _ = fn(*leaves[:3], cu, cu, *opts, *leaves[3:])
         out.backward(do)
         grads.append([t.grad.float() for t in leaves])
     for a, e in zip(*grads):

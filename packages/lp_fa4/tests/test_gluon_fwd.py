@@ -45,8 +45,7 @@ def _tensors(device, d=128, dv=None, dtype=torch.bfloat16, heads=4, kv_heads=2):
         (dict(pb=dict(scale=-1.0)), "softmax_scale"),
         (dict(page_table=True), "paged"),
         (dict(sink=True, t=dict(dtype=torch.float8_e4m3fn)), "FP8 with a learnable sink"),
-        (dict(out32=True, t=dict(dtype=torch.float8_e4m3fn)), "out torch.float32"),
-        (dict(out16=True), "out torch.float16"),
+        (dict(out16=True), "strided"),  # out in another dtype than the kernel writes
         (dict(t=dict(d=96)), "head dims"),
         (dict(t=dict(d=256)), "head dims"),
         (dict(t=dict(d=128, dv=64)), "head dims"),
@@ -62,9 +61,8 @@ def test_predicate_sends_the_rest_to_triton(change, reason, device):
         q = torch.zeros(64, 8, 128, dtype=q.dtype, device=device)[:, ::2]
     pt = torch.zeros(1, 1, dtype=torch.int32, device=device) if change.get("page_table") else None
     sink = torch.zeros(4, dtype=torch.bfloat16, device=device) if change.get("sink") else None
-    if change.get("out32") or change.get("out16"):
-        out_dtype = torch.float32 if change.get("out32") else torch.float16
-        out = torch.empty(out.shape, dtype=out_dtype, device=device)
+    if change.get("out16"):
+        out = torch.empty(out.shape, dtype=torch.float16, device=device)
     got = dispatch.why_not(q, k, v, pt, sink, _pb(**change.get("pb", {})), out)
     assert got is not None and reason in got, got
 
@@ -89,10 +87,9 @@ def test_predicate_takes_supported_calls_on_sm90_only(mask, d, dtype, device, mo
         assert got is None
     else:
         assert got in ("interpreter", "not an sm_90 GPU"), got
-    if dtype != torch.float8_e4m3fn:  # a learnable sink, with the fp32 out the op then asks for
+    if dtype != torch.float8_e4m3fn:  # a learnable sink
         sink = torch.zeros(q.shape[1], dtype=torch.float32, device=device)
-        out32 = torch.empty(out.shape, dtype=torch.float32, device=device)
-        assert dispatch.why_not(q, k, v, None, sink, pb, out32) == got
+        assert dispatch.why_not(q, k, v, None, sink, pb, out) == got
     monkeypatch.setenv("LP_FA4_BACKEND", "triton")
     assert dispatch.why_not(q, k, v, None, None, pb, out) == "LP_FA4_BACKEND=triton"
     monkeypatch.setenv("LP_FA4_BACKEND", "cuda")
@@ -135,9 +132,8 @@ def _job(
              "o_desc": desc(g.BLOCK_M // 2), "out_ptr": f"*{name}", "lse_ptr": "*fp32", "qk_scale2": "fp32",
              **{n: "*i32" for n in ("tiles_ptr", "count_ptr", "cu_q_ptr", "cu_k_ptr", "used_q_ptr",
                                     "used_k_ptr")}}  # fmt: skip
-    if out32:
-        types["out_ptr"] = "*fp32"
     types["sink_ptr"] = f"*{name}" if sink else "*i32"  # not read without a sink
+    types["out32_ptr"] = "*fp32"
     stages, qbuf = g.stages_for(d)
     consts = dict(D=d, BM=g.BLOCK_M, BN=g.BLOCK_N, STAGES=stages, QBUF=qbuf, CAUSAL=causal, HAS_USED_Q=used,
                   HAS_USED_K=used, LSE_PER_SEQ=dense, CONSUMER_REGS=232, PRODUCER_REGS=24,
@@ -155,7 +151,7 @@ JOBS = {
     "d128-dense-lpt": dict(d=128, dense=True, lpt=True),  # dense non-causal: the list's order, no list
     "d128-window": dict(d=128, window=True),
     "d64-window-top-left-seqused-fp16": dict(d=64, window=True, top_left=True, used=True, fp16=True),
-    # a learnable sink, with the fp32 out the op asks for when the sink needs its gradient
+    # a learnable sink, with the fp32 copy of out the op asks for when the sink needs its gradient
     "d128-sink-out32": dict(d=128, sink=True, out32=True),
     "d64-causal-sink-fp16": dict(d=64, causal=True, sink=True, fp16=True),
 }
@@ -227,8 +223,8 @@ SINK = [
 @pytest.mark.parametrize("case", SINK, ids=lambda c: c.id)
 @pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
 def test_sink_through_gluon(case, grad, device, gluon_calls):
-    """Outputs, LSE and (with ``grad``: the fp32 out kept for the backward) every gradient, the
-    sink's included, against the reference under the rule, with the Gluon forward running."""
+    """Outputs, LSE and (with ``grad``: the fp32 copy of out kept for the backward) every gradient,
+    the sink's included, against the reference under the rule, with the Gluon forward running."""
     run_case(Case(**{**case.__dict__, "grad": grad}), device)
     assert gluon_calls, "the Gluon forward did not run"
 

@@ -241,8 +241,8 @@ SINK_GRAD_CASES = [
 @pytest.mark.parametrize("case", SINK_GRAD_CASES, ids=lambda c: c.id)
 def test_sink_grad_from_the_fp32_output(case, device):
     """With a sink that needs a gradient the backward's row term dO_i·O_i (= Σ_j P_ij dP_ij) takes O
-    in fp32, kept by the forward (the op's out32), so it carries no rounding of O: every gradient
-    within the rule."""
+    in fp32, kept by the forward (the op's out32 copy), so it carries no rounding of O: every
+    gradient within the rule."""
     run_case(case, device)
 
 
@@ -278,9 +278,10 @@ def test_sink_grad_through_the_op_without_out32(device):
 
 
 def test_sink_without_grad_skips_the_recompute(monkeypatch, device):
-    """A sink that needs no gradient costs nothing: the forward writes out in the input dtype.
-    One that does: the forward writes it in fp32 for the backward's row term, and the backward
-    does not run the forward again."""
+    """A sink that needs no gradient costs nothing: the forward writes out in the input dtype only.
+    One that does: the forward also keeps out in fp32 for the backward's row term (on the CPU the
+    Triton kernel writes that copy and out is its rounding), and the backward does not run the
+    forward again."""
     from lp_fa4 import _ops
 
     calls = []

@@ -87,8 +87,8 @@ def fwd_impl(
     v_descale: Tensor | None = None,
     resident_bwd: bool = False,
     out32: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """(out, lse): out like the query rows (broadcast_q: B·Lq rows), lse fp32 natural log, (B, H, S)
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, lse, out32): out like the query rows (broadcast_q: B·Lq rows), lse fp32 natural log, (B, H, S)
     when ``lse_dense`` else (H, rows). ``zero_fill`` pre-fills out 0 / lse -inf for rows no kernel
     program reaches (jagged rows past max_seqlen_q; the sink gradient reads every LSE row).
     ``deterministic`` is the backward's (the forward is always deterministic). ``host_q/k``: optional
@@ -96,21 +96,23 @@ def fwd_impl(
     FP8 (float8_e4m3fn q, k, v): ``q/k/v_descale`` contiguous fp32 (B, Hkv), all three; out bf16.
     ``resident_bwd``: the backward's, like ``deterministic``: a broadcast_q call's backward runs the
     query-resident kernel (``lp_fa4.broadcast.plan``'s ``resident``, planned once by the interface);
-    the backward raises if that kernel cannot take the call. ``out32``: out in fp32, unrounded, for a
-    sink's gradient (``bwd_impl``); the caller rounds it to the input dtype."""
+    the backward raises if that kernel cannot take the call. ``out32``: the third output is out
+    again in fp32, unrounded, which the backward's row term takes when a sink needs its gradient
+    (``bwd_impl``); else it is empty."""
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
-    out_dtype = torch.float32 if out32 else _out_dtype(q)
+    out_dtype = _out_dtype(q)
+    new = q.new_zeros if zero_fill else q.new_empty
+    out = new(out_shape, dtype=out_dtype)
+    o32 = new(out_shape if out32 else _EMPTY, dtype=torch.float32)
     if zero_fill:
-        out = q.new_zeros(out_shape, dtype=out_dtype)
         lse = torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device)
     else:
-        out = q.new_empty(out_shape, dtype=out_dtype)
         lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
     descale = None if q_descale is None else (q_descale, k_descale, v_descale)
     fwd_dispatch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense,
-                     descale=descale)  # fmt: skip
-    return out, lse
+                     descale=descale, out32=o32 if out32 else None)  # fmt: skip
+    return out, lse, o32
 
 
 fwd_op = torch.library.custom_op("lp_fa4::fwd", fwd_impl, mutates_args=())
@@ -148,8 +150,8 @@ def _(
     out32=False,
 ):
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
-    out_dtype = torch.float32 if out32 else _out_dtype(q)
-    return q.new_empty(out_shape, dtype=out_dtype), q.new_empty(lse_shape, dtype=torch.float32)
+    o32 = q.new_empty(out_shape if out32 else _EMPTY, dtype=torch.float32)
+    return q.new_empty(out_shape, dtype=_out_dtype(q)), q.new_empty(lse_shape, dtype=torch.float32), o32
 
 
 def _flat(lse: Tensor, lse_dense: bool) -> Tensor:
@@ -189,17 +191,15 @@ def bwd_impl(
     pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
     lse_f = _flat(lse, lse_dense).contiguous()
     dlse_f = _flat(dlse, lse_dense).float().contiguous() if dlse is not None else None
-    # an fp32 out (``fwd_impl``'s out32) came back through the caller's rounding: its gradient is
-    # the rounded output's, exactly representable in the input dtype
-    do = do if do.dtype == q.dtype or q.dtype == torch.float32 else do.to(q.dtype)
     do = do if do.stride(-1) == 1 else do.contiguous()
     if sink is not None and out.dtype != torch.float32:
         # d sink_h = Σ_i p_i (dLSE_i - dO_i·O_i), p_i = exp(sink_h - LSE_i). With O rounded to the
         # input dtype (as FA4 takes it), dO_i·O_i carried that rounding into the gradient where the
         # sum over the rows cancels (2.9 % off in bf16 on a case random testing found, PyTorch's
         # bf16 math 0.02 %), and into dQ where one key dominates a row: the row term takes O in
-        # fp32. The interface's forward keeps it (``fwd_impl``'s out32) when the sink needs a
-        # gradient; a caller of the op that did not ask for it gets the forward run again here.
+        # fp32. The interface's forward keeps it (``fwd_impl``'s out32, which the autograd context
+        # hands over as ``out``) when the sink needs a gradient; a caller of the op that did not
+        # ask for it gets the forward run again here.
         out = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
         fwd_dispatch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, None, sink, pb, out, torch.empty_like(lse),
                          lse_dense)  # fmt: skip
@@ -284,7 +284,9 @@ def fwd_input_index(name: str) -> int:
 
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink = inputs[:9]
-    out, lse = output
+    out, lse, out32 = output
+    # the unrounded copy, when the forward kept one, is what the backward's row term reads
+    out = out32 if fwd_input(inputs, "out32") else out
     ctx.paged = page_table is not None
     descale = tuple(inputs[_DESCALES]) + (None,) * (3 - len(inputs[_DESCALES]))  # FP8 only
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink, *descale)
@@ -331,7 +333,7 @@ def bwd_call(ctx, dout, dlse, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sin
     )
 
 
-def _backward(ctx, dout, dlse):
+def _backward(ctx, dout, dlse, _dout32=None):
     if ctx.paged:
         raise NotImplementedError("lp_fa4: the backward of paged KV (page_table) is not implemented")
     saved = ctx.saved_tensors
@@ -368,8 +370,8 @@ def _needs_grad(inputs) -> bool:
     return False
 
 
-def attention(*inputs) -> tuple[Tensor, Tensor]:
-    """``lp_fa4::fwd`` with autograd, arguments as the op's: plain eager calls take
+def attention(*inputs) -> tuple[Tensor, Tensor, Tensor]:
+    """``lp_fa4::fwd`` with autograd, arguments and outputs as the op's: plain eager calls take
     ``_EagerAttention`` (or, when autograd records nothing, ``fwd_impl`` itself: the Function's
     apply costs host time and adds nothing then), everything else (compile, fake tensors,
     dispatch modes) the custom op."""

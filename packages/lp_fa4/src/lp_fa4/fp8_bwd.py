@@ -273,7 +273,7 @@ class _SourceAttention(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dout, dlse):
+    def backward(ctx, dout, dlse, _dout32=None):
         grads, fp8, descales, cus = _dequantised_grads(ctx, dout, dlse)
         needs = ctx.needs_input_grad
         to_src = tuple(None if dt is None or not needs[i] else g.to(dt)

@@ -94,12 +94,12 @@ def _run(
         resident_bwd = plan == "resident"
     q3, k, v = _last_contig(q3), _last_contig(k), _last_contig(v)
     zero_fill = zero_fill or sink is not None
-    # a sink that needs its gradient: the forward keeps its fp32 output for the backward's row term
-    # (``_ops.bwd_impl``) and the rounding to the input dtype happens here, under autograd
+    # a sink that needs its gradient: the forward also keeps its output in fp32, unrounded, for the
+    # backward's row term (``_ops.bwd_impl``)
     out32 = sink is not None and sink.requires_grad and torch.is_grad_enabled() and q3.dtype in _HALF
     # FP8 tensors from quantize_fp8: gradients go to their bf16 sources (lp_fa4.fp8_bwd)
     attention = _ops.attention if sources is None else functools.partial(fp8_bwd.attend_sources, sources)
-    out, lse = attention(
+    out, lse, _ = attention(
         q3,
         k,
         v,
@@ -127,7 +127,7 @@ def _run(
         resident_bwd,
         out32,
     )
-    return (out.to(q3.dtype), lse) if out32 else (out, lse)
+    return out, lse
 
 
 def _plain(used_q, page_table, sink, softcap, descale) -> bool:

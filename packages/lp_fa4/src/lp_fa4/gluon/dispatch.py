@@ -8,9 +8,9 @@ windows of ``jagged_attention`` (bf16/fp16), dense and varlen (dense arrives as 
 cu_seqlens), seqused_q/k, the LSE in either layout, and ``jagged_attention`` (its rows past
 max_seqlen_q are pre-filled with zeros by the op); on an sm_90 GPU with ``LP_FA4_BACKEND=auto`` (the
 default), and broadcast_q calls on their queries repeated per kv sequence (``fwd``); a learnable
-sink (16-bit inputs), and an fp32 out for 16-bit inputs (what the op asks for when the sink needs its
-gradient). Everything else keeps the Triton path: paged KV, softcap, a row cap below max_seqlen_q,
-other head dims, fp32 inputs, strided tensors, the interpreter.
+sink (16-bit inputs), with the fp32 copy of the output the op asks for when the sink needs its
+gradient (``fwd``'s out32). Everything else keeps the Triton path: paged KV, softcap, a row cap
+below max_seqlen_q, other head dims, fp32 inputs, strided tensors, the interpreter.
 """
 
 from __future__ import annotations
@@ -69,10 +69,8 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return f"k {k.dtype}, head dim {k.shape[-1]} unlike q's"
     if (reason := tile_reason(q.dtype, q.shape[-1], v)) is not None:
         return reason
-    if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)):
+    if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)) or out.dtype != _DTYPES[q.dtype]:
         return "strided or unaligned tensors"
-    if out.dtype != _DTYPES[q.dtype] and not (out.dtype == torch.float32 and q.dtype != torch.float8_e4m3fn):
-        return f"out {out.dtype} for q {q.dtype}"
     return device_reason(q)
 
 
@@ -102,12 +100,14 @@ def score_reason(pb: launch.Problem, windows: bool = False) -> str | None:
 
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Problem, out, lse,
-        lse_dense: bool, descale=None) -> None:  # fmt: skip
+        lse_dense: bool, descale=None, out32: torch.Tensor | None = None) -> None:  # fmt: skip
     """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows.
     ``descale``: (q, k, v) fp32 (B, Hkv) descales of float8_e4m3fn inputs, else None. A broadcast_q
     call (``lp_fa4.broadcast``'s ``resident`` plan) runs on its queries repeated once per kv
     sequence where the kernel takes the repeated call, but for the short query blocks of
-    ``config.bq_small_fwd_rows``, which the Triton kernel's in-place broadcast runs faster."""
+    ``config.bq_small_fwd_rows``, which the Triton kernel's in-place broadcast runs faster.
+    ``out32``: an fp32 tensor like out that also gets the output, unrounded (the Triton kernels
+    write it and out is its rounding)."""
     if (pb.broadcast_q and used_q is None and cu_k is not None and q.shape[0] > cfg.bq_small_fwd_rows()
             and cfg.broadcast_q() != "kernel"):  # fmt: skip
         n_b = cu_k.shape[0] - 1
@@ -116,8 +116,10 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
             q, cu_q = repeat_queries(q, n_b)
             pb = rep
     if why_not(q, k, v, page_table, sink, pb, out) is not None:
-        launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense,
-                   descale=descale)  # fmt: skip
+        launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb,
+                   out if out32 is None else out32, lse, lse_dense, descale=descale)  # fmt: skip
+        if out32 is not None:
+            out.copy_(out32)
         return
     from . import fwd_sm90
 
@@ -125,7 +127,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
     causal = band == "causal"
     window = None if band in (None, "causal") else (pb.win_left, pb.win_right)
     fwd_sm90.fwd(q, k, v, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k, pb.scale, causal, out, lse,
-                 lse_dense, descale=descale, window=window, top_left=pb.top_left, sink=sink)  # fmt: skip
+                 lse_dense, descale=descale, window=window, top_left=pb.top_left, sink=sink,
+                 out32=out32)  # fmt: skip
 
 
 def _band(pb: launch.Problem) -> str | None:

@@ -29,8 +29,8 @@ min(Lk_b, seqused_k[b], max_seqlen_k). Causal masks are bottom-right aligned (qu
 j <= i + Lk - Lq, with Lq the used query length). A row with no key gets 0 / -inf.
 A learnable sink (``HAS_SINK``: one logit per query head, natural units, not scaled) joins each
 row's denominator only, in the epilogue: a row with no key then gets 0 / the sink's logit (FA4's
-values). ``OUT32``: out is fp32 (the accumulator before its rounding to the input dtype), stored
-straight from registers; the op asks for it when a sink needs its gradient (``lp_fa4._ops``).
+values). ``OUT32``: the output also goes, unrounded, into an fp32 copy (stored straight from
+registers); the op asks for it when a sink needs its gradient (``lp_fa4._ops``).
 Keys of a K/V tile past the sequence get P = 0 (their scores are -inf): they are another sequence's
 rows, or TMA zero fill past the tensor.
 
@@ -290,7 +290,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
     (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
      used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-     GROUP, win_left, win_right, turn, sink_ptr) = args  # fmt: skip
+     GROUP, win_left, win_right, turn, sink_ptr, out32_ptr) = args  # fmt: skip
     R: gl.constexpr = o_smem.shape[1]  # 64 rows per warpgroup
     dtype: gl.constexpr = q_smem.dtype
     o_dtype: gl.constexpr = o_smem.dtype
@@ -450,8 +450,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, BN: gl.
         n_valid = rows - r0
         n_rows = slot - r0
         if OUT32:
-            store_rows(out_ptr, o, q0 + r0, n_rows, n_valid, h * D, H * D, R, D, 4, True)
-        elif (n_valid >= R) & (n_rows >= R):
+            store_rows(out32_ptr, o, q0 + r0, n_rows, n_valid, h * D, H * D, R, D, 4, True)
+        if (n_valid >= R) & (n_rows >= R):
             stage_for_tma(o_s, o.to(o_dtype))
             tma.async_copy_shared_to_global(o_desc, [q0 + r0, h * D], o_s)
         else:
@@ -483,8 +483,8 @@ def attn_fwd_ws(
     q_desc, k_desc, v_desc, o_desc, out_ptr, lse_ptr, stride_lb, stride_lh,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
     H, GROUP, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr, vcol_ptr,
-    win_left, win_right, sink_ptr, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-    QBUF: gl.constexpr,
+    win_left, win_right, sink_ptr, out32_ptr,
+    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
     RELABEL: gl.constexpr = False, WINDOW: gl.constexpr = False, TOP_LEFT: gl.constexpr = False,
@@ -510,7 +510,7 @@ def attn_fwd_ws(
     cargs = (q_smem, k_smem, v_smem, o_smem, o_desc, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
              out_ptr, lse_ptr, stride_lb, stride_lh, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr,
              used_k_ptr, H, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr,
-             GROUP, win_left, win_right, turn, sink_ptr)  # fmt: skip
+             GROUP, win_left, win_right, turn, sink_ptr, out32_ptr)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
              max_q, max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right)  # fmt: skip
@@ -620,10 +620,11 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         lse_dense: bool, lpt: bool | None = None, descale=None, v_copy: str | None = None,
         window: tuple[int, int] | None = None, top_left: bool = False,
         pingpong: bool | None = None, warpgroups: int | None = None,
-        serial: bool | None = None, sink: torch.Tensor | None = None) -> None:  # fmt: skip
+        serial: bool | None = None, sink: torch.Tensor | None = None,
+        out32: torch.Tensor | None = None) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
-    ``dispatch.why_not``. No host sync. ``sink``: (H,) learnable sink logits (16-bit inputs); out
-    may be fp32 then (the module docstring's ``OUT32``).
+    ``dispatch.why_not``. No host sync. ``sink``: (H,) learnable sink logits (16-bit inputs);
+    ``out32``: an fp32 tensor like out that also gets the output, unrounded (``OUT32``).
 
     ``lpt`` (default: dense q, causal and S <= ``config.fwd_lpt_max_s()``): walk the dense batch's
     tiles in head groups whose K/V fit in L2 (sized by ``lpt_group``), heaviest tiles first in each
@@ -666,12 +667,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     q_box = BM if nwg == 2 else 64  # a TMA box is a power of two: 192-row items load three boxes
     q_desc = TensorDescriptor(q.view(tq, h * d), [tq, h * d], [h * d, 1], [q_box, d],
                               smem_layout(q_box, d, gdt))  # fmt: skip
-    out32 = out.dtype == torch.float32
-    # an fp32 out is stored from registers (``OUT32``): the descriptor, over q, only sizes the
-    # unused staging buffer in the input dtype
-    o_base = q if out32 else out
-    o_desc = TensorDescriptor(o_base.view(tq, h * d), [tq, h * d], [h * d, 1], [64, d],
-                              smem_layout(64, d, _GL[o_base.dtype]))  # fmt: skip
+    o_desc = TensorDescriptor(out.view(tq, h * d), [tq, h * d], [h * d, 1], [64, d],
+                              smem_layout(64, d, _GL[out.dtype]))  # fmt: skip
     if tk > 0:
         k2, v2, rows_k = k.view(tk, hkv * d), v.view(tk, hkv * d), tk
     else:  # no keys at all: a one-row dummy keeps the descriptors valid; no step loads it
@@ -728,11 +725,12 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
         h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items, qd, kd, vd, vcol,
         *(window if window is not None else (0, 0)), sink if sink is not None else cu_q,
+        out32 if out32 is not None else lse,
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=_regs(nwg),
         PRODUCER_REGS=24, LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None,
         TOP_LEFT=bool(top_left), PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
         SERIAL=fp8 and (nwg == 3 if serial is None else bool(serial)),
-        HAS_SINK=sink is not None, OUT32=out32,
+        HAS_SINK=sink is not None, OUT32=out32 is not None,
         num_warps=4,
     )  # fmt: skip
