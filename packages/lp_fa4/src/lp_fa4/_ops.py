@@ -200,9 +200,10 @@ def bwd_impl(
         # fp32. The interface's forward keeps it (``fwd_impl``'s out32, which the autograd context
         # hands over as ``out``) when the sink needs a gradient; a caller of the op that did not
         # ask for it gets the forward run again here.
-        out = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
-        fwd_dispatch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, None, sink, pb, out, torch.empty_like(lse),
-                         lse_dense)  # fmt: skip
+        o32 = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+        fwd_dispatch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, None, sink, pb, torch.empty_like(out),
+                         torch.empty_like(lse), lse_dense, out32=o32)  # fmt: skip
+        out = o32
     dq, dk, dv, delta = bwd_dispatch.bwd(
         do, q, k, v, out, lse_f, dlse_f, cu_q, cu_k, used_q, used_k, pb, deterministic, resident=resident_bwd
     )

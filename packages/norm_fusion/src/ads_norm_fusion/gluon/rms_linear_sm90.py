@@ -73,14 +73,6 @@ def _scaled_store(acc, rrms, y_tile, out_desc, bias_ptr, off_m, off_n, N, HAS_BI
 
 
 @gluon.jit
-def _walk(M, K, BM: gl.constexpr, BK: gl.constexpr, BN: gl.constexpr, NT: gl.constexpr, SPLIT: gl.constexpr):
-    """This program's walk (``fwd_sm90._program``: first row block, row-block stride, column part,
-    row blocks), its first column, the K steps of a tile and 1/K."""
-    pid, nprog, half, my_blocks = _program(M, BM, SPLIT)
-    return pid, nprog, half, my_blocks, half * (NT * BN), gl.cdiv(K, BK), 1.0 / K.to(gl.float32)
-
-
-@gluon.jit
 def _scaled_rows(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr,
                  SPLIT: gl.constexpr):  # fmt: skip
     """MMA warpgroup WG: rows [WG·64, WG·64 + 64) of every row block of this program, each of its
@@ -93,7 +85,10 @@ def _scaled_rows(args, WG: gl.constexpr, HAS_BIAS: gl.constexpr, NT: gl.constexp
     acc_l: gl.constexpr = _acc_layout(BN, 4)
     row_l: gl.constexpr = gl.SliceLayout(1, acc_l)
     sq_l: gl.constexpr = _sq_layout(BK)
-    pid, nprog, half, my_blocks, col0, k_tiles, inv_k = _walk(M, K, BM, BK, BN, NT, SPLIT)
+    pid, nprog, half, my_blocks = _program(M, BM, SPLIT)
+    col0 = half * (NT * BN)
+    k_tiles = gl.cdiv(K, BK)
+    inv_k = 1.0 / K.to(gl.float32)
     y_tile = y_smem.index(WG)
     s = 0
     ph = 0
