@@ -146,7 +146,7 @@ def test_check_inputs_reads_device_values(monkeypatch, device):
     out, _ = jagged_attention(q, k, v, cu, cu, 2, 2)
     assert (out[2:3] == 0).all() and (out[5:] == 0).all()
     # broadcast_q: one block of q's rows per kv sequence, so the query offsets must span q exactly
-    short = torch.tensor([0, q.shape[0] - 2], dtype=torch.int32)
+    short = torch.tensor([0, q.shape[0] - 2], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match=r"broadcast_q needs cu_seqlens_q == \[0, "):
         flash_attn_varlen_func(q, k, v, short, cu, None, 5, broadcast_q=True)
 
