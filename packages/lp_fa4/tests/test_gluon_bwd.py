@@ -126,6 +126,8 @@ VARLEN = [
     Case(lq=(T - 1, 2049, 3), heads=6, kv_heads=3, d=64, dtype=torch.float16),
     Case(lq=(1500, T + 1), lk=(1000, T + 2), heads=4, kv_heads=2, d=128, causal=True, dtype=torch.float16),
     Case(lq=(513, 64), heads=2, kv_heads=2, d=128, causal=True, scale=0.3),
+    # a user's 1/max_len scale
+    Case(lq=(2049, 500), heads=4, kv_heads=4, d=128, causal=True, scale=1 / 2049),
     Case(lq=(T + 1, 1000), heads=4, kv_heads=2, d=128, causal=True, sink=True),
     Case(lq=(1, 300), lk=(129, 2), heads=4, kv_heads=1, d=64, dlse=False),
 ]
