@@ -266,7 +266,8 @@ def test_dispatch_admits_fp8(device, d, expect):
     else:
         assert expect in reason
     # an fp8 call must write bf16
-    assert dispatch.why_not(q, k, k, None, None, _pb(), out.to(torch.float16)) is not None
+    reason16 = dispatch.why_not(q, k, k, None, None, _pb(), out.to(torch.float16))
+    assert reason16 is not None and (expect or "out torch.float16") in reason16
 
 
 def _on_h200():

@@ -45,7 +45,7 @@ def _tensors(device, d=128, dv=None, dtype=torch.bfloat16, heads=4, kv_heads=2):
         (dict(pb=dict(scale=-1.0)), "softmax_scale"),
         (dict(page_table=True), "paged"),
         (dict(sink=True, t=dict(dtype=torch.float8_e4m3fn)), "FP8 with a learnable sink"),
-        (dict(out16=True), "strided"),  # out in another dtype than the kernel writes
+        (dict(out16=True), "out torch.float16 for"),  # out in another dtype than the kernel writes
         (dict(t=dict(d=96)), "head dims"),
         (dict(t=dict(d=256)), "head dims"),
         (dict(t=dict(d=128, dv=64)), "head dims"),

@@ -69,7 +69,9 @@ def why_not(q, k, v, page_table, sink, pb: launch.Problem, out) -> str | None:
         return f"k {k.dtype}, head dim {k.shape[-1]} unlike q's"
     if (reason := tile_reason(q.dtype, q.shape[-1], v)) is not None:
         return reason
-    if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)) or out.dtype != _DTYPES[q.dtype]:
+    if out.dtype != _DTYPES[q.dtype]:
+        return f"out {out.dtype} for {q.dtype} inputs"
+    if not (_packed(q) and _packed(k) and _packed(v) and _packed(out)):
         return "strided or unaligned tensors"
     return device_reason(q)
 
