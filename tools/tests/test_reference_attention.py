@@ -227,3 +227,17 @@ def test_empty_kv_sequence_gradients_are_zero():
     out, _ = softmax_attention_varlen_ref(q, k, v, [0, 1, 3], [0, 0, 2], dtype=F64)
     (g,) = torch.autograd.grad(out.sum(), q)
     assert torch.isfinite(g).all() and (g[0] == 0).all()
+
+
+def test_batch_without_query_rows_keeps_the_graph():
+    """No sequence has a query row: out and lse still depend on the inputs (zero gradients), so a
+    gradient check of an empty batch runs; inf in the keys does not leak into them."""
+    q = _rand(0, 2, 4, seed=36).requires_grad_(True)
+    k = _rand(3, 1, 4, seed=37)
+    k[0, 0, 0] = math.inf
+    k.requires_grad_(True)
+    v = _rand(3, 1, 4, seed=38).requires_grad_(True)
+    out, lse = softmax_attention_varlen_ref(q, k, v, [0, 0], [0, 3], dtype=F64)
+    assert out.shape == (0, 2, 4) and out.requires_grad and lse.requires_grad
+    gq, gk, gv = torch.autograd.grad(out.sum() + lse.sum(), (q, k, v))
+    assert gq.shape == q.shape and (gk == 0).all() and (gv == 0).all()

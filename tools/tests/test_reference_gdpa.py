@@ -457,6 +457,18 @@ def test_low_precision_baseline_is_differentiable():
     assert dq.dtype == torch.bfloat16 and torch.isfinite(dq).all() and dk.abs().sum() > 0
 
 
+def test_gdpa_ref_batch_without_query_rows_keeps_the_graph():
+    """No query rows: the output still depends on q, k, v (zero gradients), so gradient checks of an
+    empty batch run."""
+    q = torch.randn(0, 2, 8, dtype=F64, requires_grad=True)
+    k = torch.randn(5, 1, 8, dtype=F64, requires_grad=True)
+    v = torch.randn(5, 1, 8, dtype=F64, requires_grad=True)
+    out = gdpa_ref(q, k, v, [0, 0], [0, 5], 4, 5, activation="gelu")
+    assert out.shape == (0, 2, 8) and out.requires_grad
+    gq, gk, gv = torch.autograd.grad(out.sum(), (q, k, v))
+    assert gq.shape == q.shape and (gk == 0).all() and (gv == 0).all()
+
+
 def test_module_exports():
     for name in gdpa.__all__:
         assert hasattr(gdpa, name)

@@ -39,3 +39,14 @@ def sequence_ranges(
     if len(q_off) != len(k_off):
         raise ValueError(f"cu_seqlens_q has {len(q_off)} entries, cu_seqlens_k has {len(k_off)}")
     return JaggedRanges(list(itertools.pairwise(q_off)), k_ranges, q_off[:-1], q_rows)
+
+
+def with_graph(out: torch.Tensor, *inputs: torch.Tensor | None) -> torch.Tensor:
+    """``out`` joined to the autograd graph of ``inputs`` when no sequence wrote into it (all empty,
+    or no rows): a reference filled by slice assignment otherwise returns a tensor without a graph,
+    and a gradient check of an empty batch cannot run. Adds the sum of an empty slice of each input:
+    exactly 0, whatever the inputs hold, with zero gradients."""
+    if out.requires_grad or not torch.is_grad_enabled():
+        return out
+    live = [t for t in inputs if t is not None and t.requires_grad]
+    return out + sum(t[:0].sum() for t in live) if live else out

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ads_kernel_tools.reference._jagged import sequence_ranges
+from ads_kernel_tools.reference._jagged import sequence_ranges, with_graph
 
 __all__ = [
     "attention_mask",
@@ -181,7 +181,7 @@ def _varlen(
         ob, lb = _attend(qb, kb, vb, mask, scale=scale, softcap=softcap, sink=sink_c, dtype=dtype)
         out[start : start + rows] = ob.transpose(0, 1).to(dtype)
         lse[:, start : start + rows] = lb
-    return out, lse
+    return with_graph(out, q, k, v, sink), with_graph(lse, q, k, sink)
 
 
 def softmax_attention_varlen_ref(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ads_kernel_tools.reference._jagged import sequence_ranges
+from ads_kernel_tools.reference._jagged import sequence_ranges, with_graph
 
 __all__ = [
     "ACTIVATIONS",
@@ -268,7 +268,7 @@ def gdpa_ref(
             p = p.to(dtype).to(compute)
         ob = (p @ vb).transpose(0, 1)  # (rows, H, Dv)
         out[out_start : out_start + rows] = ob.to(dtype)
-    return out
+    return with_graph(out, q, k, v)
 
 
 def gdpa_dense_ref(
