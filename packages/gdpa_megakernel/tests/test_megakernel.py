@@ -85,6 +85,13 @@ def test_empty_batch(device):
     assert g.shape == q.shape
 
 
+@pytest.mark.parametrize("name", ["none", "ln_only"])
+def test_empty_batch_against_the_reference(name, device):
+    """No rows at all, with the options that leave nothing but the attention (or the LayerNorm) to
+    carry the graph: every gradient exists and matches the reference's (zeros)."""
+    check(Case(lengths=[0, 0], **OPTIONS[name]), device)
+
+
 def test_layernorm_large_mean(device):
     """Features with a mean 3000x their spread: fp32 statistics by Chan's formula keep the
     LayerNorm output exact where E[x²] − E[x]² would cancel to noise."""
