@@ -231,7 +231,8 @@ def test_resident_knobs(monkeypatch):
 @pytest.mark.parametrize("lq", [32, 64, 128])
 def test_pma_auto_plan_on_sm90(lq, small_fwd, monkeypatch, device):
     """PMA shapes on the H200 through the default plan: the resident backward up to
-    ``RESIDENT_AUTO_LQ`` rows, the Gluon backward on repeated queries above; the Gluon forward on
+    ``RESIDENT_AUTO_LQ`` rows and where the Gluon resident kernel takes the block (65-128 rows at
+    D = 128), the Gluon backward on repeated queries otherwise; the Gluon forward on
     repeated queries, or on the resident plan the Triton forward at its 64-row tile for the blocks
     ``LP_FA4_BQ_SMALL_FWD`` names; the answers against the reference."""
     from lp_fa4.gluon import bwd_sm90, fwd_sm90
@@ -247,7 +248,7 @@ def test_pma_auto_plan_on_sm90(lq, small_fwd, monkeypatch, device):
     gluon_bwd_calls = count_calls(monkeypatch, bwd_sm90, "bwd")
     lk = (0, 1, 127, 128, 129, 2048) + tuple(jagged_lengths(300, 2048, 0.5, seed=lq))
     _check(lq, lk, max_q=lq, heads=4, kv_heads=4, d=128, deterministic=False, device=device, seed=lq)
-    want_resident = lq <= cfg.RESIDENT_AUTO_LQ
+    want_resident = lq <= cfg.RESIDENT_AUTO_LQ or broadcast._gluon_resident(torch.empty(lq, 4, 128))
     assert bool(res_calls) == want_resident and bool(gluon_bwd_calls) != want_resident
     small = want_resident and lq <= cfg.bq_small_fwd_rows()
     assert bool(tiles) == small and bool(fwd_calls) != small

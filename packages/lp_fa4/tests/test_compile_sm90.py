@@ -273,3 +273,52 @@ def test_bwd_walk_switches_are_read(monkeypatch):
     ]
     seen = _launch_args(monkeypatch, ("WINDOW", "WALK"), calls)
     assert seen == [(True, 1), (True, 0), (False, 2)]
+
+
+def _gluon_resident_job(used: bool = False, fp16: bool = False) -> dict:
+    """The Gluon query-resident broadcast_q backward (``gluon.bwd_resident_sm90``) at its one build
+    (D = 128), pointers 16-byte aligned as the launcher specialises them at run time (without that
+    the dK/dV stores compile to 2-byte pieces)."""
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from lp_fa4.gluon import bwd_resident_sm90 as g
+
+    d, heads = g.HEAD_DIM, 4
+    t, gdt, name = (torch.float16, gl.float16, "fp16") if fp16 else (torch.bfloat16, gl.bfloat16, "bf16")
+
+    def desc(rows):
+        host = torch.empty(256, heads * d, dtype=t)
+        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gdt)
+        return mangle_type(TensorDescriptor(host, [256, heads * d], [heads * d, 1], [rows, d], layout))
+
+    ptrs = ("order_ptr", "cu_q_ptr", "cu_k_ptr", "used_k_ptr")
+    types = {"q_desc": desc(g.BLOCK_Q), "do_desc": desc(g.BLOCK_Q), "k_desc": desc(g.BLOCK_N),
+             "v_desc": desc(g.BLOCK_N), "dq_ptr": "*fp32", "dk_ptr": f"*{name}", "dv_ptr": f"*{name}",
+             "lse_ptr": "*fp32", "delta_ptr": "*fp32", "scale": "fp32", "qk_scale2": "fp32",
+             **{n: "*i32" for n in ptrs}}  # fmt: skip
+    consts = dict(D=d, BN=g.BLOCK_N, STAGES=g.STAGES, HAS_USED_K=used, CONSUMER_REGS=g.CONSUMER_REGS,
+                  PRODUCER_REGS=g.PRODUCER_REGS)  # fmt: skip
+    divisible = ("dq_ptr", "dk_ptr", "dv_ptr", "lse_ptr", "delta_ptr", *ptrs)
+    return dict(module=g.__name__, kernel="bq_resident_bwd_ws", types=types, constexprs=consts, gluon=True,
+                divisible=divisible)  # fmt: skip
+
+
+def test_gluon_resident_bwd_compiles_for_sm90():
+    """Both builds (bf16; fp16 with seqused_k) compile with wgmma and TMA, fit shared memory, and
+    store dK/dV in 16-byte pieces (16 ``st.global.v4`` per build: 4 per tile, warpgroup and
+    tensor)."""
+    jobs = [_gluon_resident_job(), _gluon_resident_job(used=True, fp16=True)]
+    text = r"^\.text\.bq_resident_bwd_ws:"
+    for job in jobs:
+        job["sass_between"] = {
+            "stg128": [text, r"(?!)", r"\bSTG\.E\.128\b"],
+            "stg16": [text, r"(?!)", r"\bSTG\.E\.U16\b"],
+        }
+    for c in ptx_counts_batch(jobs):
+        assert "error" not in c, c.get("error")
+        assert c["wgmma"] > 0 and c["tma"] > 0 and c["local_memory"] == 0, c
+        assert 0 < c["shared_bytes"] <= SMEM_LIMIT, c["shared_bytes"]
+        assert c["stg128"] == [16] and c["stg16"] == [0], c

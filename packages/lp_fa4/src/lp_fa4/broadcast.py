@@ -8,9 +8,10 @@ A call runs one of three ways (``plan``; ``LP_FA4_BROADCAST_Q``, ``config.broadc
   inside the op (B·Lq rows, the output's own layout) onto the Gluon forward (a query block of at
   most ``config.bq_small_fwd_rows()`` rows, 32 by default, runs the Triton kernel's in-place
   broadcast at a 64-row tile instead, ``config.bq_fwd_tile``);
-  its backward is the query-resident kernel (``triton._bwd_resident``: one program per (kv
-  sequence, head) holds the query block and streams the keys), whose dQ is already summed over the
-  batch; the op carries the plan to its backward (``lp_fa4::fwd``'s ``resident_bwd``).
+  its backward is a query-resident kernel (``triton._bwd_resident``: one program per (kv
+  sequence, head) holds the query block and streams the keys; for blocks of 65-128 rows at D = 128
+  the Gluon ``gluon.bwd_resident_sm90``), whose dQ is already summed over the batch; the op carries
+  the plan to its backward (``lp_fa4::fwd``'s ``resident_bwd``).
 - ``repeat``: the queries are repeated before the op (``gluon.dispatch.repeat_queries``), so forward
   and backward run as ordinary jagged attention on the Gluon kernels and autograd's backward of the
   repeat sums dQ over the batch.
@@ -56,7 +57,8 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_b: int, window: tu
          deterministic: bool) -> str:  # fmt: skip
     """ "resident", "repeat" or "kernel" for a broadcast_q call with none of the options that keep
     it off the Gluon kernels (see the module docstring). ``auto``: ``resident`` where its backward
-    takes the call, Lq <= ``LP_FA4_RESIDENT_MAX_LQ`` and the Gluon kernels run; else ``repeat``
+    takes the call, the Gluon kernels run and Lq <= ``LP_FA4_RESIDENT_MAX_LQ`` or the Gluon
+    resident backward would take the block (``_gluon_resident``); else ``repeat``
     where the Gluon kernels take the repeated call (bf16/fp16, D == Dv in {64, 128}, not
     deterministic); else ``kernel``."""
     mode = cfg.broadcast_q()
@@ -69,9 +71,21 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_b: int, window: tu
         return "resident" if resident else "kernel"
     if deterministic or tile_reason(q.dtype, q.shape[-1], v) is not None or not _gluon_device(q.device):
         return "kernel"
-    if resident and q.shape[0] <= cfg.resident_max_lq():
+    if resident and (q.shape[0] <= cfg.resident_max_lq() or _gluon_resident(q)):
         return "resident"
     return "repeat"
+
+
+def _gluon_resident(q: torch.Tensor) -> bool:
+    """Whether a resident call's backward would run the Gluon resident kernel by its shape and the
+    knobs (``bwd_dispatch.resident_gluon_why_not``'s checks that need no dO): above Lq = 64 only that
+    one beats the repeat (BENCHMARKS.md, "broadcast_q (PMA)")."""
+    from .gluon.bwd_resident_sm90 import BLOCK_Q, HEAD_DIM
+
+    mode = cfg.resident_kernel()
+    if mode == "triton" or q.shape[-1] != HEAD_DIM or q.shape[0] > BLOCK_Q:
+        return False
+    return mode == "gluon" or q.shape[0] >= cfg.RESIDENT_GLUON_MIN_ROWS
 
 
 @torch.compiler.assume_constant_result

@@ -47,10 +47,16 @@ Env:
         (``triton._bwd_resident``: MHA, Lq <= 128, no window, not deterministic), else the Triton
         in-place kernels; ``kernel`` the Triton in-place kernels both ways; ``auto`` (default)
         ``resident`` where its backward takes the call on a Gluon device and Lq <=
-        ``LP_FA4_RESIDENT_MAX_LQ``, else ``repeat`` where the Gluon kernels take the repeated call
-        (bf16/fp16, D == Dv in {64, 128}, sm_90, not deterministic), else ``kernel``.
-    LP_FA4_RESIDENT_MAX_LQ=64  the longest query block ``auto`` sends to the resident backward
+        ``LP_FA4_RESIDENT_MAX_LQ`` or the Gluon resident backward runs it (``LP_FA4_RESIDENT_KERNEL``),
+        else ``repeat`` where the Gluon kernels take the repeated call (bf16/fp16, D == Dv in
+        {64, 128}, sm_90, not deterministic), else ``kernel``.
+    LP_FA4_RESIDENT_MAX_LQ=64  the longest query block ``auto`` sends to the Triton resident backward
         (at most 128, what it takes).
+    LP_FA4_RESIDENT_KERNEL=auto|triton|gluon  which query-resident backward runs a ``resident`` call:
+        ``gluon`` the Hopper kernel (``gluon.bwd_resident_sm90``: D = 128, a packed query block of at
+        most 128 rows) wherever it takes the call, ``triton`` (default, ``RESIDENT_KERNEL_DEFAULT``)
+        always ``triton._bwd_resident``, ``auto`` the Gluon one for query blocks of more than 64
+        computed rows (its two warpgroups hold 64 rows each; shorter blocks waste them).
     LP_FA4_BQ_SMALL_FWD=auto|0|1  which broadcast_q query blocks run the Triton forward's in-place
         broadcast at ``bq_fwd_tile`` instead of the Gluon forward on repeated queries: ``auto``
         (default) up to ``BQ_SMALL_AUTO_Q`` (32) rows, ``1`` up to one 64-row tile, ``0`` none
@@ -160,6 +166,19 @@ def resident_max_lq() -> int:
     if not raw.isdigit() or not 0 <= int(raw) <= RESIDENT_LQ:
         raise ValueError(f"LP_FA4_RESIDENT_MAX_LQ must be an integer in [0, {RESIDENT_LQ}], got {raw!r}")
     return int(raw)
+
+
+RESIDENT_GLUON_MIN_ROWS = 65  # auto: the Gluon resident backward from this many computed query rows
+
+
+RESIDENT_KERNEL_DEFAULT = "triton"  # the Gluon resident backward is opt-in until timed on a GPU
+
+
+def resident_kernel() -> str:
+    mode = os.environ.get("LP_FA4_RESIDENT_KERNEL", RESIDENT_KERNEL_DEFAULT).strip().lower()
+    if mode not in ("auto", "triton", "gluon"):
+        raise ValueError(f"LP_FA4_RESIDENT_KERNEL must be auto, triton or gluon, got {mode!r}")
+    return mode
 
 
 def resident_tile(block_m: int) -> tuple[int, int, int]:

@@ -10,9 +10,11 @@ interleaved rounds within one process (every sample of every round is kept):
   ``config.bq_fwd_tile`` (``LP_FA4_BQ_SMALL_FWD=1``; query blocks of at most ``config.BQ_SMALL_Q``
   rows);
 - backward ``repeat``: the Gluon backward on repeated queries (``LP_FA4_BROADCAST_Q=repeat``), and
-  ``resident N,W,S``: the query-resident kernel (``LP_FA4_BROADCAST_Q=resident``) at each
-  ``--tiles`` entry (``LP_FA4_RESIDENT_TILE``; ``default`` = ``config.resident_tile``), each tile's
-  gradients compared with the first tile's (the largest difference is reported).
+  ``resident N,W,S``: the Triton query-resident kernel (``LP_FA4_BROADCAST_Q=resident``,
+  ``LP_FA4_RESIDENT_KERNEL=triton``) at each ``--tiles`` entry (``LP_FA4_RESIDENT_TILE``; ``default``
+  = ``config.resident_tile``), and at D = 128 ``resident gluon``, the Hopper one
+  (``LP_FA4_RESIDENT_KERNEL=gluon``), each variant's gradients compared with the first tile's (the
+  largest difference is reported).
 
 TFLOP/s as ads-jfa counts them: 4·H·D·Lq·ΣLk forward, 2.5x that backward; medians of
 ``ads_kernel_tools.bench.time_fn``. The knobs are set through the environment, as a user would, and
@@ -38,10 +40,11 @@ from ads_kernel_tools.capability import interpreter_active
 from ads_kernel_tools.testing import apply_interpreter_patches, jagged_lengths, lengths_to_offsets
 
 from .. import config as cfg
+from ..gluon.bwd_resident_sm90 import HEAD_DIM
 from ..interface import jagged_attention
 
 PROG = "python -m lp_fa4.benchmarks.pma"
-KNOBS = ("LP_FA4_BQ_SMALL_FWD", "LP_FA4_BROADCAST_Q", "LP_FA4_RESIDENT_TILE")
+KNOBS = ("LP_FA4_BQ_SMALL_FWD", "LP_FA4_BROADCAST_Q", "LP_FA4_RESIDENT_TILE", "LP_FA4_RESIDENT_KERNEL")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +97,7 @@ def _backward(x: dict[str, Any]):
     return grad, grad()
 
 
-def _variants(lq: int, tiles: Sequence[str]) -> list[tuple[str, str, dict[str, str]]]:
+def _variants(lq: int, d: int, tiles: Sequence[str]) -> list[tuple[str, str, dict[str, str]]]:
     """(pass, name, knob settings) of every timed variant for a query block of lq rows."""
     rows: list[tuple[str, str, dict[str, str]]] = [
         ("fwd", "repeat", dict(LP_FA4_BQ_SMALL_FWD="0", LP_FA4_BROADCAST_Q="repeat")),
@@ -105,8 +108,13 @@ def _variants(lq: int, tiles: Sequence[str]) -> list[tuple[str, str, dict[str, s
     if lq <= cfg.RESIDENT_LQ:
         for tile in tiles:
             raw = "" if tile == "default" else tile  # empty: config.resident_tile's own pick
+            knobs = dict(
+                LP_FA4_BROADCAST_Q="resident", LP_FA4_RESIDENT_TILE=raw, LP_FA4_RESIDENT_KERNEL="triton"
+            )
+            rows.append(("bwd", f"resident {tile}", knobs))
+        if d == HEAD_DIM:
             rows.append(
-                ("bwd", f"resident {tile}", dict(LP_FA4_BROADCAST_Q="resident", LP_FA4_RESIDENT_TILE=raw))
+                ("bwd", "resident gluon", dict(LP_FA4_BROADCAST_Q="resident", LP_FA4_RESIDENT_KERNEL="gluon"))
             )
     return rows
 
@@ -116,10 +124,13 @@ def run(args) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for lq in args.lq:
         x = _inputs(args, lq, device)
-        rows = {(p, n): dict(lq=lq, pass_=p, variant=n, tflops=[]) for p, n, _ in _variants(lq, args.tiles)}
+        rows = {
+            (p, n): dict(lq=lq, pass_=p, variant=n, tflops=[])
+            for p, n, _ in _variants(lq, args.head_dim, args.tiles)
+        }
         first_grads = None
         for _ in range(args.rounds):
-            for p, name, knobs in _variants(lq, args.tiles):
+            for p, name, knobs in _variants(lq, args.head_dim, args.tiles):
                 with env(**knobs):
                     if p == "fwd":
                         fn, flop = _forward(x), x["flop"]

@@ -10,7 +10,8 @@ broadcast_q (its max_seqlen_q row cap included), and local and top-left windows 
 (``lp_fa4.triton.launch.bwd``): ``deterministic=True`` (the Gluon kernel adds dQ by fp32 atomics,
 so its bits depend on the order), softcap, broadcast_q, other head
 dims, fp32, strided tensors, the interpreter; broadcast_q calls that ``lp_fa4.broadcast.plan``s
-``resident`` run the query-resident Triton kernel (``triton._bwd_resident``): the interface plans
+``resident`` run a query-resident kernel (``triton._bwd_resident``, or ``bwd_resident_sm90`` where
+``resident_gluon_why_not`` allows): the interface plans
 once per call and the op carries the plan here (``resident``), so an environment changed between
 forward and backward cannot split one call over two plans. All compute delta with the same Triton
 preprocess.
@@ -60,7 +61,8 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: launch.Prob
         from ..triton.launch_bwd import bwd_resident
 
         delta = preprocess(out, do, dlse)
-        dq, dk, dv = bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb)
+        gluon = resident_gluon_why_not(do, q, k, v, pb) is None
+        dq, dk, dv = bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb, gluon=gluon)
         return dq, dk, dv, delta
     if why_not(do, q, k, v, pb, deterministic) is not None:
         return launch.bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb, deterministic)
@@ -91,3 +93,23 @@ def resident_why_not(q, k, v, used_q, pb: launch.Problem, deterministic: bool) -
     if used_q is not None:
         return "seqused_q"
     return broadcast.resident_reason(q, k, v, (pb.win_left, pb.win_right), deterministic)
+
+
+def resident_gluon_why_not(do, q, k, v, pb: launch.Problem) -> str | None:
+    """None when a resident call (``resident_why_not`` checked) runs the Gluon resident backward
+    (``bwd_resident_sm90``) rather than the Triton one, else why not: ``LP_FA4_RESIDENT_KERNEL``,
+    the backend, under ``auto`` a block of at least ``config.RESIDENT_GLUON_MIN_ROWS`` computed query
+    rows, the kernel's own predicate (D = 128, at most 128 rows, packed tensors), the device."""
+    from . import bwd_resident_sm90
+
+    mode = cfg.resident_kernel()
+    if mode == "triton":
+        return "LP_FA4_RESIDENT_KERNEL=triton"
+    if cfg.backend() != "auto":
+        return "LP_FA4_BACKEND=triton"
+    rows = min(q.shape[0], pb.caps()[0])
+    if mode == "auto" and rows < cfg.RESIDENT_GLUON_MIN_ROWS:
+        return f"{rows} query rows (auto takes it from {cfg.RESIDENT_GLUON_MIN_ROWS})"
+    if (reason := bwd_resident_sm90.why_not(q, k, v, do, rows)) is not None:
+        return reason
+    return device_reason(q)

@@ -83,11 +83,12 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
     return dq, dk, dv, delta
 
 
-def bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb: Problem):
-    """(dq, dk, dv) of a broadcast_q call by the query-resident kernel (``_bwd_resident``): q (TQ, H,
-    D) holding the one query block at rows [cu_q[0], cu_q[1]), do (B·Lq, H, D), k/v (TK, H, D)
-    (MHA), lse and delta (H, B·Lq) fp32. The caller checked ``gluon.bwd_dispatch.resident_why_not``.
-    No host sync."""
+def bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb: Problem, gluon: bool = False):
+    """(dq, dk, dv) of a broadcast_q call by the query-resident kernel (``_bwd_resident``, or with
+    ``gluon`` its Hopper counterpart ``lp_fa4.gluon.bwd_resident_sm90``, same buffers and offsets): q
+    (TQ, H, D) holding the one query block at rows [cu_q[0], cu_q[1]), do (B·Lq, H, D), k/v (TK, H, D)
+    (MHA), lse and delta (H, B·Lq) fp32. The caller checked ``gluon.bwd_dispatch.resident_why_not``
+    (and ``resident_gluon_why_not`` for ``gluon``). No host sync."""
     tq, h, d = q.shape
     tk = k.shape[0]
     n_b = cu_k.shape[0] - 1
@@ -104,6 +105,12 @@ def bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb: Problem):
     zero_unwritten((dk, dv), cu_k, pb.max_k, used_k)
     # sequences longest first: program order is roughly the order the GPU starts them in
     order = torch.argsort(cu_k[1:] - cu_k[:-1], descending=True).to(torch.int32)
+    if gluon:
+        from ..gluon import bwd_resident_sm90
+
+        bwd_resident_sm90.launch(do, q, k, v, lse, delta, dq, dk, dv, cu_q, cu_k, used_k, order, rows_cap,
+                                 pb.max_k, pb.scale)  # fmt: skip
+        return dq.to(q.dtype), dk, dv
     block_m = max(16, triton.next_power_of_2(min(tq, rows_cap)))
     block_n, warps, stages = cfg.resident_tile(block_m)
     bq_resident_bwd_kernel[(n_b, h)](

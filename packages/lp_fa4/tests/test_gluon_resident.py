@@ -1,0 +1,162 @@
+"""The Gluon query-resident broadcast_q backward (``lp_fa4.gluon.bwd_resident_sm90``): which resident
+calls it takes (``bwd_dispatch.resident_gluon_why_not``, CPU-testable), and on an sm_90 GPU its
+gradients against the fp32 tools reference (``test_bwd_broadcast._check``) at PMA's query blocks
+(128 rows, and 65-127 with the second warpgroup's rows partly past the block), kv lengths 0, 1 and
+around the 64-key tile, rows past max_seqlen_q, fp16, poisoned buffers, a user's 1/√D scale, and the
+auto plan that sends Lq = 128 to it. Its sm_90 build is checked in test_compile_sm90.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fa4_testlib import count_calls
+from test_bwd_broadcast import _check, _inputs
+
+from ads_kernel_tools.testing import jagged_lengths, randn
+from lp_fa4 import broadcast, jagged_attention
+from lp_fa4.gluon import bwd_dispatch, bwd_resident_sm90
+from lp_fa4.gluon.dispatch import device_reason
+from lp_fa4.triton.launch import BIG, Problem
+
+# around the 64-key tile, empty and one-key sequences, one long
+LK = (64, 0, 1, 63, 65, 129, 7, 300)
+
+
+def _pb(rows_cap: int = BIG) -> Problem:
+    return Problem(max_q=128, max_k=300, scale=0.1, softcap=0.0, win_left=BIG, win_right=BIG, top_left=True,
+                   broadcast_q=True, rows_cap=rows_cap)  # fmt: skip
+
+
+def _tensors(device, lq=128, d=128, heads=2):
+    q = torch.zeros(lq, heads, d, dtype=torch.bfloat16, device=device)
+    k = torch.zeros(40, heads, d, dtype=torch.bfloat16, device=device)
+    do = torch.zeros(3 * lq, heads, d, dtype=torch.bfloat16, device=device)
+    return q, k, k, do
+
+
+@pytest.mark.parametrize(
+    "env, change, reason",
+    [
+        ({"LP_FA4_RESIDENT_KERNEL": "triton"}, None, "LP_FA4_RESIDENT_KERNEL=triton"),
+        ({"LP_FA4_BACKEND": "triton"}, None, "LP_FA4_BACKEND=triton"),
+        ({}, "rows64", "64 query rows (auto takes it from 65)"),
+        ({}, "cap", "50 query rows (auto takes it from 65)"),
+        ({}, "d64", "head dim 64 (built for 128)"),
+        ({"LP_FA4_RESIDENT_KERNEL": "gluon"}, "lq129", "query block over 128 rows"),
+        ({}, "strided", "strided or unaligned tensors"),
+    ],
+)
+def test_predicate(env, change, reason, monkeypatch):
+    """The first reason a resident call stays on the Triton kernel, options before tensors before the
+    device (so every reason is reachable on a CPU)."""
+    monkeypatch.setenv("LP_FA4_RESIDENT_KERNEL", "auto")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    q, k, v, do = _tensors("cpu")
+    pb = _pb()
+    if change == "rows64":
+        q = q[:64]
+    elif change == "cap":
+        pb = _pb(rows_cap=50)
+    elif change == "d64":
+        q, k, v, do = _tensors("cpu", d=64)
+    elif change == "lq129":
+        q = torch.zeros(129, 2, 128, dtype=torch.bfloat16)
+    elif change == "strided":
+        do = torch.zeros(384, 2, 256, dtype=torch.bfloat16)[..., :128]
+    assert bwd_dispatch.resident_gluon_why_not(do, q, k, v, pb) == reason
+
+
+def test_predicate_ends_at_the_device(monkeypatch):
+    """A call the kernel takes is kept off a CPU only by the device (and forced by ``gluon`` below 65
+    rows)."""
+    monkeypatch.setenv("LP_FA4_RESIDENT_KERNEL", "auto")
+    q, k, v, do = _tensors("cpu")
+    assert bwd_dispatch.resident_gluon_why_not(do, q, k, v, _pb()) == device_reason(q) is not None
+    monkeypatch.setenv("LP_FA4_RESIDENT_KERNEL", "gluon")
+    assert bwd_dispatch.resident_gluon_why_not(do, q[:32], k, v, _pb()) == device_reason(q)
+    monkeypatch.setenv("LP_FA4_RESIDENT_KERNEL", "fast")
+    with pytest.raises(ValueError, match="LP_FA4_RESIDENT_KERNEL"):
+        bwd_dispatch.resident_gluon_why_not(do, q, k, v, _pb())
+
+
+def test_plan_takes_resident_at_128_rows_only_with_the_gluon_kernel(monkeypatch):
+    """``broadcast._gluon_resident``: the auto plan's view of the kernel by shape and knobs."""
+    q = torch.zeros(128, 2, 128, dtype=torch.bfloat16)
+    monkeypatch.setenv("LP_FA4_RESIDENT_KERNEL", "auto")
+    assert broadcast._gluon_resident(q)
+    assert not broadcast._gluon_resident(q[:64])
+    assert not broadcast._gluon_resident(torch.zeros(128, 2, 64, dtype=torch.bfloat16))
+    assert not broadcast._gluon_resident(torch.zeros(129, 2, 128, dtype=torch.bfloat16))
+    monkeypatch.setenv("LP_FA4_RESIDENT_KERNEL", "gluon")
+    assert broadcast._gluon_resident(q[:64])
+    monkeypatch.setenv("LP_FA4_RESIDENT_KERNEL", "triton")
+    assert not broadcast._gluon_resident(q)
+
+
+@pytest.fixture
+def gluon_resident(monkeypatch):
+    """Forces the resident plan and its Gluon kernel; the list counts the launches."""
+    monkeypatch.setenv("LP_FA4_BROADCAST_Q", "resident")
+    monkeypatch.setenv("LP_FA4_RESIDENT_KERNEL", "gluon")
+    return count_calls(monkeypatch, bwd_resident_sm90, "launch")
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("lq,max_q", [(128, 128), (100, 100), (65, 65), (128, 90), (40, 40)])
+def test_matches_reference(lq, max_q, gluon_resident, device):
+    """Both warpgroups' rows, a block shorter than 128 rows (rows past it arrive as TMA zeros and
+    the next sequence's dO), rows past max_seqlen_q (zero dQ), and a block inside one warpgroup."""
+    grads = _check(lq, LK, max_q=max_q, heads=2, kv_heads=2, d=128, deterministic=False, device=device)[-1]
+    assert (grads[0][max_q:] == 0).all()
+    assert gluon_resident
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+def test_fp16_many_sequences_real_scale(gluon_resident, device):
+    """fp16, 300 sequences by the upstream length rule (more items than SMs: programs walk several),
+    the default scale 1/√D."""
+    lk = tuple(jagged_lengths(300, 700, 0.5, seed=3).tolist())
+    q, k, v, cu_q, cu_k = _inputs(128, lk, 4, 4, 128, device, seed=5, dtype=torch.float16)
+    _check(128, lk, max_q=128, heads=4, kv_heads=4, d=128, deterministic=False, device=device, seed=5)
+    assert gluon_resident
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+def test_poisoned_buffers_and_rows_outside(gluon_resident, device):
+    """Uninitialised buffers NaN-filled: every gradient finite; keys outside every sequence and q
+    rows past cu_q[1] get zeros."""
+    lq = 120
+    lk = (0, 70, 5, 64)
+    q, k, v, _, cu_k = _inputs(lq + 8, lk, 2, 2, 128, device, seed=4)
+    k = torch.cat([k, randn((5, 2, 128), dtype=k.dtype, device=device, seed=9)])
+    v = torch.cat([v, randn((5, 2, 128), dtype=v.dtype, device=device, seed=10)])
+    cu_q = torch.tensor([0, lq], dtype=torch.int32, device=device)
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out, _ = jagged_attention(*leaves, cu_q, cu_k, lq, max(lk), broadcast_q=True)
+        do = randn(out.shape, dtype=out.dtype, device=device, seed=11)
+        dq, dk, dv = torch.autograd.grad(out, leaves, do)
+        assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+        assert (dq[lq:] == 0).all()
+        assert (dk[-5:] == 0).all() and (dv[-5:] == 0).all()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert gluon_resident
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+def test_auto_plan_runs_it_at_pma_128(monkeypatch, device):
+    """Under the auto plan and kernel choice, a PMA call of 128 learned queries (D = 128) runs its
+    backward here."""
+    monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
+    monkeypatch.setenv("LP_FA4_RESIDENT_KERNEL", "auto")
+    calls = count_calls(monkeypatch, bwd_resident_sm90, "launch")
+    _check(128, LK[:4], max_q=128, heads=2, kv_heads=2, d=128, deterministic=False, device=device)
+    assert calls
