@@ -33,15 +33,16 @@ def _grads(q, k, v, cu_q, cu_k, max_q, max_k, do, *, deterministic, window=None)
     return out, torch.autograd.grad(out, leaves, do)
 
 
-def _check(lq, lk, *, max_q, heads, kv_heads, d, deterministic, device, window=None, seed=0):
-    q, k, v, cu_q, cu_k = _inputs(lq, lk, heads, kv_heads, d, device, seed)
-    do = randn((len(lk) * lq, heads, d), dtype=torch.bfloat16, device=device, seed=seed + 3)
+def _check(lq, lk, *, max_q, heads, kv_heads, d, deterministic, device, window=None, seed=0,
+           dtype=torch.bfloat16):  # fmt: skip
+    q, k, v, cu_q, cu_k = _inputs(lq, lk, heads, kv_heads, d, device, seed, dtype=dtype)
+    do = randn((len(lk) * lq, heads, d), dtype=dtype, device=device, seed=seed + 3)
     out, grads = _grads(q, k, v, cu_q, cu_k, max_q, max(lk), do, deterministic=deterministic, window=window)
     truth = [t.detach().float().requires_grad_() for t in (q, k, v)]
     base = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     kw = dict(window_size=window, broadcast_q=True)
     r_out, _ = jagged_attention_ref(*truth, cu_q, cu_k, max_q, **kw)
-    b_out, _ = jagged_attention_ref(*base, cu_q, cu_k, max_q, dtype=torch.bfloat16, **kw)
+    b_out, _ = jagged_attention_ref(*base, cu_q, cu_k, max_q, dtype=dtype, **kw)
     name = f"bq lq{lq} B{len(lk)} h{heads}/{kv_heads} det{deterministic}"
     assert_close_vs_baseline(out, r_out, b_out, name=f"out[{name}]")
     rg = torch.autograd.grad(r_out, truth, do.float())

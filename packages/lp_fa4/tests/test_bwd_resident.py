@@ -62,14 +62,13 @@ def test_resident_fp16_and_single_sequence(resident, device):
     assert resident
 
 
-def test_resident_poisoned_buffers_and_rows_outside_cu_q(resident, device):
+def poisoned_case(lq: int, extra: int, lk: tuple[int, ...], d: int, device) -> None:
     """Uninitialised buffers NaN-filled: every gradient finite, keys outside every sequence and q rows
-    outside [cu_q[0], cu_q[1]) get zeros; empty kv sequences contribute nothing."""
-    lq, extra = 11, 3
-    lk = (0,) + LK
-    q, k, v, _, cu_k = _inputs(lq + extra, lk, 2, 2, 32, device, seed=4)
-    k = torch.cat([k, randn((5, 2, 32), dtype=k.dtype, device=device, seed=9)])  # rows in no sequence
-    v = torch.cat([v, randn((5, 2, 32), dtype=v.dtype, device=device, seed=10)])
+    outside [cu_q[0], cu_q[1]) get zeros; empty kv sequences contribute nothing. Shared with the
+    Gluon resident kernel's test."""
+    q, k, v, _, cu_k = _inputs(lq + extra, lk, 2, 2, d, device, seed=4)
+    k = torch.cat([k, randn((5, 2, d), dtype=k.dtype, device=device, seed=9)])  # rows in no sequence
+    v = torch.cat([v, randn((5, 2, d), dtype=v.dtype, device=device, seed=10)])
     cu_q = torch.tensor([0, lq], dtype=torch.int32, device=device)
     torch.use_deterministic_algorithms(True)
     torch.utils.deterministic.fill_uninitialized_memory = True
@@ -85,6 +84,10 @@ def test_resident_poisoned_buffers_and_rows_outside_cu_q(resident, device):
         assert (dk[-5:] == 0).all() and (dv[-5:] == 0).all()
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_resident_poisoned_buffers_and_rows_outside_cu_q(resident, device):
+    poisoned_case(11, 3, (0,) + LK, 32, device)
     assert resident
 
 

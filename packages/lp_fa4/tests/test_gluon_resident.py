@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 from fa4_testlib import count_calls
-from test_bwd_broadcast import _check, _inputs
+from test_bwd_broadcast import _check
+from test_bwd_resident import poisoned_case
 
-from ads_kernel_tools.testing import jagged_lengths, randn
-from lp_fa4 import broadcast, jagged_attention
+from ads_kernel_tools.testing import jagged_lengths
+from lp_fa4 import broadcast
 from lp_fa4.gluon import bwd_dispatch, bwd_resident_sm90
 from lp_fa4.gluon.dispatch import device_reason
 from lp_fa4.triton.launch import BIG, Problem
@@ -119,34 +120,16 @@ def test_fp16_many_sequences_real_scale(gluon_resident, device):
     """fp16, 300 sequences by the upstream length rule (more items than SMs: programs walk several),
     the default scale 1/√D."""
     lk = tuple(jagged_lengths(300, 700, 0.5, seed=3).tolist())
-    q, k, v, cu_q, cu_k = _inputs(128, lk, 4, 4, 128, device, seed=5, dtype=torch.float16)
-    _check(128, lk, max_q=128, heads=4, kv_heads=4, d=128, deterministic=False, device=device, seed=5)
+    _check(128, lk, max_q=128, heads=4, kv_heads=4, d=128, deterministic=False, device=device, seed=5,
+           dtype=torch.float16)  # fmt: skip
     assert gluon_resident
 
 
 @pytest.mark.gpu
 @pytest.mark.sm90
 def test_poisoned_buffers_and_rows_outside(gluon_resident, device):
-    """Uninitialised buffers NaN-filled: every gradient finite; keys outside every sequence and q
-    rows past cu_q[1] get zeros."""
-    lq = 120
-    lk = (0, 70, 5, 64)
-    q, k, v, _, cu_k = _inputs(lq + 8, lk, 2, 2, 128, device, seed=4)
-    k = torch.cat([k, randn((5, 2, 128), dtype=k.dtype, device=device, seed=9)])
-    v = torch.cat([v, randn((5, 2, 128), dtype=v.dtype, device=device, seed=10)])
-    cu_q = torch.tensor([0, lq], dtype=torch.int32, device=device)
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    try:
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        out, _ = jagged_attention(*leaves, cu_q, cu_k, lq, max(lk), broadcast_q=True)
-        do = randn(out.shape, dtype=out.dtype, device=device, seed=11)
-        dq, dk, dv = torch.autograd.grad(out, leaves, do)
-        assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
-        assert (dq[lq:] == 0).all()
-        assert (dk[-5:] == 0).all() and (dv[-5:] == 0).all()
-    finally:
-        torch.use_deterministic_algorithms(False)
+    """``test_bwd_resident.poisoned_case`` at a 120-row block, kv lengths 0, 70, 5 and 64."""
+    poisoned_case(120, 8, (0, 70, 5, 64), 128, device)
     assert gluon_resident
 
 
