@@ -6,6 +6,8 @@ report 0 errors. Not a pytest file (it needs the sanitizer around the whole proc
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from lp_fa4 import flash_attn_func, flash_attn_varlen_func, jagged_attention
@@ -50,14 +52,18 @@ def main() -> None:
     ck = torch.tensor([0, 77, 5000, -1], dtype=torch.int32, device=dev)
     out, _ = jagged_attention(q, k, v, cq, ck, 300, 512, broadcast_q=True)
     torch.autograd.grad(out.float().sum(), (q, k, v))
-    # MHA broadcast_q with a short query block: the query-resident backward (auto's plan there)
+    # MHA broadcast_q, the resident plan: the Triton query-resident backward and the Gluon one
+    # (LP_FA4_RESIDENT_KERNEL, read per call), whose TMA boxes of 128 query rows pass the block's end
     q4 = torch.randn(100, 4, 128, device=dev, dtype=bf, requires_grad=True)
     k4 = torch.randn(200, 4, 128, device=dev, dtype=bf, requires_grad=True)
     v4 = torch.randn(200, 4, 128, device=dev, dtype=bf, requires_grad=True)
-    for cq4 in ([0, 100], [40, 1 << 30], [-5, 60]):
-        cq4 = torch.tensor(cq4, dtype=torch.int32, device=dev)
-        out, _ = jagged_attention(q4, k4, v4, cq4, ck, 100, 512, broadcast_q=True)
-        torch.autograd.grad(out.float().sum(), (q4, k4, v4))
+    for kernel in ("triton", "gluon"):
+        os.environ["LP_FA4_BROADCAST_Q"], os.environ["LP_FA4_RESIDENT_KERNEL"] = "resident", kernel
+        for cq4 in ([0, 100], [40, 1 << 30], [-5, 60]):
+            cq4 = torch.tensor(cq4, dtype=torch.int32, device=dev)
+            out, _ = jagged_attention(q4, k4, v4, cq4, ck, 100, 512, broadcast_q=True)
+            torch.autograd.grad(out.float().sum(), (q4, k4, v4))
+    del os.environ["LP_FA4_BROADCAST_Q"], os.environ["LP_FA4_RESIDENT_KERNEL"]
     # paged KV: page indices out of range both ways, seqused_k past the table
     with torch.no_grad():
         kc = torch.randn(6, 64, 2, 128, device=dev, dtype=bf)
