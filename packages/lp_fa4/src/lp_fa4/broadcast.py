@@ -78,8 +78,9 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_b: int, window: tu
 
 def _gluon_resident(q: torch.Tensor) -> bool:
     """Whether a resident call's backward would run the Gluon resident kernel by its shape and the
-    knobs (``bwd_dispatch.resident_gluon_why_not``'s checks that need no dO): above Lq = 64 only that
-    one beats the repeat (BENCHMARKS.md, "broadcast_q (PMA)")."""
+    knobs (``bwd_dispatch.resident_gluon_why_not``'s checks that need no dO): above Lq = 64 the Triton
+    resident kernel is slower than the repeat, and the Gluon one is built to beat it (not yet timed:
+    BENCHMARKS.md, "broadcast_q (PMA)")."""
     from .gluon.bwd_resident_sm90 import BLOCK_Q, HEAD_DIM
 
     mode = cfg.resident_kernel()
