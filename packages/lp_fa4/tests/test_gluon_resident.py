@@ -119,7 +119,7 @@ def test_matches_reference(lq, max_q, gluon_resident, device):
 def test_fp16_many_sequences_real_scale(gluon_resident, device):
     """fp16, 300 sequences by the upstream length rule (more items than SMs: programs walk several),
     the default scale 1/√D."""
-    lk = tuple(jagged_lengths(300, 700, 0.5, seed=3).tolist())
+    lk = tuple(jagged_lengths(300, 700, 0.5, seed=3))
     _check(128, lk, max_q=128, heads=4, kv_heads=4, d=128, deterministic=False, device=device, seed=5,
            dtype=torch.float16)  # fmt: skip
     assert gluon_resident
