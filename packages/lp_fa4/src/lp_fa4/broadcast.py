@@ -77,16 +77,13 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_b: int, window: tu
 
 
 def _gluon_resident(q: torch.Tensor) -> bool:
-    """Whether a resident call's backward would run the Gluon resident kernel by its shape and the
-    knobs (``bwd_dispatch.resident_gluon_why_not``'s checks that need no dO): above Lq = 64 the Triton
+    """Whether a resident call's backward would run the Gluon resident kernel, by the knob and the
+    block's shape (``bwd_dispatch.resident_gluon_shape_reason``): above Lq = 64 the Triton
     resident kernel is slower than the repeat, and the Gluon one is built to beat it (not yet timed:
     BENCHMARKS.md, "broadcast_q (PMA)")."""
-    from .gluon.bwd_resident_sm90 import BLOCK_Q, HEAD_DIM
+    from .gluon.bwd_dispatch import resident_gluon_shape_reason
 
-    mode = cfg.resident_kernel()
-    if mode == "triton" or q.shape[-1] != HEAD_DIM or q.shape[0] > BLOCK_Q:
-        return False
-    return mode == "gluon" or q.shape[0] >= cfg.RESIDENT_GLUON_MIN_ROWS
+    return resident_gluon_shape_reason(q.shape[-1], q.shape[0], q.shape[0]) is None
 
 
 @torch.compiler.assume_constant_result

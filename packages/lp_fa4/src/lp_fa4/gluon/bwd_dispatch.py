@@ -97,19 +97,34 @@ def resident_why_not(q, k, v, used_q, pb: launch.Problem, deterministic: bool) -
 
 def resident_gluon_why_not(do, q, k, v, pb: launch.Problem) -> str | None:
     """None when a resident call (``resident_why_not`` checked) runs the Gluon resident backward
-    (``bwd_resident_sm90``) rather than the Triton one, else why not: ``LP_FA4_RESIDENT_KERNEL``,
-    the backend, under ``auto`` a block of at least ``config.RESIDENT_GLUON_MIN_ROWS`` computed query
-    rows, the kernel's own predicate (D = 128, at most 128 rows, packed tensors), the device."""
-    from . import bwd_resident_sm90
+    (``bwd_resident_sm90``) rather than the Triton one, else why not: ``resident_gluon_shape_reason``
+    on its computed query rows, the backend, TMA-packed tensors, the device."""
+    if (
+        reason := resident_gluon_shape_reason(q.shape[-1], q.shape[0], min(q.shape[0], pb.caps()[0]))
+    ) is not None:
+        return reason
+    if cfg.backend() != "auto":
+        return "LP_FA4_BACKEND=triton"
+    if not all(_packed(t) for t in (q, k, v, do)):
+        return "strided or unaligned tensors"
+    return device_reason(q)
+
+
+def resident_gluon_shape_reason(d: int, block: int, rows: int) -> str | None:
+    """The part of ``resident_gluon_why_not`` that needs no tensor, so the broadcast_q plan asks it
+    too (``broadcast._gluon_resident``): ``LP_FA4_RESIDENT_KERNEL``, under ``auto`` at least
+    ``config.RESIDENT_GLUON_MIN_ROWS`` computed rows, the kernel's build (head dim D == Dv ==
+    ``HEAD_DIM``, checked equal by ``resident_why_not``; a query block of ``block`` rows, ``rows``
+    of them computed, within ``BLOCK_Q``)."""
+    from .bwd_resident_sm90 import BLOCK_Q, HEAD_DIM
 
     mode = cfg.resident_kernel()
     if mode == "triton":
         return "LP_FA4_RESIDENT_KERNEL=triton"
-    if cfg.backend() != "auto":
-        return "LP_FA4_BACKEND=triton"
-    rows = min(q.shape[0], pb.caps()[0])
     if mode == "auto" and rows < cfg.RESIDENT_GLUON_MIN_ROWS:
         return f"{rows} query rows (auto takes it from {cfg.RESIDENT_GLUON_MIN_ROWS})"
-    if (reason := bwd_resident_sm90.why_not(q, k, v, do, rows)) is not None:
-        return reason
-    return device_reason(q)
+    if d != HEAD_DIM:
+        return f"head dim {d} (built for {HEAD_DIM})"
+    if max(block, rows) > BLOCK_Q:
+        return f"query block over {BLOCK_Q} rows"
+    return None

@@ -259,26 +259,11 @@ def bq_resident_bwd_ws(
 _GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def why_not(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, rows: int) -> str | None:
-    """None when this kernel takes a resident broadcast_q backward (the caller checked
-    ``lp_fa4.broadcast.resident_reason``) of ``rows`` computed query rows, else why not: D == 128,
-    a query block of at most 128 rows, TMA-packed tensors. Device and dtype: the caller's."""
-    from .dispatch import _packed
-
-    if q.shape[-1] != HEAD_DIM or k.shape[-1] != HEAD_DIM or v.shape[-1] != HEAD_DIM:
-        return f"head dim {q.shape[-1]} (built for {HEAD_DIM})"
-    if q.shape[0] > BLOCK_Q or rows > BLOCK_Q:
-        return f"query block over {BLOCK_Q} rows"
-    if not all(_packed(t) for t in (q, k, v, do)):
-        return "strided or unaligned tensors"
-    return None
-
-
 def launch(do, q, k, v, lse, delta, dq, dk, dv, cu_q, cu_k, used_k, order, rows_cap: int, max_k: int,
            scale: float) -> None:  # fmt: skip
     """Run the kernel into ``dq`` (fp32, zeroed, like q), ``dk``/``dv`` (rows of keys outside every
     computed span already zero): ``launch_bwd.bwd_resident``'s buffers and offsets (cu_k clamped,
-    ``order`` the sequences longest first), ``why_not`` checked. No host sync."""
+    ``order`` the sequences longest first), ``bwd_dispatch.resident_gluon_why_not`` checked. No host sync."""
     tq, h, d = q.shape
     n_items = order.shape[0] * h
     gdt = _GL[q.dtype]
