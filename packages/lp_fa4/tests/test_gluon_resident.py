@@ -18,6 +18,7 @@ from lp_fa4 import broadcast
 from lp_fa4.gluon import bwd_dispatch, bwd_resident_sm90
 from lp_fa4.gluon.dispatch import device_reason
 from lp_fa4.triton.launch import BIG, Problem
+from lp_fa4.triton.launch_bwd import bwd_resident
 
 # around the 64-key tile, empty and one-key sequences, one long
 LK = (64, 0, 1, 63, 65, 129, 7, 300)
@@ -143,3 +144,33 @@ def test_auto_plan_runs_it_at_pma_128(monkeypatch, device):
     calls = count_calls(monkeypatch, bwd_resident_sm90, "launch")
     _check(128, LK[:4], max_q=128, heads=2, kv_heads=2, d=128, deterministic=False, device=device)
     assert calls
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+def test_rows_past_the_block_do_not_reach_dk_dv(device):
+    """The kernel's 128-row Q and dO boxes reach past a 100-row block (capped at 90 rows): into the
+    next sequence's dO and the q rows past the cap. Non-finite values there must leave the other
+    sequences' dK/dV exactly as with finite ones (before the kernel zeroed those rows in shared
+    memory, 0·inf in dV = Pᵀ dO made sequence 0's NaN)."""
+    torch.manual_seed(0)
+    lq, cap, lk, heads, d = 100, 90, (64, 130, 7), 2, 128
+    q = torch.randn(lq, heads, d, dtype=torch.bfloat16, device=device)
+    cu_k = torch.tensor([0, 64, 194, 201], dtype=torch.int32, device=device)
+    k = torch.randn(201, heads, d, dtype=torch.bfloat16, device=device)
+    v = torch.randn_like(k)
+    do = torch.randn(len(lk) * lq, heads, d, dtype=torch.bfloat16, device=device)
+    cu_q = torch.tensor([0, lq], dtype=torch.int32, device=device)
+    lse = torch.rand(heads, len(lk) * lq, device=device) + 30.0
+    delta = torch.randn(heads, len(lk) * lq, device=device)
+    pb = Problem(max_q=cap, max_k=max(lk), scale=0.1, softcap=0.0, win_left=BIG, win_right=BIG,
+                 top_left=True, broadcast_q=True, rows_cap=cap)  # fmt: skip
+    clean = bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, None, pb, gluon=True)
+    do[lq : 2 * lq] = float("inf")
+    q[cap:] = float("nan")
+    dirty = bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, None, pb, gluon=True)
+    for other in (slice(0, 64), slice(194, 201)):
+        for a, b in zip(clean[1:], dirty[1:]):
+            assert torch.isfinite(a[other]).all()
+            assert torch.equal(a[other], b[other])
+    assert (dirty[0][cap:] == 0).all()  # dQ of rows past the cap; sequence 1's inf rightly reaches the rest

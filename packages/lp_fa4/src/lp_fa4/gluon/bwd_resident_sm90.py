@@ -26,9 +26,10 @@ One persistent program walks (sequence, head) items, longest sequences first. Pa
 Semantics are ``_bwd_resident``'s (``lp_fa4.triton._common.seq_extent`` with broadcast_q): the query
 block is rows [cu_q[0], cu_q[1]) of q (clamped), the first ``rows`` (max_seqlen_q cap) computed; its
 output rows for sequence b start at b·Lq; keys [k0, k0 + k_len), k_len capped at max_seqlen_k and
-seqused_k. Query rows past ``rows`` or without keys carry LSE +inf (P = 0); rows past the tensors
-arrive as TMA zeros and other sequences' rows are masked, so nothing outside the tensors is read or
-written. MHA only: a program's dK/dV rows are complete.
+seqused_k. Query rows past ``rows`` or without keys carry LSE +inf (P = 0), and their Q and dO rows
+are zeroed in shared memory, so another sequence's non-finite dO cannot reach this one's dK/dV; rows
+past the tensors arrive as TMA zeros and other sequences' keys are masked, so nothing outside the
+tensors is read or written. MHA only: a program's dK/dV rows are complete.
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ads_kernel_tools.capability import num_sms
-from ads_kernel_tools.kernels.gluon_hopper import acc_layout, init_ring, rows_desc, store_rows
+from ads_kernel_tools.kernels.gluon_hopper import (
+    acc_layout,
+    coalesced_rows_layout,
+    init_ring,
+    rows_desc,
+    store_rows,
+)
 
 BLOCK_Q = 128  # query rows held: 64 per consumer warpgroup
 BLOCK_N = 64  # keys per step
@@ -119,6 +126,15 @@ def _producer(args, D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS
 
 
 @gluon.jit
+def _zero_rows_from(buf, first, ROWS: gl.constexpr, D: gl.constexpr):
+    """Zero rows [first, ROWS) of the shared [ROWS, D] tile ``buf``."""
+    layout: gl.constexpr = coalesced_rows_layout(D, 4)
+    r = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(1, layout)), 1)
+    x = buf.load(layout)
+    buf.store(gl.where(r < first, x, gl.zeros_like(x)))
+
+
+@gluon.jit
 def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               HAS_USED_K: gl.constexpr):  # fmt: skip
     """Consumer warpgroup WG: query rows [WG·64, WG·64 + 64) of every item, dK/dV columns
@@ -158,6 +174,15 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES:
             delta = gl.expand_dims(gl.load(delta_ptr + stat, mask=ok, other=0.0), 1)
             dq = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, q_layout))
             mbarrier.wait(qd_ready, ic & 1)
+            if rows < (WG + 1) * ROWS:
+                # The 128-row boxes reach past the block: into the next sequence's dO rows and into
+                # q rows past the max_seqlen_q cap. P and dS are 0 there, but as raw GEMM operands
+                # (dV = Pᵀ dO, dK = dSᵀ Q, S = Q Kᵀ) a non-finite value would give 0·inf = NaN in
+                # this sequence's dK/dV. The other warpgroup reads these rows only after pds_full.
+                _zero_rows_from(q_rows, rows - WG * ROWS, ROWS, D)
+                _zero_rows_from(do_rows, rows - WG * ROWS, ROWS, D)
+                fence_async_shared()
+                gl.thread_barrier()
             for n in range(0, gl.cdiv(k_len, BN)):
                 s = it % STAGES
                 mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
