@@ -133,20 +133,19 @@ def store_rows(
     D: gl.constexpr,
     NUM_WARPS: gl.constexpr,
     DIRECT: gl.constexpr = False,
-    ZERO_FILL: gl.constexpr = True,
 ):
-    """Store an fp32 [ROWS, D] tile: rows < n_valid get o, rows in [n_valid, n_rows) get zeros.
+    """Store an fp32 [ROWS, D] tile: rows < n_valid get o, rows in [n_valid, n_rows) get zeros;
+    ``n_valid=None`` when every stored row is valid (no zero-fill select is built).
 
     DIRECT stores straight from the accumulator layout (4-byte pieces, no shared-memory scratch,
     which leaves room for a deeper K/V ring); otherwise the tile is re-laid out through shared
-    memory for 16-byte coalesced stores. Callers whose n_valid is n_rows pass ZERO_FILL=False:
-    the compiler cannot see the two are equal and would keep a select on every element.
+    memory for 16-byte coalesced stores.
     """
     if DIRECT:
         ov = o.to(out_ptr.dtype.element_ty)
     else:
         ov = gl.convert_layout(o.to(out_ptr.dtype.element_ty), coalesced_rows_layout(D, NUM_WARPS))
-    masked_row_store(out_ptr, ov, row0, n_rows, n_valid, col0, stride_row, ROWS, D, ZERO_FILL)
+    masked_row_store(out_ptr, ov, row0, n_rows, n_valid, col0, stride_row, ROWS, D)
 
 
 @gluon.constexpr_function
@@ -159,25 +158,17 @@ def coalesced_rows_layout(D, NUM_WARPS):
 
 @gluon.jit
 def masked_row_store(
-    out_ptr,
-    ov,
-    row0,
-    n_rows,
-    n_valid,
-    col0,
-    stride_row,
-    ROWS: gl.constexpr,
-    D: gl.constexpr,
-    ZERO_FILL: gl.constexpr = True,
+    out_ptr, ov, row0, n_rows, n_valid, col0, stride_row, ROWS: gl.constexpr, D: gl.constexpr
 ):
     """Store ``ov`` ([ROWS, D], any layout, already in the output dtype): rows < n_valid get ov, rows
-    in [n_valid, n_rows) get zeros (skipped without ZERO_FILL), rows from n_rows on are not written."""
+    in [n_valid, n_rows) get zeros, rows from n_rows on are not written. ``n_valid=None``: no zero
+    fill (a select on every element the compiler keeps even when n_valid is n_rows)."""
     st_layout: gl.constexpr = ov.type.layout
     rows = gl.arange(0, ROWS, gl.SliceLayout(1, st_layout))
     cols = gl.arange(0, D, gl.SliceLayout(0, st_layout))
     r2 = gl.expand_dims(rows, 1)
     c2 = gl.expand_dims(cols, 0)
-    if ZERO_FILL:
+    if n_valid is not None:
         ov = gl.where(r2 < n_valid, ov, gl.zeros_like(ov))
     offs = (row0 + r2).to(gl.int64) * stride_row + col0 + c2
     gl.store(out_ptr + offs, ov, mask=(r2 < n_rows) & (c2 < D))

@@ -211,8 +211,8 @@ def _bwd_consumer(
             # every read of this K/V tile (the other half's dQ products included) has retired
             mbarrier.arrive(kv_empty, count=1)
             row0 = k0 + n * BN + WG * ROWS
-            store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4, ZERO_FILL=False)
-            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4, ZERO_FILL=False)
+            store_rows(dk_ptr, dk, row0, kv_valid, None, hk * D, H_KV * D, ROWS, D, 4)
+            store_rows(dv_ptr, dv, row0, kv_valid, None, hk * D, H_KV * D, ROWS, D, 4)
             kc += 1
     if DQ_MODE >= 2:
         tma.store_wait(0)  # shared memory must outlive the last reduction's read

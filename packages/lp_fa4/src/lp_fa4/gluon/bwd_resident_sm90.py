@@ -219,10 +219,8 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES:
                 mbarrier.arrive(pds_free, count=1)
                 row0 = k0 + n * BN
                 col0 = h * D + WG * DH
-                store_rows(
-                    dk_ptr, dk * scale, row0, kv_valid, kv_valid, col0, H * D, BN, DH, 4, ZERO_FILL=False
-                )
-                store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, col0, H * D, BN, DH, 4, ZERO_FILL=False)
+                store_rows(dk_ptr, dk * scale, row0, kv_valid, None, col0, H * D, BN, DH, 4)
+                store_rows(dv_ptr, dv, row0, kv_valid, None, col0, H * D, BN, DH, 4)
                 it += 1
             dq = warpgroup_mma_wait(0, deps=(dq,))
             # every read of this item's Q and dO has retired

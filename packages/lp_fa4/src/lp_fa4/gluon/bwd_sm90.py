@@ -294,8 +294,8 @@ def _consumer(args, band, WG: gl.constexpr, D: gl.constexpr, BM: gl.constexpr, B
             # this warpgroup's ROWS rows of dK and dV; rows past kv_valid not written
             dk = dk * scale
             row0 = k0 + kv_first
-            store_rows(dk_ptr, dk, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4, ZERO_FILL=False)
-            store_rows(dv_ptr, dv, row0, kv_valid, kv_valid, hk * D, H_KV * D, ROWS, D, 4, ZERO_FILL=False)
+            store_rows(dk_ptr, dk, row0, kv_valid, None, hk * D, H_KV * D, ROWS, D, 4)
+            store_rows(dv_ptr, dv, row0, kv_valid, None, hk * D, H_KV * D, ROWS, D, 4)
             kc += 1
     tma.store_wait(0)  # shared memory must outlive the last reduction's read
 
