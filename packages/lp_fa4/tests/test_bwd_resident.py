@@ -11,6 +11,7 @@ import torch
 from fa4_testlib import count_calls
 from test_bwd_broadcast import LK, _check, _grads, _inputs
 
+from ads_kernel_tools.kernels import span_fill
 from ads_kernel_tools.testing import jagged_lengths, randn
 from lp_fa4 import broadcast, jagged_attention, offsets
 from lp_fa4 import config as cfg
@@ -198,6 +199,29 @@ def test_dense_keys_skip_the_clamp(resident, monkeypatch, device):
     grads = _grads(q, k, v, cu_q, lying, 9, s, do, deterministic=False)[1]
     assert len(resident) == 3 and len(clamps) == 2
     assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("block", [(9, 9), (30, 40), (6, 2)])
+def test_empty_query_block_gives_zero_key_gradients(block, resident, monkeypatch, device):
+    """Query offsets that clamp to no rows (at or past the end of q, or decreasing): the kernel skips
+    every item, and dK/dV, taken from ``torch.empty`` (poisoned here), are zero, not left as found.
+    The span fill is forced: below its size threshold a whole-buffer fill would hide the case."""
+    monkeypatch.setattr(span_fill, "SPAN_FILL_MIN_BYTES", 0)
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    n_b, s = 3, 12
+    q, k, v, _, cu_k = _inputs(9, (s,) * n_b, 2, 2, 32, device)
+    do = randn((n_b * 9, 2, 32), dtype=torch.bfloat16, device=device, seed=3)
+    cu_q = torch.tensor(block, dtype=torch.int32, device=device)
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    grads = _grads(q, k, v, cu_q, cu_k, 9, s, do, deterministic=False)[1]
+    assert len(resident) == 1
+    for g in grads:
+        assert (g == 0).all()
 
 
 def test_resident_knobs(monkeypatch):
