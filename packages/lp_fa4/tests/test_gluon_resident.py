@@ -128,12 +128,14 @@ def test_fp16_many_sequences_real_scale(gluon_resident, device):
 
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("programs", [1, 3])
+@pytest.mark.parametrize("programs", [1, 2, 3])
 @pytest.mark.parametrize("lq", [128, 100])
 def test_few_programs_walk_many_items(programs, lq, gluon_resident, monkeypatch, device):
-    """One or three programs walk every item, so the K/V ring's slots and phases, and the Q/dO
+    """One, two or three programs walk every item, so the K/V ring's slots and phases, and the Q/dO
     buffer's, carry over between items of 0, 1, 2, 63-65, 127-129 and up to 700 keys (items without
-    keys in between); on a full GPU each program of the reference cases meets one item."""
+    keys in between); on a full GPU each program of the reference cases meets one item. With two
+    heads, two programs keep one head each (dQ summed in registers over all their items, empty ones
+    included, one flush at the end); one or three change head every item (a flush per item)."""
     monkeypatch.setattr(bwd_resident_sm90, "num_sms", lambda _device: programs)
     lk = (0, 1, 2, 63, 64, 65, 127, 128, 129, 191, 0, 5, 700, 0)
     _check(lq, lk, max_q=lq, heads=2, kv_heads=2, d=128, deterministic=False, device=device)

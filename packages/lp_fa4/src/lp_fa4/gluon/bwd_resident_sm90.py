@@ -16,12 +16,14 @@ One persistent program walks (sequence, head) items, longest sequences first. Pa
 
         S = Q Kᵀ, dP = dO Vᵀ (wgmma, both in flight)          [64 q, 64 keys] each
         P = exp2(S·scale·log2e - LSE·log2e), dS = P∘(dP - delta) (keys past the sequence masked)
-        dQ += dS K (dS from registers; the accumulator stays in registers for the whole item)
+        dQ += dS K (dS from registers; the accumulator stays in registers across the item and the
+        program's following items of the same head)
         P, dS rows written to shared [128 q, 64 keys] buffers; once both halves are in:
         dV[:, w half] = Pᵀ dO[:, w half], dK[:, w half] = dSᵀ Q[:, w half] (both over the 128 rows)
 
-    and the tile's dK/dV columns are stored; at the item's end dQ·scale is added (fp32 atomics) into
-    the batch's one dQ, so dQ needs no sum over the batch afterwards.
+    and the tile's dK/dV columns are stored; when the program's next item has another head (or it has
+    none) dQ·scale is added (fp32 atomics) into the batch's one dQ, so dQ needs no sum over the batch
+    afterwards.
 
 Semantics are ``_bwd_resident``'s (``lp_fa4.triton._common.seq_extent`` with broadcast_q): the query
 block is rows [cu_q[0], cu_q[1]) of q (clamped), the first ``rows`` (max_seqlen_q cap) computed; its
@@ -162,7 +164,9 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES:
 
     it = 0
     ic = 0
-    for t in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    step = gl.num_programs(0)
+    dq = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, q_layout))
+    for t in range(gl.program_id(0), n_items, step):
         h, q0, rows, o0, k0, k_len = _item(t, order_ptr, cu_q_ptr, cu_k_ptr, used_k_ptr, H, TQ, TK, max_k,
                                            rows_cap, HAS_USED_K)  # fmt: skip
         if (k_len > 0) & (rows > 0):
@@ -172,7 +176,6 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES:
             lse = gl.load(lse_ptr + stat, mask=ok, other=float("inf"))
             lse2 = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634), 1)
             delta = gl.expand_dims(gl.load(delta_ptr + stat, mask=ok, other=0.0), 1)
-            dq = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, q_layout))
             mbarrier.wait(qd_ready, ic & 1)
             if rows < (WG + 1) * ROWS:
                 # The 128-row boxes reach past the block: into the next sequence's dO rows and into
@@ -222,12 +225,18 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES:
                 store_rows(dk_ptr, dk * scale, row0, kv_valid, None, col0, H * D, BN, DH, 4)
                 store_rows(dv_ptr, dv, row0, kv_valid, None, col0, H * D, BN, DH, 4)
                 it += 1
-            dq = warpgroup_mma_wait(0, deps=(dq,))
+            dq = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(dq,)))
             # every read of this item's Q and dO has retired
             mbarrier.arrive(qd_empty, count=1)
-            offs = (q0 + dq_r).to(gl.int64) * (H * D) + h * D + dq_c
-            gl.atomic_add(dq_ptr + offs, dq * scale, mask=(dq_r < rows) & (dq_c < D), sem="relaxed")
             ic += 1
+        # Every item of a head adds into the same dQ rows (the one query block), so the sum runs on
+        # in registers while the program's next item has this head (always, when the grid is a
+        # multiple of H): one atomic flush per head change instead of one per item.
+        if ((t + step) >= n_items) | ((t + step) % H != h):
+            dq_sum = warpgroup_mma_wait(0, deps=(dq,))
+            offs = (q0 + dq_r).to(gl.int64) * (H * D) + h * D + dq_c
+            gl.atomic_add(dq_ptr + offs, dq_sum * scale, mask=(dq_r < rows) & (dq_c < D), sem="relaxed")
+            dq = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, q_layout))
 
 
 @gluon.jit
