@@ -79,8 +79,8 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_b: int, window: tu
 def _gluon_resident(q: torch.Tensor) -> bool:
     """Whether a resident call's backward would run the Gluon resident kernel, by the knob and the
     block's shape (``bwd_dispatch.resident_gluon_shape_reason``): above Lq = 64 the Triton
-    resident kernel is slower than the repeat, and the Gluon one is built to beat it (not yet timed:
-    BENCHMARKS.md, "broadcast_q (PMA)")."""
+    resident kernel is slower than the repeat, and the Gluon one about twice as fast as it
+    (BENCHMARKS.md, "broadcast_q (PMA)")."""
     from .gluon.bwd_dispatch import resident_gluon_shape_reason
 
     return resident_gluon_shape_reason(q.shape[-1], q.shape[0], q.shape[0]) is None

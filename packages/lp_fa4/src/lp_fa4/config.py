@@ -54,8 +54,8 @@ Env:
         (at most 128, what it takes).
     LP_FA4_RESIDENT_KERNEL=auto|triton|gluon  which query-resident backward runs a ``resident`` call:
         ``gluon`` the Hopper kernel (``gluon.bwd_resident_sm90``: D = 128, a packed query block of at
-        most 128 rows) wherever it takes the call, ``triton`` (default, ``RESIDENT_KERNEL_DEFAULT``)
-        always ``triton._bwd_resident``, ``auto`` the Gluon one for query blocks of more than 64
+        most 128 rows) wherever it takes the call, ``triton`` always ``triton._bwd_resident``, ``auto``
+        (default, ``RESIDENT_KERNEL_DEFAULT``) the Gluon one for query blocks of more than 64
         computed rows (its two warpgroups hold 64 rows each; shorter blocks waste them).
     LP_FA4_BQ_SMALL_FWD=auto|0|1  which broadcast_q query blocks run the Triton forward's in-place
         broadcast at ``bq_fwd_tile`` instead of the Gluon forward on repeated queries: ``auto``
@@ -171,7 +171,7 @@ def resident_max_lq() -> int:
 RESIDENT_GLUON_MIN_ROWS = 65  # auto: the Gluon resident backward from this many computed query rows
 
 
-RESIDENT_KERNEL_DEFAULT = "triton"  # the Gluon resident backward is opt-in until timed on a GPU
+RESIDENT_KERNEL_DEFAULT = "auto"
 
 
 def resident_kernel() -> str:
