@@ -260,3 +260,46 @@ def test_dense_call_launches_less_and_matches_the_general_path(dtype, s, causal,
                  lpt=None if causal else False, descale=descale)  # fmt: skip
     assert not out.isnan().any() and not lse.isnan().any()
     assert torch.equal(out.reshape(ref.shape), ref) and torch.equal(lse, ref_lse)
+
+
+def test_broadcast_q_forward_reads_the_one_query_block(device, monkeypatch):
+    """A broadcast_q forward on the Gluon kernel (the resident plan) passes the one query block and
+    ``batch_offsets`` for the output rows (``q_block``): no repeated copy of the queries. The launch
+    gets a Q view of Lq rows, an output view of B·Lq rows and q_from_cu = 0; an ordinary call 1."""
+    from lp_fa4.gluon import dispatch, fwd_sm90
+    from lp_fa4.triton.launch import BIG, Problem
+
+    seen = {}
+    monkeypatch.setattr(dispatch, "why_not", lambda *a, **kw: None)
+    monkeypatch.setattr(fwd_sm90, "fwd", lambda q, k, v, cu_q, *a, **kw: seen.update(q=q, cu_q=cu_q, kw=kw))
+    monkeypatch.setattr(dispatch, "repeat_queries", lambda *a: pytest.fail("queries repeated"))
+    n_b, lq, h, d = 3, 100, 2, 128
+    q = randn((lq, h, d), dtype=torch.bfloat16, device=device, seed=1)
+    k = randn((50, h, d), dtype=torch.bfloat16, device=device, seed=2)
+    cu_k = lengths_to_offsets([10, 0, 40], device=device)
+    out = torch.empty(n_b * lq, h, d, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(h, n_b * lq, device=device)
+    pb = Problem(max_q=lq, max_k=40, scale=0.1, softcap=0.0, win_left=BIG, win_right=BIG, top_left=True,
+                 broadcast_q=True, rows_cap=BIG)  # fmt: skip
+    cu_q = torch.tensor([0, lq], dtype=torch.int32, device=device)
+    dispatch.fwd(q, k, k, cu_q, cu_k, None, None, None, None, pb, out, lse, False)
+    assert seen["q"] is q and seen["kw"]["q_block"] is True
+    assert seen["cu_q"].tolist() == [0, lq, 2 * lq, 3 * lq]
+
+    rec = {}
+
+    class Launch:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: rec.update(a=a, kw=kw)
+
+    monkeypatch.undo()
+    monkeypatch.setattr(fwd_sm90, "attn_fwd_ws", Launch())
+    cu_out = offsets.batch_offsets(n_b, lq, device)
+    for q_block, q_rows in ((True, lq), (False, n_b * lq)):
+        q_in = q if q_block else q.repeat(n_b, 1, 1)
+        fwd_sm90.fwd(
+            q_in, k, k, cu_out, cu_k, None, None, lq, 40, 0.1, False, out, lse, False, q_block=q_block
+        )
+        assert list(rec["a"][0].shape) == [q_rows, h * d]  # Q view
+        assert list(rec["a"][3].shape) == [n_b * lq, h * d]  # output view
+        assert rec["a"][-1] == (0 if q_block else 1)  # q_from_cu

@@ -105,18 +105,19 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
         lse_dense: bool, descale=None, out32: torch.Tensor | None = None) -> None:  # fmt: skip
     """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows.
     ``descale``: (q, k, v) fp32 (B, Hkv) descales of float8_e4m3fn inputs, else None. A broadcast_q
-    call (``lp_fa4.broadcast``'s ``resident`` plan) runs on its queries repeated once per kv
-    sequence where the kernel takes the repeated call, but for the short query blocks of
+    call (``lp_fa4.broadcast``'s ``resident`` plan) runs on the Gluon kernel as B ordinary sequences
+    of Lq rows that all read the one query block (``fwd_sm90.fwd``'s ``q_block``: no repeated copy
+    of the queries) where the kernel takes that call, but for the short query blocks of
     ``config.bq_small_fwd_rows``, which the Triton kernel's in-place broadcast runs faster.
     ``out32``: an fp32 tensor like out that also gets the output, unrounded (the Triton kernels
     write it and out is its rounding)."""
+    q_block = False
     if (pb.broadcast_q and used_q is None and cu_k is not None and q.shape[0] > cfg.bq_small_fwd_rows()
             and cfg.broadcast_q() != "kernel"):  # fmt: skip
         n_b = cu_k.shape[0] - 1
         rep = dataclasses.replace(pb, broadcast_q=False)
         if n_b * q.shape[0] < 2**31 and why_not(q, k, v, page_table, sink, rep, out) is None:
-            q, cu_q = repeat_queries(q, n_b)
-            pb = rep
+            cu_q, pb, q_block = batch_offsets(n_b, q.shape[0], q.device), rep, True
     if why_not(q, k, v, page_table, sink, pb, out) is not None:
         launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb,
                    out if out32 is None else out32, lse, lse_dense, descale=descale)  # fmt: skip
@@ -130,7 +131,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
     window = None if band in (None, "causal") else (pb.win_left, pb.win_right)
     fwd_sm90.fwd(q, k, v, cu_q, cu_k, used_q, used_k, pb.max_q, pb.max_k, pb.scale, causal, out, lse,
                  lse_dense, descale=descale, window=window, top_left=pb.top_left, sink=sink,
-                 out32=out32)  # fmt: skip
+                 out32=out32, q_block=q_block)  # fmt: skip
 
 
 def _band(pb: launch.Problem) -> str | None:

@@ -160,7 +160,7 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
     (Hkv·D, keys), sequence b's keys from column vcol_ptr[b]."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES, max_q,
-     max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right) = args  # fmt: skip
+     max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right, q_from_cu) = args  # fmt: skip
     it = 0
     ti = 0
     n_items = N_ITEMS if LPT else gl.load(count_ptr)
@@ -173,11 +173,12 @@ def _producer(args, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES:
         mbarrier.wait(q_empty.index(qb), ((ti // QBUF) & 1) ^ 1)
         QBOX: gl.constexpr = q_desc.block_type.shape[0]
         mbarrier.expect(q_ready.index(qb), (BM // QBOX) * q_desc.block_type.nbytes)
+        q_row = q0 * q_from_cu + m * BM  # q_from_cu 0: every sequence reads the one block (fwd's q_block)
         if QBOX == BM:
-            tma.async_copy_global_to_shared(q_desc, [q0 + m * BM, h * D], q_ready.index(qb), q_smem.index(qb))
+            tma.async_copy_global_to_shared(q_desc, [q_row, h * D], q_ready.index(qb), q_smem.index(qb))
         else:  # a tile of three 64-row warpgroups is no power of two: one box per warpgroup
             for w in gl.static_range(BM // QBOX):
-                tma.async_copy_global_to_shared(q_desc, [q0 + m * BM + w * QBOX, h * D], q_ready.index(qb),
+                tma.async_copy_global_to_shared(q_desc, [q_row + w * QBOX, h * D], q_ready.index(qb),
                                                 q_smem.index(qb * (BM // QBOX) + w))  # fmt: skip
         hk = h // GROUP
         if FP8:
@@ -483,7 +484,7 @@ def attn_fwd_ws(
     q_desc, k_desc, v_desc, o_desc, out_ptr, lse_ptr, stride_lb, stride_lh,
     tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr,
     H, GROUP, M_TILES, max_q, max_k, qk_scale2, HG, BH, N_ITEMS, qd_ptr, kd_ptr, vd_ptr, vcol_ptr,
-    win_left, win_right, sink_ptr, out32_ptr,
+    win_left, win_right, sink_ptr, out32_ptr, q_from_cu,
     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_USED_Q: gl.constexpr, HAS_USED_K: gl.constexpr, LSE_PER_SEQ: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, LPT: gl.constexpr = False,
@@ -513,7 +514,7 @@ def attn_fwd_ws(
              GROUP, win_left, win_right, turn, sink_ptr, out32_ptr)  # fmt: skip
     pargs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
              v_empty, tiles_ptr, count_ptr, cu_q_ptr, cu_k_ptr, used_q_ptr, used_k_ptr, H, GROUP, M_TILES,
-             max_q, max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right)  # fmt: skip
+             max_q, max_k, HG, BH, N_ITEMS, vcol_ptr, win_left, win_right, q_from_cu)  # fmt: skip
     WG0: gl.constexpr = 0
     WG1: gl.constexpr = 1
     WG2: gl.constexpr = 2
@@ -621,10 +622,15 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         window: tuple[int, int] | None = None, top_left: bool = False,
         pingpong: bool | None = None, warpgroups: int | None = None,
         serial: bool | None = None, sink: torch.Tensor | None = None,
-        out32: torch.Tensor | None = None) -> None:  # fmt: skip
+        out32: torch.Tensor | None = None, q_block: bool = False) -> None:  # fmt: skip
     """Fill out (TQ, H, D) and lse ((B, H, S) when ``lse_dense``, else (H, TQ)); the caller checked
     ``dispatch.why_not``. No host sync. ``sink``: (H,) learnable sink logits (16-bit inputs);
     ``out32``: an fp32 tensor like out that also gets the output, unrounded (``OUT32``).
+
+    ``q_block`` (broadcast_q without repeating the queries): q (Lq, H, D) is one query block that
+    every sequence reads from its row 0, while cu_q (``batch_offsets(B, Lq)``) places sequence b's
+    output rows (out (B·Lq, H, D)); rows of a tile past the block arrive as TMA zeros and are not
+    computed (Lq <= max_q's slot).
 
     ``lpt`` (default: dense q, causal and S <= ``config.fwd_lpt_max_s()``): walk the dense batch's
     tiles in head groups whose K/V fit in L2 (sized by ``lpt_group``), heaviest tiles first in each
@@ -647,12 +653,13 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     ``window`` (win_left, win_right), sides resolved as ``lp_fa4.triton.launch.Problem``'s (BIG =
     unbounded): query row i sees keys [i + off - win_left, i + off + win_right], off = Lk - Lq
     (bottom-right) or 0 (``top_left``); with ``causal`` False. None: no band beyond ``causal``."""
-    tq, h, d = q.shape
+    tq_in, h, d = q.shape
+    tq = out.shape[0] if q_block else tq_in  # rows the offsets index: the output's under q_block
     if window is not None and causal:
         raise ValueError("fwd_sm90.fwd: pass causal as window (BIG, 0), not both")
     tk, hkv, _ = k.shape
     n_b = cu_q.shape[0] - 1
-    if n_b <= 0 or h == 0 or max_q <= 0 or tq == 0:
+    if n_b <= 0 or h == 0 or max_q <= 0 or tq == 0 or tq_in == 0:
         return
     cu_q, cu_k, _, lk_dense = kernel_offsets(cu_q, tq, cu_k, tk)
     gdt = _GL[q.dtype]
@@ -665,7 +672,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     BM, BN = 64 * nwg, BLOCK_N
     stages, qbuf = stages_for(d, fp8, nwg)
     q_box = BM if nwg == 2 else 64  # a TMA box is a power of two: 192-row items load three boxes
-    q_desc = TensorDescriptor(q.view(tq, h * d), [tq, h * d], [h * d, 1], [q_box, d],
+    q_desc = TensorDescriptor(q.view(tq_in, h * d), [tq_in, h * d], [h * d, 1], [q_box, d],
                               smem_layout(q_box, d, gdt))  # fmt: skip
     o_desc = TensorDescriptor(out.view(tq, h * d), [tq, h * d], [h * d, 1], [64, d],
                               smem_layout(64, d, _GL[out.dtype]))  # fmt: skip
@@ -725,7 +732,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
         h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items, qd, kd, vd, vcol,
         *(window if window is not None else (0, 0)), sink if sink is not None else cu_q,
-        out32 if out32 is not None else lse,
+        out32 if out32 is not None else lse, 0 if q_block else 1,
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=_regs(nwg),
         PRODUCER_REGS=24, LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None,
