@@ -1,13 +1,14 @@
 """broadcast_q (one query sequence attending to each of the B kv sequences: PMA) on the per-sequence
 kernels.
 
-The Gluon Hopper kernels take no broadcast_q: their query rows come from one TMA view per sequence.
-A call runs one of three ways (``plan``; ``LP_FA4_BROADCAST_Q``, ``config.broadcast_q``, overrides it):
+The Gluon kv-tile backward takes no broadcast_q (its dQ rows are per sequence). A call runs one of
+three ways (``plan``; ``LP_FA4_BROADCAST_Q``, ``config.broadcast_q``, overrides it):
 
-- ``resident``: the op keeps broadcast_q. Its forward repeats the queries once per kv sequence
-  inside the op (B·Lq rows, the output's own layout) onto the Gluon forward (a query block of at
-  most ``config.bq_small_fwd_rows()`` rows, 32 by default, runs the Triton kernel's in-place
-  broadcast at a 64-row tile instead, ``config.bq_fwd_tile``);
+- ``resident``: the op keeps broadcast_q. Its forward runs the Gluon kernel on B sequences of Lq
+  output rows that all load their query tiles from the one block (``fwd_sm90.fwd``'s ``q_block``;
+  no repeated copy of the queries), but a query block of at most ``config.bq_small_fwd_rows()``
+  rows, 32 by default, runs the Triton kernel's in-place broadcast at a 64-row tile
+  (``config.bq_fwd_tile``);
   its backward is a query-resident kernel (``triton._bwd_resident``: one program per (kv
   sequence, head) holds the query block and streams the keys; for blocks of 65-128 rows at D = 128
   the Gluon ``gluon.bwd_resident_sm90``), whose dQ is already summed over the batch; the op carries
