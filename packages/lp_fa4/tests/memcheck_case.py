@@ -59,11 +59,14 @@ def main() -> None:
     v4 = torch.randn(200, 4, 128, device=dev, dtype=bf, requires_grad=True)
     for kernel in ("triton", "gluon"):
         os.environ["LP_FA4_BROADCAST_Q"], os.environ["LP_FA4_RESIDENT_KERNEL"] = "resident", kernel
+        # with the Gluon backward, the forward that reads the one query block (LP_FA4_BQ_FWD_BLOCK)
+        os.environ["LP_FA4_BQ_FWD_BLOCK"] = "1" if kernel == "gluon" else "0"
         for cq4 in ([0, 100], [40, 1 << 30], [-5, 60]):
             cq4 = torch.tensor(cq4, dtype=torch.int32, device=dev)
             out, _ = jagged_attention(q4, k4, v4, cq4, ck, 100, 512, broadcast_q=True)
             torch.autograd.grad(out.float().sum(), (q4, k4, v4))
-    del os.environ["LP_FA4_BROADCAST_Q"], os.environ["LP_FA4_RESIDENT_KERNEL"]
+    for knob in ("LP_FA4_BROADCAST_Q", "LP_FA4_RESIDENT_KERNEL", "LP_FA4_BQ_FWD_BLOCK"):
+        del os.environ[knob]
     # paged KV: page indices out of range both ways, seqused_k past the table
     with torch.no_grad():
         kc = torch.randn(6, 64, 2, 128, device=dev, dtype=bf)

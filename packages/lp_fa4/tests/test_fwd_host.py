@@ -263,13 +263,15 @@ def test_dense_call_launches_less_and_matches_the_general_path(dtype, s, causal,
 
 
 def test_broadcast_q_forward_reads_the_one_query_block(device, monkeypatch):
-    """A broadcast_q forward on the Gluon kernel (the resident plan) passes the one query block and
-    ``batch_offsets`` for the output rows (``q_block``): no repeated copy of the queries. The launch
-    gets a Q view of Lq rows, an output view of B·Lq rows and q_from_cu = 0; an ordinary call 1."""
+    """With ``LP_FA4_BQ_FWD_BLOCK=1`` a broadcast_q forward on the Gluon kernel (the resident plan)
+    passes the one query block and ``batch_offsets`` for the output rows (``q_block``): no repeated
+    copy of the queries. The launch gets a Q view of Lq rows, an output view of B·Lq rows and
+    q_from_cu = 0; an ordinary call 1."""
     from lp_fa4.gluon import dispatch, fwd_sm90
     from lp_fa4.triton.launch import BIG, Problem
 
     seen = {}
+    monkeypatch.setenv("LP_FA4_BQ_FWD_BLOCK", "1")
     monkeypatch.setattr(dispatch, "why_not", lambda *a, **kw: None)
     monkeypatch.setattr(fwd_sm90, "fwd", lambda q, k, v, cu_q, *a, **kw: seen.update(q=q, cu_q=cu_q, kw=kw))
     monkeypatch.setattr(dispatch, "repeat_queries", lambda *a: pytest.fail("queries repeated"))
@@ -285,6 +287,11 @@ def test_broadcast_q_forward_reads_the_one_query_block(device, monkeypatch):
     dispatch.fwd(q, k, k, cu_q, cu_k, None, None, None, None, pb, out, lse, False)
     assert seen["q"] is q and seen["kw"]["q_block"] is True
     assert seen["cu_q"].tolist() == [0, lq, 2 * lq, 3 * lq]
+    monkeypatch.setenv("LP_FA4_BQ_FWD_BLOCK", "0")  # the default: a repeated copy of the queries
+    monkeypatch.setattr(dispatch, "repeat_queries", lambda q, n: (q.repeat(n, 1, 1), cu_out))
+    cu_out = offsets.batch_offsets(n_b, lq, device)
+    dispatch.fwd(q, k, k, cu_q, cu_k, None, None, None, None, pb, out, lse, False)
+    assert seen["q"].shape[0] == n_b * lq and seen["kw"]["q_block"] is False
 
     rec = {}
 
@@ -294,7 +301,6 @@ def test_broadcast_q_forward_reads_the_one_query_block(device, monkeypatch):
 
     monkeypatch.undo()
     monkeypatch.setattr(fwd_sm90, "attn_fwd_ws", Launch())
-    cu_out = offsets.batch_offsets(n_b, lq, device)
     for q_block, q_rows in ((True, lq), (False, n_b * lq)):
         q_in = q if q_block else q.repeat(n_b, 1, 1)
         fwd_sm90.fwd(

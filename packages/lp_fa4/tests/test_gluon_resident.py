@@ -190,3 +190,21 @@ def test_rows_past_the_block_do_not_reach_dk_dv(device):
             assert torch.isfinite(a[other]).all()
             assert torch.equal(a[other], b[other])
     assert (dirty[0][cap:] == 0).all()  # dQ of rows past the cap; sequence 1's inf rightly reaches the rest
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("lq", [128, 100, 48])
+def test_forward_reads_the_one_query_block(lq, monkeypatch, device):
+    """``LP_FA4_BQ_FWD_BLOCK=1``: the resident plan's Gluon forward loads every sequence's query
+    tiles from the one block (``fwd_sm90.fwd``'s ``q_block``; a tile's rows past the block arrive
+    as TMA zeros) instead of a repeated copy; output and gradients against the reference."""
+    from lp_fa4.gluon import fwd_sm90
+
+    monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
+    monkeypatch.setenv("LP_FA4_BQ_FWD_BLOCK", "1")
+    blocks = []
+    real = fwd_sm90.fwd
+    monkeypatch.setattr(fwd_sm90, "fwd", lambda *a, **kw: blocks.append(kw.get("q_block")) or real(*a, **kw))
+    _check(lq, LK[:4], max_q=lq, heads=2, kv_heads=2, d=128, deterministic=False, device=device)
+    assert blocks == [True]

@@ -106,8 +106,9 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
     """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows.
     ``descale``: (q, k, v) fp32 (B, Hkv) descales of float8_e4m3fn inputs, else None. A broadcast_q
     call (``lp_fa4.broadcast``'s ``resident`` plan) runs on the Gluon kernel as B ordinary sequences
-    of Lq rows that all read the one query block (``fwd_sm90.fwd``'s ``q_block``: no repeated copy
-    of the queries) where the kernel takes that call, but for the short query blocks of
+    of Lq rows on its queries repeated once per kv sequence, or with ``LP_FA4_BQ_FWD_BLOCK=1`` all
+    reading the one query block (``fwd_sm90.fwd``'s ``q_block``: no repeated copy), where the
+    kernel takes that call, but for the short query blocks of
     ``config.bq_small_fwd_rows``, which the Triton kernel's in-place broadcast runs faster.
     ``out32``: an fp32 tensor like out that also gets the output, unrounded (the Triton kernels
     write it and out is its rounding)."""
@@ -117,7 +118,11 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
         n_b = cu_k.shape[0] - 1
         rep = dataclasses.replace(pb, broadcast_q=False)
         if n_b * q.shape[0] < 2**31 and why_not(q, k, v, page_table, sink, rep, out) is None:
-            cu_q, pb, q_block = batch_offsets(n_b, q.shape[0], q.device), rep, True
+            if cfg.bq_fwd_block():
+                cu_q, pb, q_block = batch_offsets(n_b, q.shape[0], q.device), rep, True
+            else:
+                q, cu_q = repeat_queries(q, n_b)
+                pb = rep
     if why_not(q, k, v, page_table, sink, pb, out) is not None:
         launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb,
                    out if out32 is None else out32, lse, lse_dense, descale=descale)  # fmt: skip
