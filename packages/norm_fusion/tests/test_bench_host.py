@@ -27,3 +27,11 @@ def test_bench_host_runs(gluon: bool) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.split(" ", 1)[0] in _OPS]
     assert len(lines) == (4 if gluon else 6), done.stdout
+
+
+def test_bench_host_help() -> None:
+    """``--help`` prints (a bare % in a help string made argparse raise)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-m", "ads_norm_fusion.bench_host", "--help"], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "--gluon" in done.stdout, done.stderr[-2000:]

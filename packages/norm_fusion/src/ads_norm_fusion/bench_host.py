@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", type=int, nargs=3, default=(8192, 512, 512), metavar=("M", "K", "N"))
     parser.add_argument("--bwd-shape", type=int, nargs=3, default=(64, 64, 64), metavar=("M", "K", "N"))
     parser.add_argument("-n", type=int, default=300, help="calls per sample (7 samples, median)")
-    parser.add_argument("--gluon", action="store_true", help="the Gluon forward's host path (N % 128 == 0)")
+    parser.add_argument("--gluon", action="store_true", help="the Gluon forward's host path (N %% 128 == 0)")
     args = parser.parse_args(argv)
     if args.gluon:
         os.environ["ADS_NORM_FUSION_GLUON"] = "on"
