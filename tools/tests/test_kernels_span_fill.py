@@ -51,3 +51,26 @@ def test_rejects_mismatched_buffers(device):
         zero_outside_spans([a, a, a], cu, 4)
     with pytest.raises(ValueError, match="contiguous"):
         zero_outside_spans([torch.zeros(8, 4, device=device).t()], cu, 4)
+
+
+@pytest.mark.parametrize("span_fill_runs", [True, False])
+def test_zero_unwritten_calls_a_used_function_only_for_the_span_fill(span_fill_runs, monkeypatch, device):
+    """``used`` given as a function: called (once) when the span fill runs; below its size threshold
+    the whole buffer is zeroed and the function is never called."""
+    from ads_kernel_tools.kernels import span_fill
+
+    monkeypatch.setattr(span_fill, "SPAN_FILL_MIN_BYTES", 0 if span_fill_runs else 1 << 40)
+    cu = torch.tensor([0, 10, 30], dtype=torch.int32, device=device)
+    buf = torch.full((30, 8), float("nan"), device=device)
+    calls = []
+
+    def used():
+        calls.append(1)
+        return torch.tensor([4, 20], dtype=torch.int32, device=device)
+
+    span_fill.zero_unwritten([buf], cu, 100, used)
+    assert len(calls) == (1 if span_fill_runs else 0)
+    want = torch.ones(30, dtype=torch.bool)  # the plain fill: every row
+    if span_fill_runs:
+        want = _expected_zero_rows([0, 10, 30], 30, 100, [4, 20])
+    assert (buf.cpu()[want] == 0).all() and buf.cpu()[~want].isnan().all()

@@ -201,8 +201,10 @@ def test_forward_reads_the_one_query_block(lq, monkeypatch, device):
     as TMA zeros) instead of a repeated copy; output and gradients against the reference."""
     from lp_fa4.gluon import fwd_sm90
 
-    monkeypatch.delenv("LP_FA4_BROADCAST_Q", raising=False)
-    monkeypatch.setenv("LP_FA4_BQ_FWD_BLOCK", "1")
+    knobs = {"LP_FA4_BROADCAST_Q": "resident", "LP_FA4_RESIDENT_KERNEL": "auto",
+             "LP_FA4_BQ_SMALL_FWD": "auto", "LP_FA4_BQ_FWD_BLOCK": "1"}  # fmt: skip
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, value)
     blocks = []
     real = fwd_sm90.fwd
     monkeypatch.setattr(fwd_sm90, "fwd", lambda *a, **kw: blocks.append(kw.get("q_block")) or real(*a, **kw))

@@ -17,7 +17,7 @@ range, so that a batch of one long sequence still zeroes its tail in parallel.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import triton
@@ -100,14 +100,19 @@ def zero_outside_spans(
 
 
 def zero_unwritten(
-    bufs: Sequence[torch.Tensor], cu: torch.Tensor, max_len: int, used: torch.Tensor | None = None
+    bufs: Sequence[torch.Tensor],
+    cu: torch.Tensor,
+    max_len: int,
+    used: torch.Tensor | Callable[[], torch.Tensor] | None = None,
 ) -> None:
     """Zero what a kernel that stores exactly the span rows (see ``zero_outside_spans``) leaves
     unwritten: ``zero_outside_spans`` for buffers of ``SPAN_FILL_MIN_BYTES`` or more, a plain fill of
-    each buffer below that. Same arguments and preconditions as ``zero_outside_spans``."""
+    each buffer below that. Same arguments and preconditions as ``zero_outside_spans``; ``used`` may
+    also be a function returning it, called only when the span fill runs (counts that cost device
+    ops to form are then not formed for the plain fill)."""
     a = bufs[0]
     if a.numel() * a.element_size() >= SPAN_FILL_MIN_BYTES:
-        zero_outside_spans(bufs, cu, max_len, used)
+        zero_outside_spans(bufs, cu, max_len, used() if callable(used) else used)
         return
     for buf in bufs:
         buf.zero_()

@@ -123,7 +123,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
             else:
                 q, cu_q = repeat_queries(q, n_b)
                 pb = rep
-    if why_not(q, k, v, page_table, sink, pb, out) is not None:
+    # a q_block call's predicate was just checked; the Triton fallback would read B·Lq rows of q
+    if not q_block and why_not(q, k, v, page_table, sink, pb, out) is not None:
         launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb,
                    out if out32 is None else out32, lse, lse_dense, descale=descale)  # fmt: skip
         if out32 is not None:

@@ -102,7 +102,7 @@ def bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb: Problem, gluon
     # batch's own as built, any others clamped (the kernel clamps the query block's itself)
     cu_k = kernel_offsets(None, 0, cu_k, tk)[1]
     # the kernel stores every row of each sequence's computed keys; only the rest needs zeros
-    zero_unwritten((dk, dv), cu_k, pb.max_k, _stored_keys(cu_q, cu_k, used_k, tq))
+    zero_unwritten((dk, dv), cu_k, pb.max_k, lambda: _stored_keys(cu_q, cu_k, used_k, tq))
     # sequences longest first: program order is roughly the order the GPU starts them in
     order = torch.argsort(cu_k[1:] - cu_k[:-1], descending=True).to(torch.int32)
     if gluon:
@@ -128,7 +128,8 @@ def bwd_resident(do, q, k, v, lse, delta, cu_q, cu_k, used_k, pb: Problem, gluon
 def _stored_keys(cu_q, cu_k, used_k, tq: int) -> torch.Tensor:
     """(B,) keys per sequence whose dK/dV rows the resident kernels store: ``used_k`` (or the span
     lengths), but none when the query block clamps to no rows (offsets past q or decreasing): the
-    kernels then skip every item, so the fill must cover the whole spans. Device ops, no sync."""
+    kernels then skip every item, so the fill must cover the whole spans. A few small device ops on
+    the B counts, no sync; only for the span fill (a whole-buffer fill needs no counts)."""
     q0 = cu_q[0].clamp(0, tq)
     q1 = torch.maximum(cu_q[1].clamp(max=tq), q0)
     keys = used_k if used_k is not None else cu_k[1:] - cu_k[:-1]
