@@ -225,8 +225,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES:
                 store_rows(dk_ptr, dk * scale, row0, kv_valid, None, col0, H * D, BN, DH, 4)
                 store_rows(dv_ptr, dv, row0, kv_valid, None, col0, H * D, BN, DH, 4)
                 it += 1
-            dq = warpgroup_mma_init(warpgroup_mma_wait(0, deps=(dq,)))
-            # every read of this item's Q and dO has retired
+            # every read of this item's Q and dO has retired (each step waits for all its wgmma)
             mbarrier.arrive(qd_empty, count=1)
             ic += 1
         # Every item of a head adds into the same dQ rows (the one query block), so the sum runs on
