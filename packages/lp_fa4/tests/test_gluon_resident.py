@@ -135,7 +135,8 @@ def test_few_programs_walk_many_items(programs, lq, gluon_resident, monkeypatch,
     buffer's, carry over between items of 0, 1, 2, 63-65, 127-129 and up to 700 keys (items without
     keys in between); on a full GPU each program of the reference cases meets one item. With two
     heads, two programs keep one head each (dQ summed in registers over all their items, empty ones
-    included, one flush at the end); one or three change head every item (a flush per item)."""
+    included, one flush at the end); one or three change head every item (a flush after each item with
+    keys, none after the empty ones)."""
     monkeypatch.setattr(bwd_resident_sm90, "num_sms", lambda _device: programs)
     lk = (0, 1, 2, 63, 64, 65, 127, 128, 129, 191, 0, 5, 700, 0)
     _check(lq, lk, max_q=lq, heads=2, kv_heads=2, d=128, deterministic=False, device=device)

@@ -166,6 +166,7 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES:
     ic = 0
     step = gl.num_programs(0)
     dq = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, q_layout))
+    dq_held = 0  # 1 once an item with keys added into dq since the last flush
     for t in range(gl.program_id(0), n_items, step):
         h, q0, rows, o0, k0, k_len = _item(t, order_ptr, cu_q_ptr, cu_k_ptr, used_k_ptr, H, TQ, TK, max_k,
                                            rows_cap, HAS_USED_K)  # fmt: skip
@@ -228,14 +229,17 @@ def _consumer(args, WG: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES:
             # every read of this item's Q and dO has retired (each step waits for all its wgmma)
             mbarrier.arrive(qd_empty, count=1)
             ic += 1
+            dq_held = 1
         # Every item of a head adds into the same dQ rows (the one query block), so the sum runs on
         # in registers while the program's next item has this head (always, when the grid is a
-        # multiple of H): one atomic flush per head change instead of one per item.
-        if ((t + step) >= n_items) | ((t + step) % H != h):
+        # multiple of H): one atomic flush per head change instead of one per item, none after items
+        # without keys.
+        if (dq_held != 0) & (((t + step) >= n_items) | ((t + step) % H != h)):
             dq_sum = warpgroup_mma_wait(0, deps=(dq,))
             offs = (q0 + dq_r).to(gl.int64) * (H * D) + h * D + dq_c
             gl.atomic_add(dq_ptr + offs, dq_sum * scale, mask=(dq_r < rows) & (dq_c < D), sem="relaxed")
             dq = warpgroup_mma_init(gl.zeros([ROWS, D], gl.float32, q_layout))
+            dq_held = 0
 
 
 @gluon.jit
