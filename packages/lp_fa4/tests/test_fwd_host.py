@@ -263,7 +263,7 @@ def test_dense_call_launches_less_and_matches_the_general_path(dtype, s, causal,
 
 
 def test_broadcast_q_forward_reads_the_one_query_block(device, monkeypatch):
-    """With ``LP_FA4_BQ_FWD_BLOCK=1`` a broadcast_q forward on the Gluon kernel (the resident plan)
+    """By default (``LP_FA4_BQ_FWD_BLOCK=1``) a broadcast_q forward on the Gluon kernel (the resident plan)
     passes the one query block and ``batch_offsets`` for the output rows (``q_block``): no repeated
     copy of the queries. The launch gets a Q view of Lq rows, an output view of B·Lq rows and
     q_from_cu = 0; an ordinary call 1."""
@@ -271,7 +271,7 @@ def test_broadcast_q_forward_reads_the_one_query_block(device, monkeypatch):
     from lp_fa4.triton.launch import BIG, Problem
 
     seen = {}
-    monkeypatch.setenv("LP_FA4_BQ_FWD_BLOCK", "1")
+    monkeypatch.delenv("LP_FA4_BQ_FWD_BLOCK", raising=False)
     monkeypatch.setattr(dispatch, "why_not", lambda *a, **kw: None)
     monkeypatch.setattr(fwd_sm90, "fwd", lambda q, k, v, cu_q, *a, **kw: seen.update(q=q, cu_q=cu_q, kw=kw))
     monkeypatch.setattr(dispatch, "repeat_queries", lambda *a: pytest.fail("queries repeated"))
@@ -287,7 +287,7 @@ def test_broadcast_q_forward_reads_the_one_query_block(device, monkeypatch):
     dispatch.fwd(q, k, k, cu_q, cu_k, None, None, None, None, pb, out, lse, False)
     assert seen["q"] is q and seen["kw"]["q_block"] is True
     assert seen["cu_q"].tolist() == [0, lq, 2 * lq, 3 * lq]
-    monkeypatch.setenv("LP_FA4_BQ_FWD_BLOCK", "0")  # the default: a repeated copy of the queries
+    monkeypatch.setenv("LP_FA4_BQ_FWD_BLOCK", "0")  # opted out: a repeated copy of the queries
     monkeypatch.setattr(dispatch, "repeat_queries", lambda q, n: (q.repeat(n, 1, 1), cu_out))
     cu_out = offsets.batch_offsets(n_b, lq, device)
     dispatch.fwd(q, k, k, cu_q, cu_k, None, None, None, None, pb, out, lse, False)

@@ -5,11 +5,10 @@ The Gluon kv-tile backward takes no broadcast_q (its dQ rows are per sequence). 
 three ways (``plan``; ``LP_FA4_BROADCAST_Q``, ``config.broadcast_q``, overrides it):
 
 - ``resident``: the op keeps broadcast_q. Its forward runs the Gluon kernel on B sequences of Lq
-  output rows, on the queries repeated once per kv sequence inside the op (or, opt-in with
-  ``LP_FA4_BQ_FWD_BLOCK=1``, all loading their query tiles from the one block: ``fwd_sm90.fwd``'s
-  ``q_block``), but a query block of at most ``config.bq_small_fwd_rows()``
-  rows, 32 by default, runs the Triton kernel's in-place broadcast at a 64-row tile
-  (``config.bq_fwd_tile``);
+  output rows, all loading their query tiles from the one block (``fwd_sm90.fwd``'s ``q_block``;
+  ``LP_FA4_BQ_FWD_BLOCK=0``: on the queries repeated once per kv sequence inside the op), but a
+  query block of at most ``config.bq_small_fwd_rows()`` rows, 32 by default, runs the Triton
+  kernel's in-place broadcast at a 64-row tile (``config.bq_fwd_tile``);
   its backward is a query-resident kernel (``triton._bwd_resident``: one program per (kv
   sequence, head) holds the query block and streams the keys; for blocks of 65-128 rows at D = 128
   the Gluon ``gluon.bwd_resident_sm90``), whose dQ is already summed over the batch; the op carries

@@ -61,9 +61,9 @@ Env:
         broadcast at ``bq_fwd_tile`` instead of the Gluon forward on repeated queries: ``auto``
         (default) up to ``BQ_SMALL_AUTO_Q`` (32) rows, ``1`` up to one 64-row tile, ``0`` none
         (H200: faster at 32 rows, level at 64; BENCHMARKS.md).
-    LP_FA4_BQ_FWD_BLOCK=0|1  ``1``: the resident plan's Gluon forward loads every sequence's query
-        tiles from the one block (``fwd_sm90.fwd``'s ``q_block``) instead of a repeated copy of the
-        queries; default ``0`` until it has run on a GPU (built and tested offline only).
+    LP_FA4_BQ_FWD_BLOCK=0|1  ``1`` (default): the resident plan's Gluon forward loads every
+        sequence's query tiles from the one block (``fwd_sm90.fwd``'s ``q_block``); ``0``: from a
+        copy of the queries repeated per kv sequence (the path before; BENCHMARKS.md has both).
     LP_FA4_RESIDENT_TILE=N,W,S  the resident backward's key tile, warps and pipeline stages (default
         by the query block: ``config.resident_tile``).
     ADS_CHECK_INPUTS=1  value checks that read device offsets / page tables / FP8 descales (one host
@@ -269,7 +269,7 @@ def bq_small_fwd_rows() -> int:
 
 
 def bq_fwd_block() -> bool:
-    return _flag("LP_FA4_BQ_FWD_BLOCK", "0")
+    return _flag("LP_FA4_BQ_FWD_BLOCK", "1")
 
 
 def bq_fwd_tile(d_pad: int) -> Tile:

@@ -106,8 +106,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
     """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows.
     ``descale``: (q, k, v) fp32 (B, Hkv) descales of float8_e4m3fn inputs, else None. A broadcast_q
     call (``lp_fa4.broadcast``'s ``resident`` plan) runs on the Gluon kernel as B ordinary sequences
-    of Lq rows on its queries repeated once per kv sequence, or with ``LP_FA4_BQ_FWD_BLOCK=1`` all
-    reading the one query block (``fwd_sm90.fwd``'s ``q_block``: no repeated copy), where the
+    of Lq rows all reading the one query block (``fwd_sm90.fwd``'s ``q_block``: no repeated copy;
+    ``LP_FA4_BQ_FWD_BLOCK=0``: on its queries repeated once per kv sequence), where the
     kernel takes that call, but for the short query blocks of
     ``config.bq_small_fwd_rows``, which the Triton kernel's in-place broadcast runs faster.
     ``out32``: an fp32 tensor like out that also gets the output, unrounded (the Triton kernels
