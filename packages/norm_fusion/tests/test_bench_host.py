@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 _OPS = ("linear_layernorm", "linear_rmsnorm", "rmsnorm_linear")
 
@@ -35,3 +36,17 @@ def test_bench_host_help() -> None:
     done = subprocess.run([sys.executable, "-m", "ads_norm_fusion.bench_host", "--help"], capture_output=True,
                           text=True, env=env, timeout=300)  # fmt: skip
     assert done.returncode == 0 and "--gluon" in done.stdout, done.stderr[-2000:]
+
+
+def test_rms_forward_path_names_the_kernel(monkeypatch) -> None:
+    """The bench's line for each rmsnorm_linear shape names the forward its rows time: the Triton
+    kernels with the Gluon kernel's refusal (here, on a CPU, M·N under the switch's bound or the
+    device), or the Gluon kernel where the dispatch takes the call."""
+    from ads_norm_fusion import bench
+    from ads_norm_fusion.gluon import dispatch
+
+    x = torch.randn(64, 32, dtype=torch.bfloat16)
+    w = torch.randn(16, 32, dtype=torch.bfloat16)
+    assert bench.rms_forward_path(x, w).startswith("on the Triton kernels (")
+    monkeypatch.setattr(dispatch, "rms_linear_why_not", lambda *a, **kw: None)
+    assert bench.rms_forward_path(x, w) == "on the Gluon kernel"

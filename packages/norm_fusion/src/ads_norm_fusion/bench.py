@@ -146,8 +146,19 @@ def bench_rmsnorm_linear(report, bench, shape, *, compile_peers: bool) -> None:
         providers["torch.compile"] = bench.peers.compiled(pair)
     for name, peer in _peer_norms(bench, "rms").items():
         providers[name] = lambda peer=peer: F.linear(peer(x, g, None, eps), w)
+    print(f"  rmsnorm_linear M={m} K={k} N={n}: forward {rms_forward_path(x, w)}", flush=True)
     _run_providers(report, bench, "rmsnorm_linear", shape, providers, [x, w, g], dy)
     torch.cuda.empty_cache()
+
+
+def rms_forward_path(x: torch.Tensor, w: torch.Tensor) -> str:
+    """Which forward ``rmsnorm_linear`` takes for x (M, K) and w (N, K) without bias, as the rows
+    time it: "on the Gluon kernel", or "on the Triton kernels (why the Gluon one refused)". The
+    output's check reads only its dtype and layout, so a one-row tensor stands in for it."""
+    from .gluon.dispatch import rms_linear_why_not
+
+    why = rms_linear_why_not(x, w, x.new_empty((1, w.shape[0])), bias=None)
+    return "on the Gluon kernel" if why is None else f"on the Triton kernels ({why})"
 
 
 def _run_providers(report, bench, op, shape, providers, leaves, dy) -> None:
