@@ -112,19 +112,20 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
     ``config.bq_small_fwd_rows``, which the Triton kernel's in-place broadcast runs faster.
     ``out32``: an fp32 tensor like out that also gets the output, unrounded (the Triton kernels
     write it and out is its rounding)."""
-    q_block = False
+    q_block = checked = False
     if (pb.broadcast_q and used_q is None and cu_k is not None and q.shape[0] > cfg.bq_small_fwd_rows()
             and cfg.broadcast_q() != "kernel"):  # fmt: skip
         n_b = cu_k.shape[0] - 1
         rep = dataclasses.replace(pb, broadcast_q=False)
         if n_b * q.shape[0] < 2**31 and why_not(q, k, v, page_table, sink, rep, out) is None:
+            pb, checked = rep, True
             if cfg.bq_fwd_block():
-                cu_q, pb, q_block = batch_offsets(n_b, q.shape[0], q.device), rep, True
-            else:
+                cu_q, q_block = batch_offsets(n_b, q.shape[0], q.device), True
+            else:  # the repeated copy is contiguous: the predicate's answer stands for it
                 q, cu_q = repeat_queries(q, n_b)
-                pb = rep
-    # a q_block call's predicate was just checked; the Triton fallback would read B·Lq rows of q
-    if not q_block and why_not(q, k, v, page_table, sink, pb, out) is not None:
+    # a broadcast_q call's predicate was just checked (and a q_block call's Triton fallback would read
+    # B·Lq rows of q)
+    if not checked and why_not(q, k, v, page_table, sink, pb, out) is not None:
         launch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb,
                    out if out32 is None else out32, lse, lse_dense, descale=descale)  # fmt: skip
         if out32 is not None:
