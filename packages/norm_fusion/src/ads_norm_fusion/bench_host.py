@@ -10,7 +10,7 @@ Each op is timed on the eager path and with the custom ops forced (``plain_eager
 ``--gluon``: ``linear_layernorm`` / ``linear_rmsnorm`` through the Gluon normalisation-partition
 forward's host path instead (``ADS_NORM_FUSION_GLUON=on``, the device taken for an sm_90 GPU, the
 compiled kernel's launcher a no-op): its predicate, exchange buffers, TMA descriptors and
-``gluon.launch_cache`` key run as on a GPU, on CPU tensors.
+``ads_kernel_tools.kernels.launch_cache`` key run as on a GPU, on CPU tensors.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def _stub(gluon: bool = False) -> None:
 
 
 class _NoKernel:
-    """A compiled kernel whose launcher does nothing (``gluon.launch_cache`` relaunches it)."""
+    """A compiled kernel whose launcher does nothing (the tools' ``kernels.launch_cache`` relaunches
+    it)."""
 
     function = packed_metadata = None
 
@@ -73,7 +74,9 @@ class _NoJit:
 
 def _stub_gluon() -> None:
     """The Gluon normalisation-partition forward as on an sm_90 GPU, minus the kernel."""
-    from .gluon import dispatch, fwd_epi_sm90, launch_cache
+    from ads_kernel_tools.kernels import launch_cache
+
+    from .gluon import dispatch, fwd_epi_sm90
 
     dispatch.device_reason = lambda x: None
     dispatch.num_sms = lambda device: 132

@@ -295,7 +295,8 @@ def gluon_epi_split(n: int) -> int:
 
 def launch_cache() -> bool:
     """``ADS_NORM_FUSION_LAUNCH_CACHE``: ``1`` (default) relaunches the Gluon normalisation-partition
-    forward's compiled kernel without Triton's per-call argument binding (``gluon.launch_cache``),
+    forward's compiled kernel without Triton's per-call argument binding
+    (``ads_kernel_tools.kernels.launch_cache``),
     where that host time bounded calls of ~0.2 ms; ``0`` launches through Triton every time (A/B)."""
     return _choice("ADS_NORM_FUSION_LAUNCH_CACHE", "1", ("0", "1")) == "1"
 

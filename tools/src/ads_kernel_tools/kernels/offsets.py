@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_cache import LaunchCache
 from .span_fill import _zero_range
 
 __all__ = ["clamp_offsets"]
@@ -114,12 +115,15 @@ def clamp_offsets(
         raise ValueError(f"clamp_offsets: zero_outside must be contiguous with {rows_a} rows, got {shape}")
     zero = zero_outside is not None and zero_outside.numel() > 0 and cu_a.numel() > 0
     width = zero_outside.numel() // rows_a if zero else 0
-    _clamp_offsets[(1 + (_ZERO_PROGRAMS if zero else 0),)](
-        cu_a.contiguous(), dst_a, cu_a.numel(), rows_a, src_b.contiguous(), dst_b, src_b.numel(),
-        rows_b if two else rows_a, zero_outside if zero else dst_a, width, width * rows_a, CHUNK=_CHUNK,
-        TWO=two, ZERO=zero,
-        BLOCK=_ZERO_BLOCK,
+    _CLAMP.launch(
+        (1 + (_ZERO_PROGRAMS if zero else 0),),
+        (cu_a.contiguous(), dst_a, cu_a.numel(), rows_a, src_b.contiguous(), dst_b, src_b.numel(),
+         rows_b if two else rows_a, zero_outside if zero else dst_a, width, width * rows_a),
+        dict(CHUNK=_CHUNK, TWO=two, ZERO=zero, BLOCK=_ZERO_BLOCK),
     )  # fmt: skip
     if cu_b is None:
         return dst_a, None
     return dst_a, dst_b
+
+
+_CLAMP = LaunchCache(_clamp_offsets)

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_cache import LaunchCache
+
 __all__ = ["SPAN_FILL_MIN_BYTES", "zero_outside_spans", "zero_unwritten"]
 
 _BLOCK = 4096  # elements per store step
@@ -93,9 +95,11 @@ def zero_outside_spans(
         raise ValueError("zero_outside_spans: empty offsets")
     width = a.numel() // rows
     chunks = max(1, min(64, triton.cdiv(_PROGRAMS, n_seq + 1)))
-    _zero_outside[(n_seq + 1, chunks)](
-        a, b, cu, used if used is not None else cu, n_seq, rows, width, int(max(0, min(max_len, 2**31 - 1))),
-        TWO=len(bufs) == 2, HAS_USED=used is not None, BLOCK=_BLOCK,
+    _ZERO_OUTSIDE.launch(
+        (n_seq + 1, chunks),
+        (a, b, cu, used if used is not None else cu, n_seq, rows, width,
+         int(max(0, min(max_len, 2**31 - 1)))),
+        dict(TWO=len(bufs) == 2, HAS_USED=used is not None, BLOCK=_BLOCK),
     )  # fmt: skip
 
 
@@ -116,3 +120,6 @@ def zero_unwritten(
         return
     for buf in bufs:
         buf.zero_()
+
+
+_ZERO_OUTSIDE = LaunchCache(_zero_outside)

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch_cache import LaunchCache
+
 _CHUNK = 1024  # sequences per step of the counting scan
 _WIDTH = 64  # list entries written per step
 SORT_MAX = 4096  # sequences one program sorts; beyond, torch.argsort
@@ -178,17 +180,18 @@ def schedule(
     work_arg = work if work is not None else cu_q  # an unused pointer slot still needs a tensor
     if n * heads * slots <= FILL_MAX:
         count = torch.empty(1, dtype=torch.int32, device=device)
-        _sort_and_fill[(1,)](
-            cu_q, cu_k, work_arg, entries, count, n_seq, max_q, heads, slots,
-            BLOCK=block, N=n, TILE_Q=tile_q, HAS_WORK=work is not None, num_warps=4 if n <= 1024 else 8,
+        _SORT_AND_FILL.launch(
+            (1,), (cu_q, cu_k, work_arg, entries, count, n_seq, max_q, heads, slots),
+            dict(BLOCK=block, N=n, TILE_Q=tile_q, HAS_WORK=work is not None, num_warps=4 if n <= 1024 else 8),
         )  # fmt: skip
         return entries, count
-    _sort_and_count[(1,)](
-        cu_q, cu_k, work_arg, order, ends, n_seq, max_q, heads, slots,
-        BLOCK=block, N=n, TILE_Q=tile_q, HAS_WORK=work is not None, num_warps=4 if n <= 1024 else 8,
+    _SORT_AND_COUNT.launch(
+        (1,), (cu_q, cu_k, work_arg, order, ends, n_seq, max_q, heads, slots),
+        dict(BLOCK=block, N=n, TILE_Q=tile_q, HAS_WORK=work is not None, num_warps=4 if n <= 1024 else 8),
     )  # fmt: skip
     cu_rows = cu_q if tile_q else cu_k
-    _tile_fill[(n_seq,)](order, cu_rows, ends, entries, heads, slots, BLOCK=block, WIDTH=_WIDTH)
+    fill = dict(BLOCK=block, WIDTH=_WIDTH)
+    _TILE_FILL.launch((n_seq,), (order, cu_rows, ends, entries, heads, slots), fill)
     return entries, ends[n_seq - 1 :]
 
 
@@ -215,6 +218,14 @@ def tile_list(
     if n_seq == 0:
         ends.zero_()
         return entries, ends
-    _tile_ends[(1,)](order, cu_seqlens, ends, n_seq, heads, slots, BLOCK=block, CHUNK=_CHUNK)
-    _tile_fill[(n_seq,)](order, cu_seqlens, ends, entries, heads, slots, BLOCK=block, WIDTH=_WIDTH)
+    _TILE_ENDS.launch((1,), (order, cu_seqlens, ends, n_seq, heads, slots), dict(BLOCK=block, CHUNK=_CHUNK))
+    fill = dict(BLOCK=block, WIDTH=_WIDTH)
+    _TILE_FILL.launch((n_seq,), (order, cu_seqlens, ends, entries, heads, slots), fill)
     return entries, ends[n_seq - 1 :]
+
+
+# compiled kernels relaunched without Triton's argument binding: schedule() runs on every call
+_SORT_AND_FILL = LaunchCache(_sort_and_fill)
+_SORT_AND_COUNT = LaunchCache(_sort_and_count)
+_TILE_FILL = LaunchCache(_tile_fill)
+_TILE_ENDS = LaunchCache(_tile_ends)

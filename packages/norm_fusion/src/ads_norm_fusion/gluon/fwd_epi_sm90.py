@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ads_kernel_tools.kernels.gluon_hopper import init_ring
+from ads_kernel_tools.kernels.launch_cache import LaunchCache
 
 from .. import config
 from .fwd_sm90 import (
@@ -57,7 +58,6 @@ from .fwd_sm90 import (
     _ws_loads,
     grid_and_exchange,
 )
-from .launch_cache import LaunchCache
 
 PIECE = gl.constexpr(64)  # columns the normalisation partition handles at once (64 values per thread)
 # warps of the normalisation partition: with 2 MMA warpgroups and the producer warp, 11 warps leave

@@ -12,14 +12,19 @@ takes Triton's path (which compiles where needed).
 
 What the key covers: tensors by dtype and 16-byte alignment of their data pointer; Python ints by
 equality to 1, divisibility by 16 and width (i32, i64, u64); floats, bools and None by type (bools by value);
-Gluon host tensor descriptors by dtype, block shape and layout; constexpr and option keywords by
-value; the current device. What it does not: Triton's debug and instrumentation knobs and global
-values a kernel reads (set them before the first launch), and pre-run hooks (none here).
+Gluon host tensor descriptors by dtype, block shape and layout; constexpr parameters (passed by
+keyword or by position) and option keywords by value; the current device. What it does not:
+Triton's debug and instrumentation knobs and global values a kernel reads (set them before the first
+launch), and pre-run hooks (none in this project's kernels).
+
+``ADS_LAUNCH_CACHE=0`` sends every launch that does not choose for itself through Triton (A/B runs);
+a package's own switch, passed as ``cached=``, takes precedence.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +32,7 @@ import torch
 
 from ads_kernel_tools.capability import interpreter_active
 
-__all__ = ["LaunchCache", "spec_key"]
+__all__ = ["LaunchCache", "enabled", "spec_key"]
 
 _UNKNOWN = object()
 
@@ -81,16 +86,39 @@ def _arg_key(a: Any) -> Any:
     return _UNKNOWN
 
 
-def spec_key(args: tuple, kwargs: dict) -> tuple | None:
-    """The cache key of one launch (positional runtime arguments, constexpr / option keywords), or
-    None where an argument's type is not covered (the caller then takes Triton's path)."""
+def enabled() -> bool:
+    """``ADS_LAUNCH_CACHE``: ``1`` (default) relaunches compiled kernels directly where a launch does
+    not say otherwise; ``0`` takes Triton's path every time."""
+    value = os.environ.get("ADS_LAUNCH_CACHE", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"ADS_LAUNCH_CACHE must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def spec_key(args: tuple, kwargs: dict, constexpr_at: frozenset[int] = frozenset()) -> tuple | None:
+    """The cache key of one launch (positional arguments, constexpr / option keywords), or None where
+    an argument's type is not covered (the caller then takes Triton's path). ``constexpr_at``: the
+    positions of constexpr parameters among ``args``, keyed by value (Triton compiles them in)."""
     keys = []
-    for a in args:
+    for i, a in enumerate(args):
+        if i in constexpr_at:
+            try:
+                hash(a)
+            except TypeError:
+                return None
+            keys.append(("constexpr", a))
+            continue
         k = _arg_key(a)
         if k is _UNKNOWN:
             return None
         keys.append(k)
     return (_current_device(), tuple(keys), tuple(sorted(kwargs.items())))
+
+
+def _is_constexpr(param: inspect.Parameter) -> bool:
+    """As Triton reads a parameter's kind: its annotation (object or string) names constexpr."""
+    ann = param.annotation
+    return ann is not inspect.Parameter.empty and "constexpr" in (ann if isinstance(ann, str) else repr(ann))
 
 
 def _current_device() -> int:
@@ -113,11 +141,11 @@ def _launch_hooks() -> tuple:
 class LaunchCache:
     """``LaunchCache(fn).launch(grid, args, kwargs)`` launches ``fn[grid](*args, **kwargs)``.
 
-    ``fn`` is a ``@triton.jit`` / ``@gluon.jit`` function; ``args`` its leading runtime arguments in
-    order, ``kwargs`` the rest by name (constexprs) and launch options (``num_warps``...). The first
-    launch of each :func:`spec_key` goes through Triton; later ones reuse its compiled kernel.
-    ``cached=False`` always takes Triton's path (A/B runs), as do Triton's interpreter and Triton
-    versions other than 3.6."""
+    ``fn`` is a ``@triton.jit`` / ``@gluon.jit`` function; ``args`` its leading arguments in order,
+    ``kwargs`` the rest by name and launch options (``num_warps``...). The first launch of each
+    :func:`spec_key` goes through Triton; later ones reuse its compiled kernel. ``cached=False``
+    always takes Triton's path (A/B runs), ``None`` (default) follows :func:`enabled`; Triton's
+    interpreter and Triton versions other than 3.6 always take Triton's path."""
 
     def __init__(self, fn: Callable, max_entries: int = 64) -> None:
         self.fn = fn
@@ -126,9 +154,13 @@ class LaunchCache:
         params = inspect.signature(fn.fn).parameters
         self._names = tuple(params)
         self._defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+        self._constexpr_at = frozenset(i for i, p in enumerate(params.values()) if _is_constexpr(p))
 
-    def launch(self, grid: tuple[int, ...], args: tuple, kwargs: dict, *, cached: bool = True) -> None:
-        key = spec_key(args, kwargs) if cached and _RELAUNCH and not interpreter_active() else None
+    def launch(self, grid: tuple[int, ...], args: tuple, kwargs: dict, *, cached: bool | None = None) -> None:
+        if cached is None:
+            cached = enabled()
+        usable = cached and _RELAUNCH and not interpreter_active()
+        key = spec_key(args, kwargs, self._constexpr_at) if usable else None
         kernel = self._kernels.get(key) if key is not None else None
         if kernel is None:
             kernel = self.fn[grid](*args, **kwargs)

@@ -1,13 +1,16 @@
-"""``gluon.launch_cache``: the key it computes of a launch, and that a hit calls the compiled
+"""``kernels.launch_cache``: the key it computes of a launch, and that a hit calls the compiled
 kernel's launcher with every parameter in order while a miss, an unknown argument type or
-``cached=False`` takes Triton's path (CPU: the kernel and its launcher are recorders)."""
+``cached=False`` (or ``ADS_LAUNCH_CACHE=0``) takes Triton's path (CPU: the kernel and its launcher
+are recorders)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ads_norm_fusion.gluon import launch_cache as lc
+pytest.importorskip("triton")
+
+from ads_kernel_tools.kernels import launch_cache as lc
 
 
 @pytest.fixture
@@ -42,12 +45,53 @@ def test_key_follows_triton_specialisation(on_gpu) -> None:
 
 def test_descriptor_key(on_gpu) -> None:
     pytest.importorskip("triton.experimental.gluon")
-    from ads_norm_fusion.gluon import fwd_sm90 as g
+    from triton.experimental.gluon import language as gl
 
-    a, b = torch.zeros(256, 128, dtype=torch.bfloat16), torch.zeros(512, 128, dtype=torch.bfloat16)
-    assert lc.spec_key((g._desc(a, 64, 64),), {}) == lc.spec_key((g._desc(b, 64, 64),), {})
-    assert lc.spec_key((g._desc(a, 64, 64),), {}) != lc.spec_key((g._desc(a, 128, 64),), {})
-    assert lc.spec_key((g._desc(a, 64, 64),), {}) != lc.spec_key((g._desc(a.half(), 64, 64),), {})
+    from ads_kernel_tools.kernels.gluon_hopper import rows_desc
+
+    a, b = torch.zeros(256, 1, 128, dtype=torch.bfloat16), torch.zeros(512, 1, 128, dtype=torch.bfloat16)
+    key = lc.spec_key((rows_desc(a, 64, gl.bfloat16),), {})
+    assert key is not None and key == lc.spec_key((rows_desc(b, 64, gl.bfloat16),), {})
+    assert key != lc.spec_key((rows_desc(a, 128, gl.bfloat16),), {})
+    assert key != lc.spec_key((rows_desc(a.half(), 64, gl.float16),), {})
+
+
+def test_positional_constexpr_keyed_by_value(on_gpu) -> None:
+    """A constexpr passed by position is compiled in: each value its own key (an int's runtime
+    properties would call 32 and 48 the same)."""
+    at = frozenset({1})
+    assert lc.spec_key((torch.zeros(4), 32), {}, at) != lc.spec_key((torch.zeros(4), 48), {}, at)
+    assert lc.spec_key((torch.zeros(4), 32), {}) == lc.spec_key((torch.zeros(4), 48), {})
+
+
+def test_constexpr_positions_from_a_jit_function() -> None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x_ptr, n, BLOCK: tl.constexpr, FLAG: tl.constexpr = False):
+        pass
+
+    # this module's annotations are strings (``from __future__ import annotations``), as in the kernels
+    assert lc.LaunchCache(kernel)._constexpr_at == frozenset({2, 3})
+
+
+def test_switch(on_gpu, monkeypatch) -> None:
+    fn = _JitFn()
+    cache = lc.LaunchCache(fn)
+    monkeypatch.setenv("ADS_LAUNCH_CACHE", "0")
+    for _ in range(2):
+        cache.launch((1,), (torch.zeros(4), 16, 0.5), {"A": 1})
+    assert [c[0] for c in fn.calls] == ["triton", "triton"]
+    monkeypatch.setenv("ADS_LAUNCH_CACHE", "1")
+    cache.launch((1,), (torch.zeros(4), 16, 0.5), {"A": 1})
+    cache.launch((1,), (torch.zeros(4), 16, 0.5), {"A": 1}, cached=False)  # the caller's say wins
+    assert [c[0] for c in fn.calls] == ["triton", "triton", "triton", "triton"]
+    cache.launch((1,), (torch.zeros(4), 16, 0.5), {"A": 1})
+    assert fn.calls[-1][0] == "direct"
+    monkeypatch.setenv("ADS_LAUNCH_CACHE", "yes")
+    with pytest.raises(ValueError, match="ADS_LAUNCH_CACHE"):
+        cache.launch((1,), (torch.zeros(4), 16, 0.5), {"A": 1})
 
 
 class _Kernel:
