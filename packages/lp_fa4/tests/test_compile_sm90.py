@@ -209,11 +209,11 @@ def _launch_args(monkeypatch, keys, calls):
 
     seen = []
 
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append(tuple(grid if k == "grid" else kw[k] for k in keys))
+    class Recorder:  # the kernel's launch cache
+        def launch(self, grid, args, kw, cached=None):
+            seen.append(tuple(grid if k == "grid" else kw[k] for k in keys))
 
-    monkeypatch.setattr(bwd_sm90, "attn_bwd_ws", Recorder())
+    monkeypatch.setattr(bwd_sm90, "_BWD", Recorder())
     monkeypatch.setattr(bwd_sm90, "num_sms", lambda device: 1)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     q = torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=dev)

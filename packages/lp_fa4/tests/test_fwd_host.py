@@ -101,9 +101,9 @@ def _launch_args(monkeypatch, device, *, b, s, h, hkv, causal, trusted, fp8=Fals
 
     rec, calls = {}, {"clamp": 0, "schedule": 0}
 
-    class Launch:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: rec.update(grid=grid, a=a, kw=kw)
+    class Launch:  # the kernel's launch cache
+        def launch(self, grid, a, kw, cached=None):
+            rec.update(grid=grid, a=a, kw=kw)
 
     def spy(name, fn):
         def run(*a, **kw):
@@ -112,7 +112,7 @@ def _launch_args(monkeypatch, device, *, b, s, h, hkv, causal, trusted, fp8=Fals
 
         return run
 
-    monkeypatch.setattr(fwd_sm90, "attn_fwd_ws", Launch())
+    monkeypatch.setattr(fwd_sm90, "_FWD", Launch())
     monkeypatch.setattr(offsets, "clamp_offsets", spy("clamp", offsets.clamp_offsets))
     monkeypatch.setattr(fwd_sm90, "schedule", spy("schedule", fwd_sm90.schedule))
     d = 128
@@ -295,12 +295,12 @@ def test_broadcast_q_forward_reads_the_one_query_block(device, monkeypatch):
 
     rec = {}
 
-    class Launch:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: rec.update(a=a, kw=kw)
+    class Launch:  # the kernel's launch cache
+        def launch(self, grid, a, kw, cached=None):
+            rec.update(a=a, kw=kw)
 
     monkeypatch.undo()
-    monkeypatch.setattr(fwd_sm90, "attn_fwd_ws", Launch())
+    monkeypatch.setattr(fwd_sm90, "_FWD", Launch())
     for q_block, q_rows in ((True, lq), (False, n_b * lq)):
         q_in = q if q_block else q.repeat(n_b, 1, 1)
         fwd_sm90.fwd(

@@ -8,6 +8,7 @@ auto plan that sends Lq = 128 to it. Its sm_90 build is checked in test_compile_
 from __future__ import annotations
 
 import pytest
+import test_bwd_broadcast
 import torch
 from fa4_testlib import count_calls
 from test_bwd_broadcast import _check
@@ -209,4 +210,36 @@ def test_forward_reads_the_one_query_block(lq, monkeypatch, device):
     real = fwd_sm90.fwd
     monkeypatch.setattr(fwd_sm90, "fwd", lambda *a, **kw: blocks.append(kw.get("q_block")) or real(*a, **kw))
     _check(lq, LK[:4], max_q=lq, heads=2, kv_heads=2, d=128, deterministic=False, device=device)
+    assert blocks == [True]
+
+
+@pytest.mark.gpu
+@pytest.mark.sm90
+@pytest.mark.parametrize("lq,max_q", [(128, 128), (100, 100), (100, 60), (48, 200)])
+def test_one_block_forward_writes_every_row(lq, max_q, monkeypatch, device):
+    """The one-block forward's output and LSE are not zero-filled first where every row of each
+    sequence's Lq is computed (max_seqlen_q >= Lq); with ``torch.empty`` poisoned with NaN, a row
+    the kernel skipped would show. max_seqlen_q < Lq keeps the fill (rows past it are zeros)."""
+    from lp_fa4.gluon import fwd_sm90
+
+    knobs = {"LP_FA4_BROADCAST_Q": "resident", "LP_FA4_RESIDENT_KERNEL": "auto",
+             "LP_FA4_BQ_SMALL_FWD": "auto", "LP_FA4_BQ_FWD_BLOCK": "1"}  # fmt: skip
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, value)
+    blocks = []
+    real = fwd_sm90.fwd
+    monkeypatch.setattr(fwd_sm90, "fwd", lambda *a, **kw: blocks.append(kw.get("q_block")) or real(*a, **kw))
+    real_empty, real_grads = torch.empty, test_bwd_broadcast._grads
+
+    def poisoned_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def grads_from_poisoned_memory(*args, **kwargs):  # the op's allocations only, not the reference's
+        with monkeypatch.context() as m:
+            m.setattr(torch, "empty", poisoned_empty)
+            return real_grads(*args, **kwargs)
+
+    monkeypatch.setattr(test_bwd_broadcast, "_grads", grads_from_poisoned_memory)
+    _check(lq, LK, max_q=max_q, heads=2, kv_heads=2, d=128, deterministic=False, device=device)
     assert blocks == [True]

@@ -9,7 +9,6 @@ Options travel as plain ints/floats/bools; window sides are resolved (launch.BIG
 from __future__ import annotations
 
 import inspect
-import math
 
 import torch
 from torch.utils.flop_counter import register_flop_formula
@@ -100,18 +99,14 @@ def fwd_impl(
     again in fp32, unrounded, which the backward's row term takes when a sink needs its gradient
     (``bwd_impl``); else it is empty."""
     out_shape, lse_shape = _out_shapes(q, v, cu_q, cu_k, broadcast_q, lse_dense)
-    out_dtype = _out_dtype(q)
-    new = q.new_zeros if zero_fill else q.new_empty
-    out = new(out_shape, dtype=out_dtype)
-    o32 = new(out_shape if out32 else _EMPTY, dtype=torch.float32)
-    if zero_fill:
-        lse = torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device)
-    else:
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    # the dispatcher fills them (0 / -inf) where zero_fill asks and its kernel leaves rows unwritten
+    out = torch.empty(out_shape, dtype=_out_dtype(q), device=q.device)
+    o32 = torch.empty(out_shape if out32 else _EMPTY, dtype=torch.float32, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     pb = _problem(max_q, max_k, scale, softcap, win_left, win_right, top_left, broadcast_q, rows_cap)
     descale = None if q_descale is None else (q_descale, k_descale, v_descale)
     fwd_dispatch.fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb, out, lse, lse_dense,
-                     descale=descale, out32=o32 if out32 else None)  # fmt: skip
+                     descale=descale, out32=o32 if out32 else None, prefill=zero_fill)  # fmt: skip
     return out, lse, o32
 
 

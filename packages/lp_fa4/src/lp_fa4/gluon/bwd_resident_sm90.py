@@ -56,6 +56,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     rows_desc,
     store_rows,
 )
+from ads_kernel_tools.kernels.launch_cache import LaunchCache
 
 BLOCK_Q = 128  # query rows held: 64 per consumer warpgroup
 BLOCK_N = 64  # keys per step
@@ -307,10 +308,15 @@ def launch(do, q, k, v, lse, delta, dq, dk, dv, cu_q, cu_k, used_k, order, rows_
     q_desc, do_desc = rows_desc(q, BLOCK_Q, gdt), rows_desc(do, BLOCK_Q, gdt)
     k_desc, v_desc = rows_desc(k, BLOCK_N, gdt), rows_desc(v, BLOCK_N, gdt)
     grid = (max(1, min(n_items, num_sms(q.device))),)
-    bq_resident_bwd_ws[grid](
+    _RESIDENT.launch(grid, (
         q_desc, do_desc, k_desc, v_desc, dq, dk, dv, lse, delta, lse.shape[1],
         order, cu_q, cu_k, used_k if used_k is not None else cu_k, n_items, h, tq, k.shape[0], max_k,
         min(rows_cap, BLOCK_Q), float(scale), float(scale) * LOG2E,
+    ), dict(
         D=d, BN=BLOCK_N, STAGES=STAGES, HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
-    )  # fmt: skip
+    ))  # fmt: skip
+
+
+# relaunched without Triton's per-call argument binding (host time of small calls)
+_RESIDENT = LaunchCache(bq_resident_bwd_ws)

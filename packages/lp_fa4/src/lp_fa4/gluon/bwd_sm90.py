@@ -62,6 +62,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     store_rows,
     tma_reduce_add,
 )
+from ads_kernel_tools.kernels.launch_cache import LaunchCache
 from ads_kernel_tools.kernels.span_fill import zero_unwritten
 from ads_kernel_tools.kernels.tile_list import schedule
 
@@ -428,14 +429,19 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     if config.bwd_grid(window is not None) == "persistent":
         n_items = min(n_items, num_sms(q.device))
     grid = (max(1, n_items),)
-    attn_bwd_ws[grid](
+    _BWD.launch(grid, (
         q_desc, do_desc, k_desc, v_desc, dq_desc, dk, dv, lse, delta, lse.shape[1], tiles, count, cu_q, cu_k,
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
         n_tiles, rows_cap, max_k, hkv, h // hkv, float(scale), float(scale) * LOG2E,
         *(window if window is not None else (0, 0)),
+    ), dict(
         D=d, BM=BM, BN=BN, STAGES=STAGES, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
         WINDOW=window is not None, TOP_LEFT=bool(top_left), WALK=walk,
         num_warps=4,
-    )  # fmt: skip
+    ))  # fmt: skip
     return dq_acc.to(q.dtype), dk, dv
+
+
+# relaunched without Triton's per-call argument binding (host time of small calls)
+_BWD = LaunchCache(attn_bwd_ws)

@@ -16,6 +16,7 @@ below max_seqlen_q, other head dims, fp32 inputs, strided tensors, the interpret
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -102,7 +103,8 @@ def score_reason(pb: launch.Problem, windows: bool = False) -> str | None:
 
 
 def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Problem, out, lse,
-        lse_dense: bool, descale=None, out32: torch.Tensor | None = None) -> None:  # fmt: skip
+        lse_dense: bool, descale=None, out32: torch.Tensor | None = None,
+        prefill: bool = False) -> None:  # fmt: skip
     """``lp_fa4.triton.launch.fwd``'s contract; runs the Gluon kernel where ``why_not`` allows.
     ``descale``: (q, k, v) fp32 (B, Hkv) descales of float8_e4m3fn inputs, else None. A broadcast_q
     call (``lp_fa4.broadcast``'s ``resident`` plan) runs on the Gluon kernel as B ordinary sequences
@@ -111,7 +113,10 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
     kernel takes that call, but for the short query blocks of
     ``config.bq_small_fwd_rows``, which the Triton kernel's in-place broadcast runs faster.
     ``out32``: an fp32 tensor like out that also gets the output, unrounded (the Triton kernels
-    write it and out is its rounding)."""
+    write it and out is its rounding). ``prefill``: out (and out32) must read 0 and lse -inf on rows
+    no kernel program writes (``_ops.fwd_impl``'s ``zero_fill``): filled here first, unless the
+    kernel taken writes every row (the one-block broadcast forward with max_seqlen_q >= Lq: each
+    sequence's Lq rows are computed rows)."""
     q_block = checked = False
     if (pb.broadcast_q and used_q is None and cu_k is not None and q.shape[0] > cfg.bq_small_fwd_rows()
             and cfg.broadcast_q() != "kernel"):  # fmt: skip
@@ -123,6 +128,11 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: launch.Proble
                 cu_q, q_block = batch_offsets(n_b, q.shape[0], q.device), True
             else:  # the repeated copy is contiguous: the predicate's answer stands for it
                 q, cu_q = repeat_queries(q, n_b)
+    if prefill and not (q_block and pb.max_q >= q.shape[0]):
+        out.zero_()
+        lse.fill_(-math.inf)
+        if out32 is not None:
+            out32.zero_()
     # a broadcast_q call's predicate was just checked (and a q_block call's Triton fallback would read
     # B·Lq rows of q)
     if not checked and why_not(q, k, v, page_table, sink, pb, out) is not None:

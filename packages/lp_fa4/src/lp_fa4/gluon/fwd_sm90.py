@@ -76,6 +76,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     stage_for_tma,
     store_rows,
 )
+from ads_kernel_tools.kernels.launch_cache import LaunchCache
 from ads_kernel_tools.kernels.tile_list import schedule
 from ads_kernel_tools.kernels.transpose import v_kmajor_relabel
 
@@ -727,12 +728,13 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
     else:
         stride_lb, stride_lh = 0, lse.stride(0)
-    attn_fwd_ws[grid](
+    _FWD.launch(grid, (
         q_desc, k_desc, v_desc, o_desc, out, lse, stride_lb, stride_lh, tiles, count, cu_q, cu_k,
         used_q if used_q is not None else cu_q, used_k if used_k is not None else cu_q,
         h, h // hkv, m_tiles, max_q, max_k, float(scale) * LOG2E, hg, n_b * h, n_items, qd, kd, vd, vcol,
         *(window if window is not None else (0, 0)), sink if sink is not None else cu_q,
         out32 if out32 is not None else lse, 0 if q_block else 1,
+    ), dict(
         D=d, BM=BM, BN=BN, STAGES=stages, QBUF=qbuf, CAUSAL=bool(causal), HAS_USED_Q=used_q is not None,
         HAS_USED_K=used_k is not None, LSE_PER_SEQ=bool(lse_dense), CONSUMER_REGS=_regs(nwg),
         PRODUCER_REGS=24, LPT=bool(lpt), RELABEL=bool(relabel), WINDOW=window is not None,
@@ -740,4 +742,8 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         SERIAL=fp8 and (nwg == 3 if serial is None else bool(serial)),
         HAS_SINK=sink is not None, OUT32=out32 is not None,
         num_warps=4,
-    )  # fmt: skip
+    ))  # fmt: skip
+
+
+# relaunched without Triton's per-call argument binding (host time of small calls)
+_FWD = LaunchCache(attn_fwd_ws)
