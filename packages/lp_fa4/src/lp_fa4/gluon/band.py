@@ -1,4 +1,4 @@
-"""The window band test shared by the Gluon forward and backward."""
+"""The window band test of the Gluon backward (the forward bounds its masked rows by column ranges)."""
 
 from __future__ import annotations
 

@@ -82,7 +82,6 @@ from ads_kernel_tools.kernels.transpose import v_kmajor_relabel
 
 from .. import config
 from ..offsets import dense_offsets, kernel_offsets
-from .band import in_band
 
 BLOCK_M = 128  # query rows per work item: two 64-row consumer warpgroups
 BLOCK_N = 128  # keys per step
@@ -211,17 +210,21 @@ def _softmax_step(sacc, m_i, l_i, j, n_full, k_len, rows2, cols2, off, qk_scale2
     warpgroup, win_left, win_right)). Returns (P fp32, alpha = the rescale of the running sums, m,
     l) with m the running row maximum in log2 units. A row with no key so far keeps m = -inf and shifts by 0.
     FP8: P (and so l) carries the factor 2^P_SHIFT (module docstring)."""
+    # a masked tile's keys, per row, as the tile's columns [lo, hi): the bounds are formed per row,
+    # so each score pays one subtraction, one unsigned compare and the select
     if WINDOW:
         j0, r_first, r_last, win_left, win_right = band
         ks = (j0 + j) * BN
         if (ks + BN > k_len) | (ks < r_last + off - win_left) | (ks + BN - 1 > r_first + off + win_right):
-            ok = (cols2 < k_len - ks) & in_band(cols2 + ((ks - off + win_left) - rows2), win_left, win_right)
+            lo = gl.maximum(rows2 + (off - win_left - ks), 0)
+            hi = gl.minimum(rows2 + (off + win_right + 1 - ks), k_len - ks)
+            ok = (cols2 - lo).to(gl.uint32, bitcast=True) < gl.maximum(hi - lo, 0).to(gl.uint32, bitcast=True)
             sacc = gl.where(ok, sacc, float("-inf"))
     elif j >= n_full:
-        kj = j * BN + cols2
-        ok = kj < k_len
         if CAUSAL:
-            ok = ok & (kj <= rows2 + off)
+            ok = cols2 < gl.minimum(rows2 + (off + 1 - j * BN), k_len - j * BN)
+        else:
+            ok = cols2 < k_len - j * BN
         sacc = gl.where(ok, sacc, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(sacc, 1) * qk_scale2)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
