@@ -196,10 +196,18 @@ def test_rows_past_the_block_do_not_reach_dk_dv(device):
 @pytest.mark.gpu
 @pytest.mark.sm90
 @pytest.mark.parametrize("lq", [128, 100, 48])
-def test_forward_reads_the_one_query_block(lq, monkeypatch, device):
+def test_forward_reads_the_one_query_block(lq, one_block_forward, device):
     """``LP_FA4_BQ_FWD_BLOCK=1``: the resident plan's Gluon forward loads every sequence's query
     tiles from the one block (``fwd_sm90.fwd``'s ``q_block``; a tile's rows past the block arrive
     as TMA zeros) instead of a repeated copy; output and gradients against the reference."""
+    _check(lq, LK[:4], max_q=lq, heads=2, kv_heads=2, d=128, deterministic=False, device=device)
+    assert one_block_forward == [True]
+
+
+@pytest.fixture
+def one_block_forward(monkeypatch):
+    """The resident plan with its one-block Gluon forward; the list of each forward call's
+    ``q_block``."""
     from lp_fa4.gluon import fwd_sm90
 
     knobs = {"LP_FA4_BROADCAST_Q": "resident", "LP_FA4_RESIDENT_KERNEL": "auto",
@@ -209,26 +217,16 @@ def test_forward_reads_the_one_query_block(lq, monkeypatch, device):
     blocks = []
     real = fwd_sm90.fwd
     monkeypatch.setattr(fwd_sm90, "fwd", lambda *a, **kw: blocks.append(kw.get("q_block")) or real(*a, **kw))
-    _check(lq, LK[:4], max_q=lq, heads=2, kv_heads=2, d=128, deterministic=False, device=device)
-    assert blocks == [True]
+    return blocks
 
 
 @pytest.mark.gpu
 @pytest.mark.sm90
 @pytest.mark.parametrize("lq,max_q", [(128, 128), (100, 100), (100, 60), (48, 200)])
-def test_one_block_forward_writes_every_row(lq, max_q, monkeypatch, device):
+def test_one_block_forward_writes_every_row(lq, max_q, one_block_forward, monkeypatch, device):
     """The one-block forward's output and LSE are not zero-filled first where every row of each
     sequence's Lq is computed (max_seqlen_q >= Lq); with ``torch.empty`` poisoned with NaN, a row
     the kernel skipped would show. max_seqlen_q < Lq keeps the fill (rows past it are zeros)."""
-    from lp_fa4.gluon import fwd_sm90
-
-    knobs = {"LP_FA4_BROADCAST_Q": "resident", "LP_FA4_RESIDENT_KERNEL": "auto",
-             "LP_FA4_BQ_SMALL_FWD": "auto", "LP_FA4_BQ_FWD_BLOCK": "1"}  # fmt: skip
-    for name, value in knobs.items():
-        monkeypatch.setenv(name, value)
-    blocks = []
-    real = fwd_sm90.fwd
-    monkeypatch.setattr(fwd_sm90, "fwd", lambda *a, **kw: blocks.append(kw.get("q_block")) or real(*a, **kw))
     real_empty, real_grads = torch.empty, test_bwd_broadcast._grads
 
     def poisoned_empty(*args, **kwargs):
@@ -242,4 +240,4 @@ def test_one_block_forward_writes_every_row(lq, max_q, monkeypatch, device):
 
     monkeypatch.setattr(test_bwd_broadcast, "_grads", grads_from_poisoned_memory)
     _check(lq, LK, max_q=max_q, heads=2, kv_heads=2, d=128, deterministic=False, device=device)
-    assert blocks == [True]
+    assert one_block_forward == [True]
