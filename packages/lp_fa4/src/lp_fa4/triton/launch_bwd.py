@@ -7,6 +7,7 @@ import functools
 import torch
 import triton
 
+from ads_kernel_tools.kernels.launch_cache import LaunchCache
 from ads_kernel_tools.kernels.span_fill import zero_unwritten
 
 from .. import config as cfg
@@ -144,12 +145,17 @@ def preprocess(out, do, dlse):
     if to == 0 or h == 0:
         return delta.zero_()
     pre_m = 16 if cfg.interpreter_active() else 64
-    preprocess_kernel[(triton.cdiv(to, pre_m), h)](
-        out, do, dlse if dlse is not None else delta, delta, out.stride(0), out.stride(1),
-        do.stride(0), do.stride(1), to, h, D_V=dv_dim, BLOCK_DV=_pad(dv_dim), BLOCK_M=pre_m,
-        HAS_DLSE=dlse is not None,
+    _PREPROCESS.launch(
+        (triton.cdiv(to, pre_m), h),
+        (out, do, dlse if dlse is not None else delta, delta, out.stride(0), out.stride(1),
+         do.stride(0), do.stride(1), to, h),
+        dict(D_V=dv_dim, BLOCK_DV=_pad(dv_dim), BLOCK_M=pre_m, HAS_DLSE=dlse is not None),
     )  # fmt: skip
     return delta
+
+
+# every backward runs it: relaunched without Triton's per-call argument binding
+_PREPROCESS = LaunchCache(preprocess_kernel)
 
 
 def _batch_chunks(n_b: int, base_progs: int, q_elems: int, device) -> tuple[int, int]:
