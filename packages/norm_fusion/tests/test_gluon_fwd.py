@@ -77,6 +77,12 @@ def test_launch_cache_knob(monkeypatch) -> None:
     from ads_norm_fusion import config
 
     _check_switch(monkeypatch, "ADS_NORM_FUSION_LAUNCH_CACHE", config.launch_cache, bad="true")
+    # unset, it follows the tools' switch for every kernel; set, it decides for this one
+    monkeypatch.delenv("ADS_NORM_FUSION_LAUNCH_CACHE")
+    monkeypatch.setenv("ADS_LAUNCH_CACHE", "0")
+    assert config.launch_cache() is False
+    monkeypatch.setenv("ADS_NORM_FUSION_LAUNCH_CACHE", "1")
+    assert config.launch_cache() is True
 
 
 def _check_switch(monkeypatch, name: str, read, *, bad: str) -> None:

@@ -294,11 +294,14 @@ def gluon_epi_split(n: int) -> int:
 
 
 def launch_cache() -> bool:
-    """``ADS_NORM_FUSION_LAUNCH_CACHE``: ``1`` (default) relaunches the Gluon normalisation-partition
-    forward's compiled kernel without Triton's per-call argument binding
-    (``ads_kernel_tools.kernels.launch_cache``),
-    where that host time bounded calls of ~0.2 ms; ``0`` launches through Triton every time (A/B)."""
-    return _choice("ADS_NORM_FUSION_LAUNCH_CACHE", "1", ("0", "1")) == "1"
+    """``ADS_NORM_FUSION_LAUNCH_CACHE``: ``1`` relaunches the Gluon normalisation-partition forward's
+    compiled kernel without Triton's per-call argument binding
+    (``ads_kernel_tools.kernels.launch_cache``), where that host time bounded calls of ~0.2 ms; ``0``
+    launches through Triton every time (A/B). Unset: as the tools' own switch, ``ADS_LAUNCH_CACHE``
+    (on by default), says for every kernel."""
+    from ads_kernel_tools.kernels.launch_cache import enabled
+
+    return _choice("ADS_NORM_FUSION_LAUNCH_CACHE", "1" if enabled() else "0", ("0", "1")) == "1"
 
 
 def gluon_ws() -> bool:
