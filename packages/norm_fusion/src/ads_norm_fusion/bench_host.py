@@ -35,18 +35,14 @@ _STUBBED = (
 )
 
 
-class _NoLaunch:
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
-
-
 def _stub(gluon: bool = False) -> None:
     for name in _STUBBED[1:] if gluon else _STUBBED:
         setattr(_ops, name, lambda *a, **k: None)
     if gluon:  # the Triton kernels a call falls back to (and the wide-row backward) launch nothing
-        launch.rownorm_kernel = launch.rownorm_persistent_kernel = _NoLaunch()
+        launch._ROWNORM = _no_launch(launch._ROWNORM)
+        launch._ROWNORM_PERSISTENT = _no_launch(launch._ROWNORM_PERSISTENT)
         _stub_gluon()
-    launch.norm_bwd_kernel = _NoLaunch()  # its launcher's allocations and checks still run
+    launch._NORM_BWD = _no_launch(launch._NORM_BWD)  # its launcher's allocations and checks still run
 
 
 class _NoKernel:
@@ -72,6 +68,14 @@ class _NoJit:
         return lambda *args, **kwargs: _NoKernel()
 
 
+def _no_launch(cache):
+    """``cache`` (a ``LaunchCache``) over a kernel that compiles and launches nothing; its key is
+    still computed where the cache is active (``_stub_gluon``)."""
+    from ads_kernel_tools.kernels.launch_cache import LaunchCache
+
+    return LaunchCache(_NoJit(cache.fn.fn))
+
+
 def _stub_gluon() -> None:
     """The Gluon normalisation-partition forward as on an sm_90 GPU, minus the kernel."""
     from ads_kernel_tools.kernels import launch_cache
@@ -85,7 +89,7 @@ def _stub_gluon() -> None:
     launch_cache._current_device = lambda: 0
     launch_cache._current_stream = lambda: 0
     launch_cache._launch_hooks = lambda: (None, None)
-    fwd_epi_sm90._LAUNCH = launch_cache.LaunchCache(_NoJit(fwd_epi_sm90.linear_norm_fwd_epi_kernel.fn))
+    fwd_epi_sm90._LAUNCH = _no_launch(fwd_epi_sm90._LAUNCH)
 
 
 def _leaves(m: int, k: int, n: int) -> list[torch.Tensor]:

@@ -10,10 +10,12 @@ import torch
 import triton
 
 from ads_kernel_tools.capability import interpreter_active, num_sms
+from ads_kernel_tools.kernels.launch_cache import LaunchCache
 
 from ..config import (
     ROWNORM_MODES,
     flatten_loops,
+    launch_cache,
     norm_bwd_config,
     norm_bwd_sums,
     persistent_config,
@@ -31,6 +33,23 @@ from ._rownorm import rownorm_kernel, rownorm_persistent_kernel
 from ._scale import row_col_scale_kernel
 
 _GROUP_M = 8
+
+# Every launch relaunches its compiled kernel without Triton's per-call argument binding (the
+# tools' ``kernels.launch_cache``): a training step makes up to five launches here, and its host
+# time, not its kernels, bounded the step at 65536x1024x1024 (BENCHMARKS.md). Runtime arguments go
+# by position (the cache keys them by type); constexprs and launch options by keyword (by value).
+_ROWNORM = LaunchCache(rownorm_kernel)
+_ROWNORM_PERSISTENT = LaunchCache(rownorm_persistent_kernel)
+_ROW_STAT = LaunchCache(row_stat_kernel)
+_SCALED_GEMM = LaunchCache(scaled_gemm_kernel)
+_RMS_GEMM = LaunchCache(rms_gemm_kernel)
+_NORM_BWD = LaunchCache(norm_bwd_kernel)
+_PART_SUMS = LaunchCache(part_sums_kernel)
+_ROW_COL_SCALE = LaunchCache(row_col_scale_kernel)
+
+
+def _launch(cache: LaunchCache, grid: tuple[int, ...], args: tuple, consts: dict) -> None:
+    cache.launch(grid, args, consts, cached=launch_cache())
 
 
 def _scratch(size: int, align: int, stream) -> torch.Tensor:
@@ -109,46 +128,52 @@ def launch_rownorm(
         raise ValueError(f"partial-sum buffer is {tuple(part.shape)}, need {(3, blocks, n)}")
     _ensure_allocator(a)
     dummy = out
-    rownorm_kernel[(blocks,)](
-        a,
-        b if b is not None else dummy,
-        bias if bias is not None else dummy,
-        gamma if gamma is not None else dummy,
-        beta if beta is not None else dummy,
-        aux if aux is not None else dummy,
-        out,
-        xhat if xhat is not None else dummy,
-        stat1 if stat1 is not None else stat2,
-        stat2,
-        part if part is not None else stat2,
-        xoff if xoff is not None else stat2,
-        m,
-        n,
-        k,
-        float(eps),
-        blocks * n,
-        a.stride(0),
-        b.stride(0) if b is not None else 0,
-        aux.stride(0) if aux is not None else 0,
-        out.stride(0),
-        MODE=ROWNORM_MODES[mode],
-        HAS_GEMM=b is not None,
-        B_TRANS=b_trans,
-        HAS_BIAS=bias is not None,
-        HAS_GAMMA=gamma is not None,
-        HAS_BETA=beta is not None,
-        SAVE_XHAT=xhat is not None and not stage_xhat,
-        AUX_RAW=aux_raw and not forward,
-        WEIGHT_GRADS=weight_grads,
-        BIAS_GRAD=bias_grad,
-        SINGLE=cfg.single_tile(n),
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        NUM_STAGES=cfg.num_stages,
-        FLATTEN=flatten_loops(),
-        STAGE_XHAT=stage_xhat,
-        num_warps=cfg.num_warps,
+    _launch(
+        _ROWNORM,
+        (blocks,),
+        (
+            a,
+            b if b is not None else dummy,
+            bias if bias is not None else dummy,
+            gamma if gamma is not None else dummy,
+            beta if beta is not None else dummy,
+            aux if aux is not None else dummy,
+            out,
+            xhat if xhat is not None else dummy,
+            stat1 if stat1 is not None else stat2,
+            stat2,
+            part if part is not None else stat2,
+            xoff if xoff is not None else stat2,
+            m,
+            n,
+            k,
+            float(eps),
+            blocks * n,
+            a.stride(0),
+            b.stride(0) if b is not None else 0,
+            aux.stride(0) if aux is not None else 0,
+            out.stride(0),
+        ),
+        dict(
+            MODE=ROWNORM_MODES[mode],
+            HAS_GEMM=b is not None,
+            B_TRANS=b_trans,
+            HAS_BIAS=bias is not None,
+            HAS_GAMMA=gamma is not None,
+            HAS_BETA=beta is not None,
+            SAVE_XHAT=xhat is not None and not stage_xhat,
+            AUX_RAW=aux_raw and not forward,
+            WEIGHT_GRADS=weight_grads,
+            BIAS_GRAD=bias_grad,
+            SINGLE=cfg.single_tile(n),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            NUM_STAGES=cfg.num_stages,
+            FLATTEN=flatten_loops(),
+            STAGE_XHAT=stage_xhat,
+            num_warps=cfg.num_warps,
+        ),
     )
 
 
@@ -157,17 +182,18 @@ def _launch_persistent(mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, e
     cfg = pcfg.tiles
     _ensure_allocator(a)
     dummy = out
-    rownorm_persistent_kernel[(pcfg.programs,)](
+    _launch(_ROWNORM_PERSISTENT, (pcfg.programs,), (
         a, b, bias if bias is not None else dummy, gamma if gamma is not None else dummy,
         beta if beta is not None else dummy, out, xhat if xhat is not None else dummy,
         stat1 if stat1 is not None else stat2, stat2, xoff if xoff is not None else stat2, m, n, a.shape[1],
-        float(eps), a.stride(0), b.stride(0), out.stride(0), MODE=ROWNORM_MODES[mode],
-        HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
-        SAVE_XHAT=xhat is not None and not stage_xhat,
+        float(eps), a.stride(0), b.stride(0), out.stride(0),
+    ), dict(
+        MODE=ROWNORM_MODES[mode], HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None,
+        HAS_BETA=beta is not None, SAVE_XHAT=xhat is not None and not stage_xhat,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NUM_PROGS=pcfg.programs,
         FLATTEN=flatten_loops(default=True), SYNC_ASM=not interpreter_active(), STAGE_XHAT=stage_xhat,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def launch_row_stat(
@@ -190,12 +216,13 @@ def launch_row_stat(
     if a.device.type != "cuda":
         block_m = min(block_m, 16)
     grid = (triton.cdiv(m, block_m),)
-    row_stat_kernel[grid](
+    _launch(_ROW_STAT, grid, (
         a, b if b is not None else a, bias if bias is not None else a, r if r is not None else out, out,
         m, n, a.stride(0), b.stride(0) if b is not None else 0, 1.0 / float(divisor or n), float(eps),
+    ), dict(
         MODE=0 if b is None else 1, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=4 if block_m * block_n <= 4096 else 8,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def _pow2(n: int) -> int:
@@ -234,16 +261,17 @@ def launch_scaled_gemm(
     )
     _ensure_allocator(a)
     dummy = alpha
-    scaled_gemm_kernel[(progs,)](
+    _launch(_SCALED_GEMM, (progs,), (
         a, b, alpha, gamma if gamma is not None else dummy, bias if bias is not None else dummy,
         aux if aux is not None else out, coef if coef is not None else dummy, out,
         part if part is not None else dummy, m, n, k, a.stride(0), b.stride(0),
         aux.stride(0) if aux is not None else 0, out.stride(0),
+    ), dict(
         B_TRANS=b_trans, HAS_GAMMA=gamma is not None, HAS_BIAS=bias is not None, HAS_AUX=aux is not None,
         PART_GRADS=part is not None, TMA_STORE=tma_store, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, NUM_PROGS=progs, FLATTEN=rms_flatten(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def rms_gemm_blocks(m: int, n: int, k: int, *, backward: bool) -> int:
@@ -276,11 +304,13 @@ def launch_rms_gemm(
     cfg = rms_gemm_config(m, n, k)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     _ensure_allocator(x)
-    rms_gemm_kernel[grid](
+    _launch(_RMS_GEMM, grid, (
         x, w, bias if bias is not None else out, out, rrms, m, n, k, float(eps), x.stride(0), w.stride(0),
-        out.stride(0), HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-    )  # fmt: skip
+        out.stride(0),
+    ), dict(
+        HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=_GROUP_M, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+    ))  # fmt: skip
 
 
 def launch_norm_bwd(
@@ -340,19 +370,17 @@ def launch_norm_bwd(
         if in_kernel:
             counters = _counters(dy.device, 1 + triton.cdiv(programs, NORM_BWD_GROUP))
     dummy = rstat
-    norm_bwd_kernel[(programs,)](
+    # every parameter by position: tensors follow constexprs in this signature
+    _launch(_NORM_BWD, (programs,), (
         dy, xhat, rstat, gamma if gamma is not None else dy, dz, part if part is not None else dummy,
         m, n, dy.stride(0), xhat.stride(0), dz.stride(0), programs * n,
-        RMS=rms, HAS_GAMMA=gamma is not None, WEIGHT_GRADS=weight_grads, BIAS_GRAD=bias_grad,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS_PER_PROG=cfg.rows_per_prog, num_warps=cfg.num_warps,
-        ACC_2D=cfg.acc_2d, num_stages=cfg.num_stages, XOFF=xoff if xoff is not None else dummy,
-        XHAT_RAW=xhat_raw, OUT0=dweight if dweight is not None else dummy,
-        OUT1=dnorm_bias if dnorm_bias is not None else dummy, OUT2=dbias if dbias is not None else dummy,
-        COUNT=counters if counters is not None else dummy, SUMS=counters is not None, GROUP=NORM_BWD_GROUP,
-        BLOCK_P=max(1, min(NORM_BWD_GROUP, 8192 // cfg.block_n)), FENCE=not interpreter_active(),
-        XG=xg if xg is not None else dz, stride_xg=xg.stride(0) if xg is not None else 0,
-        STORE_XG=xg is not None,
-    )  # fmt: skip
+        rms, gamma is not None, weight_grads, bias_grad, cfg.block_m, cfg.block_n, cfg.rows_per_prog,
+        cfg.acc_2d, xoff if xoff is not None else dummy, xhat_raw, dweight if dweight is not None else dummy,
+        dnorm_bias if dnorm_bias is not None else dummy, dbias if dbias is not None else dummy,
+        counters if counters is not None else dummy, counters is not None, NORM_BWD_GROUP,
+        max(1, min(NORM_BWD_GROUP, 8192 // cfg.block_n)), not interpreter_active(),
+        xg if xg is not None else dz, xg.stride(0) if xg is not None else 0, xg is not None,
+    ), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))  # fmt: skip
     if part is not None and counters is None:
         _add_partials(part, outs)
 
@@ -395,10 +423,9 @@ def launch_row_col_scale(x: torch.Tensor, r: torch.Tensor, g: torch.Tensor | Non
         return
     block_m, block_k = 32, 128
     grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
-    row_col_scale_kernel[grid](
+    _launch(_ROW_COL_SCALE, grid, (
         x, r, g if g is not None else x, out, m, k, x.stride(0), out.stride(0),
-        HAS_G=g is not None, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4,
-    )  # fmt: skip
+    ), dict(HAS_G=g is not None, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4))  # fmt: skip
 
 
 def launch_part_sums(
@@ -411,8 +438,10 @@ def launch_part_sums(
         return
     block_n = 64 if part.device.type == "cuda" else 32
     dummy = part
-    part_sums_kernel[(triton.cdiv(n, block_n),)](
+    _launch(_PART_SUMS, (triton.cdiv(n, block_n),), (
         part, out0 if out0 is not None else dummy, out1 if out1 is not None else dummy,
-        out2 if out2 is not None else dummy, p, n, p * n, DO0=out0 is not None, DO1=out1 is not None,
-        DO2=out2 is not None, BLOCK_P=32 if part.device.type == "cuda" else 8, BLOCK_N=block_n, num_warps=4,
-    )  # fmt: skip
+        out2 if out2 is not None else dummy, p, n, p * n,
+    ), dict(
+        DO0=out0 is not None, DO1=out1 is not None, DO2=out2 is not None,
+        BLOCK_P=32 if part.device.type == "cuda" else 8, BLOCK_N=block_n, num_warps=4,
+    ))  # fmt: skip
