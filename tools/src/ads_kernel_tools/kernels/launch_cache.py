@@ -95,24 +95,45 @@ def enabled() -> bool:
     return value == "1"
 
 
+_TENSOR = torch.Tensor
+_NONE = type(None)
+_DESCRIPTOR = _DESCRIPTORS[0] if _DESCRIPTORS else _NONE
+_I32 = (-(2**31), 2**31)
+
+
 def spec_key(args: tuple, kwargs: dict, constexpr_at: frozenset[int] = frozenset()) -> tuple | None:
     """The cache key of one launch (positional arguments, constexpr / option keywords), or None where
     an argument's type is not covered (the caller then takes Triton's path). ``constexpr_at``: the
-    positions of constexpr parameters among ``args``, keyed by value (Triton compiles them in)."""
+    positions of constexpr parameters among ``args``, keyed by value (Triton compiles them in).
+    Keywords are keyed in the order given (a call site that reorders them only adds an entry).
+
+    This runs on every launch, so the common exact types (tensor, int, descriptor, float, None) are
+    keyed inline, as ``_arg_key`` would key them; anything else goes through ``_arg_key``."""
     keys = []
+    add = keys.append
+    lo, hi = _I32
     for i, a in enumerate(args):
-        if i in constexpr_at:
+        t = type(a)
+        if constexpr_at and i in constexpr_at:
             try:
                 hash(a)
             except TypeError:
                 return None
-            keys.append(("constexpr", a))
-            continue
-        k = _arg_key(a)
-        if k is _UNKNOWN:
-            return None
-        keys.append(k)
-    return (_current_device(), tuple(keys), tuple(sorted(kwargs.items())))
+            add(("constexpr", a))
+        elif t is _TENSOR:
+            add((a.dtype, not a.data_ptr() & 15))
+        elif t is int:
+            add((int, a == 1, not a & 15, 0 if lo <= a < hi else _int_width(a)))
+        elif t is _DESCRIPTOR:
+            add((a.base.dtype, tuple(a.block_shape), a.layout, a.padding))
+        elif t is float or t is _NONE:
+            add(t)
+        else:
+            k = _arg_key(a)
+            if k is _UNKNOWN:
+                return None
+            add(k)
+    return (_current_device(), tuple(keys), tuple(kwargs.items()))
 
 
 def _is_constexpr(param: inspect.Parameter) -> bool:
@@ -179,6 +200,7 @@ class LaunchCache:
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         run = kernel.run  # after the first launch: the handles are loaded
-        meta = kernel.launch_metadata(grid, stream, *bound)
         enter, leave = _launch_hooks()
+        # what ``launch_metadata`` returns without an enter hook, without its call
+        meta = kernel.launch_metadata(grid, stream, *bound) if enter is not None else None
         run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, meta, enter, leave, *bound)
