@@ -42,6 +42,30 @@ def test_dense_offsets_cache_is_bounded(device, monkeypatch):
     assert offsets.dense_length(first, 1) is None  # evicted: clamped from then on
 
 
+def test_dense_schedule_is_built_once_per_argument_set(device, monkeypatch):
+    """The backward's tile list of dense offsets is the general list, built once per (cu_q, cu_k,
+    arguments), bounded like the offsets; other offsets or arguments get their own."""
+    from ads_kernel_tools.kernels.tile_list import schedule
+
+    monkeypatch.setattr(offsets, "_SCHEDULES", {})
+    cu_q, cu_k = offsets.dense_offsets(3, 200, device), offsets.dense_offsets(3, 130, device)
+    kw = dict(tile_q=False, block=128, slots=2, heads=2)
+    tiles, count = offsets.dense_schedule(cu_q, cu_k, 200, **kw)
+    ref_tiles, ref_count = schedule(cu_q, cu_k, 200, **kw)
+    assert (
+        count.tolist() == ref_count.tolist()
+        and tiles[: int(count)].tolist() == ref_tiles[: int(ref_count)].tolist()
+    )
+    assert offsets.dense_schedule(cu_q, cu_k, 200, **kw)[0] is tiles  # built once
+    assert offsets.dense_schedule(cu_q, cu_k, 100, **kw)[0] is not tiles  # another row cap
+    assert offsets.dense_schedule(cu_q, cu_k, 200, **{**kw, "heads": 4})[0] is not tiles
+    assert offsets.dense_schedule(cu_k, cu_k, 200, **kw)[0] is not tiles  # other offsets
+    monkeypatch.setattr(offsets, "_DENSE_MAX", 2)
+    for cap in range(1, 6):
+        offsets.dense_schedule(cu_q, cu_k, cap, **kw)
+    assert len(offsets._SCHEDULES) == 2
+
+
 @pytest.mark.parametrize("length", [64, 40, 1])
 @pytest.mark.parametrize("relabel", [False, True])
 def test_v_copy_with_given_starts_matches_the_general_copy(length, relabel, device):

@@ -8,11 +8,14 @@ from __future__ import annotations
 import torch
 
 from ads_kernel_tools.kernels.offsets import clamp_offsets
+from ads_kernel_tools.kernels.tile_list import schedule
 
 # (B, L, device) -> int32 offsets b·L of a dense batch; id -> (tensor, L) of the same tensors
 _DENSE: dict[tuple[int, int, str], torch.Tensor] = {}
 _DENSE_IDS: dict[int, tuple[torch.Tensor, int]] = {}
 _DENSE_MAX = 64
+# (id(cu_q), id(cu_k), schedule's arguments) -> (cu_q, cu_k, (entries, count)) of dense offsets
+_SCHEDULES: dict[tuple, tuple] = {}
 
 
 def dense_offsets(n_b: int, s: int, device) -> torch.Tensor:
@@ -72,3 +75,23 @@ def kernel_offsets(
     elif lk is None:
         cu_k = clamp_offsets(cu_k, tk)[0]
     return cu_q, cu_k, lq, lk
+
+
+def dense_schedule(
+    cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, **kw
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ads_kernel_tools.kernels.tile_list.schedule(cu_q, cu_k, max_q, **kw)`` (no ``work``), built
+    once per argument set when cu_q and cu_k are both ``dense_offsets``' tensors (checked by the
+    caller through ``kernel_offsets``' lengths): their list depends on the shapes alone, so a dense
+    call launches no list after its first. Callers must not write into the result."""
+    key = (id(cu_q), id(cu_k), max_q, *sorted(kw.items()))
+    entry = _SCHEDULES.get(key)
+    if entry is not None and entry[0] is cu_q and entry[1] is cu_k:
+        return entry[2]
+    made = schedule(cu_q, cu_k, max_q, **kw)
+    if cu_q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return made  # filled only when the graph replays: not for eager reuse
+    while len(_SCHEDULES) >= _DENSE_MAX:
+        _SCHEDULES.pop(next(iter(_SCHEDULES)))
+    _SCHEDULES[key] = (cu_q, cu_k, made)
+    return made

@@ -67,7 +67,7 @@ from ads_kernel_tools.kernels.span_fill import zero_unwritten
 from ads_kernel_tools.kernels.tile_list import schedule
 
 from .. import config
-from ..offsets import kernel_offsets
+from ..offsets import dense_schedule, kernel_offsets
 from .band import in_band
 
 BLOCK_M = 64  # query rows per step
@@ -404,7 +404,7 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     rows_cap = min(int(rows_cap), int(max_q))
     if n_b <= 0 or h == 0 or rows_cap <= 0 or max_k <= 0 or tq == 0 or tk == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    cu_q, cu_k, _, lk_dense = kernel_offsets(cu_q, tq, cu_k, tk)
+    cu_q, cu_k, lq_dense, lk_dense = kernel_offsets(cu_q, tq, cu_k, tk)
     # the kernel stores the rows of every sequence's used keys (zeros where no query sees them):
     # only the other rows need zeros, none when all keys of a dense K count; small buffers take a
     # plain fill, cheaper than one more launch
@@ -420,7 +420,13 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=d // 2)
     slot_keys = 2 * BN if causal else BN  # causal: a slot pairs kv tiles j and T-1-j (``_kv_tiles``)
     n_tiles = triton.cdiv(max_k, slot_keys)
-    tiles, count = schedule(cu_q, cu_k, rows_cap, tile_q=False, block=slot_keys, slots=n_tiles, heads=hkv)
+    # a dense batch's list depends on its shapes alone: built once (``dense_schedule``)
+    build = (
+        dense_schedule
+        if lq_dense is not None and lk_dense is not None and used_q is None and used_k is None
+        else schedule
+    )
+    tiles, count = build(cu_q, cu_k, rows_cap, tile_q=False, block=slot_keys, slots=n_tiles, heads=hkv)
     walk = config.bwd_walk(window is not None, bool(causal))
     # the list's length at most (programs past its count exit at once): a sequence of L keys has
     # cdiv(L, slot_keys) items per kv head, so all have at most cdiv(tk, slot_keys) + n_b; a grid
