@@ -294,7 +294,7 @@ def gluon_epi_split(n: int) -> int:
 
 
 def launch_cache() -> bool:
-    """``ADS_NORM_FUSION_LAUNCH_CACHE``: ``1`` relaunches the Gluon normalisation-partition forward's
+    """``ADS_NORM_FUSION_LAUNCH_CACHE``: ``1`` relaunches every kernel of this package from its
     compiled kernel without Triton's per-call argument binding
     (``ads_kernel_tools.kernels.launch_cache``), where that host time bounded calls of ~0.2 ms; ``0``
     launches through Triton every time (A/B). Unset: as the tools' own switch, ``ADS_LAUNCH_CACHE``

@@ -35,8 +35,8 @@ from ._scale import row_col_scale_kernel
 _GROUP_M = 8
 
 # Every launch relaunches its compiled kernel without Triton's per-call argument binding (the
-# tools' ``kernels.launch_cache``): a training step makes up to five launches here, and its host
-# time, not its kernels, bounded the step at 65536x1024x1024 (BENCHMARKS.md). Runtime arguments go
+# tools' ``kernels.launch_cache``): the training steps are bound by host time on the GPU machines'
+# hosts (BENCHMARKS.md), and each launch here is one of up to five per step. Runtime arguments go
 # by position (the cache keys them by type); constexprs and launch options by keyword (by value).
 _ROWNORM = LaunchCache(rownorm_kernel)
 _ROWNORM_PERSISTENT = LaunchCache(rownorm_persistent_kernel)
