@@ -48,6 +48,7 @@ def test_key_follows_triton_specialisation(on_gpu) -> None:
         assert lc.spec_key(args, {"C": 1, "num_warps": 4}) != key, args
     assert lc.spec_key((buf, 32, 1.5, None, True), {"C": 2, "num_warps": 4}) != key
     assert lc.spec_key((buf, [1, 2]), {}) is None  # a type it does not know: no caching
+    assert lc.spec_key((buf,), {"X": buf}) is None  # a tensor by keyword would be keyed, and kept, by value
 
 
 def test_descriptor_key(on_gpu) -> None:

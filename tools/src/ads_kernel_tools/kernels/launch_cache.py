@@ -133,6 +133,9 @@ def spec_key(args: tuple, kwargs: dict, constexpr_at: frozenset[int] = frozenset
             if k is _UNKNOWN:
                 return None
             add(k)
+    for v in kwargs.values():  # by keyword only constants: a tensor would be keyed (and kept) by value
+        if type(v) is _TENSOR or type(v) is _DESCRIPTOR:
+            return None
     return (_current_device(), tuple(keys), tuple(kwargs.items()))
 
 
@@ -171,7 +174,9 @@ class LaunchCache:
     def __init__(self, fn: Callable, max_entries: int = 64) -> None:
         self.fn = fn
         self.max_entries = max_entries
-        self._kernels: dict[tuple, Any] = {}
+        # key -> (compiled kernel, the values of the parameters after the positional ones: keywords
+        # and defaults, which the key fixes)
+        self._kernels: dict[tuple, tuple[Any, tuple]] = {}
         params = inspect.signature(fn.fn).parameters
         self._names = tuple(params)
         self._defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
@@ -182,20 +187,23 @@ class LaunchCache:
             cached = enabled()
         usable = cached and _RELAUNCH and not interpreter_active()
         key = spec_key(args, kwargs, self._constexpr_at) if usable else None
-        kernel = self._kernels.get(key) if key is not None else None
-        if kernel is None:
+        entry = self._kernels.get(key) if key is not None else None
+        if entry is None:
             kernel = self.fn[grid](*args, **kwargs)
             if key is not None and len(self._kernels) < self.max_entries:
-                self._kernels[key] = kernel
+                tail = self._names[len(args) :]
+                self._kernels[key] = (
+                    kernel,
+                    tuple(kwargs[n] if n in kwargs else self._defaults[n] for n in tail),
+                )
             return
-        self._run(kernel, grid, args, kwargs)
+        self._run(entry[0], grid, args, entry[1])
 
-    def _run(self, kernel, grid, args, kwargs) -> None:
+    def _run(self, kernel, grid, args, tail: tuple) -> None:
         """What ``JITFunction.run`` does once it has found the compiled kernel: every parameter's
-        value in order (constexprs included; the launcher skips them), the current stream, the
-        launch hooks and their metadata."""
-        tail = self._names[len(args) :]
-        bound = (*args, *(kwargs[n] if n in kwargs else self._defaults[n] for n in tail))
+        value in order (constexprs included; the launcher skips them; ``tail`` the values of those
+        after ``args``), the current stream, the launch hooks and their metadata."""
+        bound = args + tail
         stream = _current_stream()
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
