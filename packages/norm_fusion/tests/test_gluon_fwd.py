@@ -74,15 +74,11 @@ def test_ws_knob(monkeypatch) -> None:
 
 
 def test_launch_cache_knob(monkeypatch) -> None:
-    from ads_norm_fusion import config
+    """One switch for every relaunch: the tools' ``ADS_LAUNCH_CACHE``, which this package's launches
+    follow (they pass no ``cached=`` of their own)."""
+    from ads_kernel_tools.kernels import launch_cache
 
-    _check_switch(monkeypatch, "ADS_NORM_FUSION_LAUNCH_CACHE", config.launch_cache, bad="true")
-    # unset, it follows the tools' switch for every kernel; set, it decides for this one
-    monkeypatch.delenv("ADS_NORM_FUSION_LAUNCH_CACHE")
-    monkeypatch.setenv("ADS_LAUNCH_CACHE", "0")
-    assert config.launch_cache() is False
-    monkeypatch.setenv("ADS_NORM_FUSION_LAUNCH_CACHE", "1")
-    assert config.launch_cache() is True
+    _check_switch(monkeypatch, "ADS_LAUNCH_CACHE", launch_cache.enabled, bad="true")
 
 
 def _check_switch(monkeypatch, name: str, read, *, bad: str) -> None:
@@ -506,7 +502,7 @@ def test_launch_cache_relaunch_matches(gluon_split, kind: str, monkeypatch) -> N
     monkeypatch.setattr(fwd_epi_sm90._LAUNCH, "_kernels", {})
     outs = {}
     for cached in ("0", "1", "1"):
-        monkeypatch.setenv("ADS_NORM_FUSION_LAUNCH_CACHE", cached)
+        monkeypatch.setenv("ADS_LAUNCH_CACHE", cached)
         for m, k in ((300, 64), (300, 48), (1, 64)):
             x = randn((m, k), dtype=BF16, device=DEVICE)
             w = randn((512, k), dtype=BF16, device=DEVICE, seed=1)

@@ -22,8 +22,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_BWD_ROWS``, ``ADS_NORM_FUSION_BWD_WARPS``, ``ADS_NORM_FUSION_BWD_STAGES``,
 ``ADS_NORM_FUSION_BWD_ACC2D`` (the row-wise norm backward, see ``norm_bwd_config``),
 ``ADS_NORM_FUSION_BWD_SUMS`` (fused/torch/kernel, see ``norm_bwd_sums``);
-``ADS_NORM_FUSION_SAVE`` (z/xhat, see ``save_prenorm``); ``ADS_NORM_FUSION_LAUNCH_CACHE`` (0/1, see
-``launch_cache``).
+``ADS_NORM_FUSION_SAVE`` (z/xhat, see ``save_prenorm``). Every launch goes through the tools' launch
+cache, switched by the tools' ``ADS_LAUNCH_CACHE``.
 """
 
 from __future__ import annotations
@@ -291,17 +291,6 @@ def gluon_epi_split(n: int) -> int:
         if n % part == 0 and n // part <= GLUON_EPI_MAX_SPLIT:
             return n // part
     return 0
-
-
-def launch_cache() -> bool:
-    """``ADS_NORM_FUSION_LAUNCH_CACHE``: ``1`` relaunches every kernel of this package from its
-    compiled kernel without Triton's per-call argument binding
-    (``ads_kernel_tools.kernels.launch_cache``), where that host time bounded calls of ~0.2 ms; ``0``
-    launches through Triton every time (A/B). Unset: as the tools' own switch, ``ADS_LAUNCH_CACHE``
-    (on by default), says for every kernel."""
-    from ads_kernel_tools.kernels.launch_cache import enabled
-
-    return _choice("ADS_NORM_FUSION_LAUNCH_CACHE", "1" if enabled() else "0", ("0", "1")) == "1"
 
 
 def gluon_ws() -> bool:

@@ -420,12 +420,8 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=d // 2)
     slot_keys = 2 * BN if causal else BN  # causal: a slot pairs kv tiles j and T-1-j (``_kv_tiles``)
     n_tiles = triton.cdiv(max_k, slot_keys)
-    # a dense batch's list depends on its shapes alone: built once (``dense_schedule``)
-    build = (
-        dense_schedule
-        if lq_dense is not None and lk_dense is not None and used_q is None and used_k is None
-        else schedule
-    )
+    # a dense batch's list depends on its shapes alone (the list reads no seqused): built once
+    build = dense_schedule if lq_dense is not None and lk_dense is not None else schedule
     tiles, count = build(cu_q, cu_k, rows_cap, tile_q=False, block=slot_keys, slots=n_tiles, heads=hkv)
     walk = config.bwd_walk(window is not None, bool(causal))
     # the list's length at most (programs past its count exit at once): a sequence of L keys has

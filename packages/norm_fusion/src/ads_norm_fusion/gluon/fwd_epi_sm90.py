@@ -39,7 +39,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ads_kernel_tools.kernels.gluon_hopper import init_ring
 from ads_kernel_tools.kernels.launch_cache import LaunchCache
 
-from .. import config
 from .fwd_sm90 import (
     _SMEM_SPARE,
     BLOCK_M,
@@ -258,7 +257,7 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, e
         RMS=bool(rms), HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
         STAGES=stages, SPLIT=split, SAVE_Z=zsave is not None, num_warps=4,
     )  # fmt: skip
-    _LAUNCH.launch((programs,), args, consts, cached=config.launch_cache())
+    _LAUNCH.launch((programs,), args, consts)
 
 
 _LAUNCH = LaunchCache(linear_norm_fwd_epi_kernel)

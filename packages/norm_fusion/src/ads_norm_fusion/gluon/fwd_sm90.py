@@ -55,8 +55,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ads_kernel_tools.kernels.gluon_hopper import init_ring, smem_layout
 from ads_kernel_tools.kernels.launch_cache import LaunchCache
 
-from .. import config
-
 BLOCK_M = 64  # rows per row block: one warpgroup's wgmma
 BLOCK_K = 64
 MAX_N = 1024  # split 1: a 64-row block's z tiles fill 128 KB of shared memory at 16 bits
@@ -631,7 +629,7 @@ def forward(x, w, out, stat2, *, stat1=None, bias=None, gamma=None, beta=None, x
     ), dict(
         RMS=bool(rms), HAS_BIAS=bias is not None, HAS_GAMMA=gamma is not None, HAS_BETA=beta is not None,
         SAVE_XHAT=save, NT=n // split // bn, STAGES=stages, SPLIT=split, num_warps=4 if ws else bm // 16,
-    ), cached=config.launch_cache())  # fmt: skip
+    ))  # fmt: skip
 
 
 # relaunched without Triton's per-call argument binding (host time of calls of ~0.2 ms)

@@ -33,7 +33,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ads_kernel_tools.kernels.gluon_hopper import init_ring
 from ads_kernel_tools.kernels.launch_cache import LaunchCache
 
-from .. import config
 from .fwd_sm90 import (
     _SMEM_SPARE,
     BLOCK_K,
@@ -180,7 +179,7 @@ def forward(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, rrms: torch.Ten
         bias if bias is not None else rrms, rrms, m, n, k, float(eps),
     ), dict(
         HAS_BIAS=bias is not None, NT=nt, STAGES=stages_for(bn), SPLIT=split, num_warps=4,
-    ), cached=config.launch_cache())  # fmt: skip
+    ))  # fmt: skip
 
 
 # relaunched without Triton's per-call argument binding (host time of calls of ~0.2 ms)

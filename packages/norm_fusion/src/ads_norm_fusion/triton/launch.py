@@ -15,7 +15,6 @@ from ads_kernel_tools.kernels.launch_cache import LaunchCache
 from ..config import (
     ROWNORM_MODES,
     flatten_loops,
-    launch_cache,
     norm_bwd_config,
     norm_bwd_sums,
     persistent_config,
@@ -38,6 +37,7 @@ _GROUP_M = 8
 # tools' ``kernels.launch_cache``): the training steps are bound by host time on the GPU machines'
 # hosts (BENCHMARKS.md), and each launch here is one of up to five per step. Runtime arguments go
 # by position (the cache keys them by type); constexprs and launch options by keyword (by value).
+# ``ADS_LAUNCH_CACHE=0`` (the tools' switch) sends them through Triton's path.
 _ROWNORM = LaunchCache(rownorm_kernel)
 _ROWNORM_PERSISTENT = LaunchCache(rownorm_persistent_kernel)
 _ROW_STAT = LaunchCache(row_stat_kernel)
@@ -46,10 +46,6 @@ _RMS_GEMM = LaunchCache(rms_gemm_kernel)
 _NORM_BWD = LaunchCache(norm_bwd_kernel)
 _PART_SUMS = LaunchCache(part_sums_kernel)
 _ROW_COL_SCALE = LaunchCache(row_col_scale_kernel)
-
-
-def _launch(cache: LaunchCache, grid: tuple[int, ...], args: tuple, consts: dict) -> None:
-    cache.launch(grid, args, consts, cached=launch_cache())
 
 
 def _scratch(size: int, align: int, stream) -> torch.Tensor:
@@ -128,8 +124,7 @@ def launch_rownorm(
         raise ValueError(f"partial-sum buffer is {tuple(part.shape)}, need {(3, blocks, n)}")
     _ensure_allocator(a)
     dummy = out
-    _launch(
-        _ROWNORM,
+    _ROWNORM.launch(
         (blocks,),
         (
             a,
@@ -182,7 +177,7 @@ def _launch_persistent(mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, e
     cfg = pcfg.tiles
     _ensure_allocator(a)
     dummy = out
-    _launch(_ROWNORM_PERSISTENT, (pcfg.programs,), (
+    _ROWNORM_PERSISTENT.launch((pcfg.programs,), (
         a, b, bias if bias is not None else dummy, gamma if gamma is not None else dummy,
         beta if beta is not None else dummy, out, xhat if xhat is not None else dummy,
         stat1 if stat1 is not None else stat2, stat2, xoff if xoff is not None else stat2, m, n, a.shape[1],
@@ -216,7 +211,7 @@ def launch_row_stat(
     if a.device.type != "cuda":
         block_m = min(block_m, 16)
     grid = (triton.cdiv(m, block_m),)
-    _launch(_ROW_STAT, grid, (
+    _ROW_STAT.launch(grid, (
         a, b if b is not None else a, bias if bias is not None else a, r if r is not None else out, out,
         m, n, a.stride(0), b.stride(0) if b is not None else 0, 1.0 / float(divisor or n), float(eps),
     ), dict(
@@ -261,7 +256,7 @@ def launch_scaled_gemm(
     )
     _ensure_allocator(a)
     dummy = alpha
-    _launch(_SCALED_GEMM, (progs,), (
+    _SCALED_GEMM.launch((progs,), (
         a, b, alpha, gamma if gamma is not None else dummy, bias if bias is not None else dummy,
         aux if aux is not None else out, coef if coef is not None else dummy, out,
         part if part is not None else dummy, m, n, k, a.stride(0), b.stride(0),
@@ -304,7 +299,7 @@ def launch_rms_gemm(
     cfg = rms_gemm_config(m, n, k)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     _ensure_allocator(x)
-    _launch(_RMS_GEMM, grid, (
+    _RMS_GEMM.launch(grid, (
         x, w, bias if bias is not None else out, out, rrms, m, n, k, float(eps), x.stride(0), w.stride(0),
         out.stride(0),
     ), dict(
@@ -371,7 +366,7 @@ def launch_norm_bwd(
             counters = _counters(dy.device, 1 + triton.cdiv(programs, NORM_BWD_GROUP))
     dummy = rstat
     # every parameter by position: tensors follow constexprs in this signature
-    _launch(_NORM_BWD, (programs,), (
+    _NORM_BWD.launch((programs,), (
         dy, xhat, rstat, gamma if gamma is not None else dy, dz, part if part is not None else dummy,
         m, n, dy.stride(0), xhat.stride(0), dz.stride(0), programs * n,
         rms, gamma is not None, weight_grads, bias_grad, cfg.block_m, cfg.block_n, cfg.rows_per_prog,
@@ -423,7 +418,7 @@ def launch_row_col_scale(x: torch.Tensor, r: torch.Tensor, g: torch.Tensor | Non
         return
     block_m, block_k = 32, 128
     grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
-    _launch(_ROW_COL_SCALE, grid, (
+    _ROW_COL_SCALE.launch(grid, (
         x, r, g if g is not None else x, out, m, k, x.stride(0), out.stride(0),
     ), dict(HAS_G=g is not None, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4))  # fmt: skip
 
@@ -438,7 +433,7 @@ def launch_part_sums(
         return
     block_n = 64 if part.device.type == "cuda" else 32
     dummy = part
-    _launch(_PART_SUMS, (triton.cdiv(n, block_n),), (
+    _PART_SUMS.launch((triton.cdiv(n, block_n),), (
         part, out0 if out0 is not None else dummy, out1 if out1 is not None else dummy,
         out2 if out2 is not None else dummy, p, n, p * n,
     ), dict(
