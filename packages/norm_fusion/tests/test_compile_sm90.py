@@ -25,6 +25,9 @@ ROWNORM_CASES = {
                           WEIGHT_GRADS=True, _warps=8),
     "rms_input_grad_raw": dict(MODE=3, SINGLE=False, BLOCK_M=128, BLOCK_N=256, B_TRANS=False, AUX_RAW=True,
                                WEIGHT_GRADS=True, _warps=8),
+    # rmsnorm_linear's input-mode dx at K <= 256 (config.rownorm_config's one-tile backward), x̂·γ out
+    "rms_input_grad_single_xg": dict(MODE=3, SINGLE=True, BLOCK_M=64, BLOCK_N=256, B_TRANS=False,
+                                     AUX_RAW=True, WEIGHT_GRADS=True, SAVE_XHAT=True, NUM_STAGES=2, _warps=8),
     "ln_norm_bwd": dict(MODE=2, SINGLE=False, BLOCK_M=128, BLOCK_N=256, HAS_GEMM=False, WEIGHT_GRADS=True,
                         BIAS_GRAD=True, _warps=8),
 }
@@ -97,6 +100,14 @@ def _jobs() -> dict[str, dict]:
         jobs["norm_bwd"], types=jobs["norm_bwd"]["types"] | {"XG": "*bf16"},
         constexprs=jobs["norm_bwd"]["constexprs"]
         | dict(RMS=True, BIAS_GRAD=False, XHAT_RAW=True, STORE_XG=True),
+    )  # fmt: skip
+    # rmsnorm_linear's weight gradient from raw x (config.rms_dw_config's tiles): x scaled in registers
+    # between its TMA load and the wgmma, without spilling
+    jobs["rms_dw"] = dict(
+        module="ads_norm_fusion.triton._rms_dw", kernel="rms_dw_kernel",
+        types={"DY": "*bf16", "X": "*bf16", "RRMS": "*fp32", "GAMMA": "*bf16", "PART": "*fp32"},
+        constexprs=dict(HAS_GAMMA=True, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, NUM_STAGES=3), num_warps=8,
+        sass_between={"stl": [r"^\.text\.rms_dw_kernel:", r"(?!)", r"\bSTL\b"]},
     )  # fmt: skip
     jobs["gluon_ln_fwd_n1024"] = _gluon_job(1024, rms=False, xhat=False)
     jobs["gluon_rms_fwd_n384_xhat"] = _gluon_job(384, rms=True, xhat=True)
@@ -236,6 +247,7 @@ def ptx(request) -> dict[str, dict]:
 
 # each compile costs 10-20 s of CPU: the representative kernels by default, the rest with --run-slow
 _DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "ln_fwd_persistent_stage_xhat", "rms_input_grad_raw",
+            "rms_input_grad_single_xg", "rms_dw",
             "rms_gemm", "rms_gemm_dx", "norm_bwd", "norm_bwd_raw", "norm_bwd_rms_xg", "gluon_ln_fwd_n1024",
             "gluon_ln_fwd_n1024_split2", "gluon_ws_ln_fwd_n1024_split2",
             "gluon_rms_linear_n1024")  # fmt: skip
@@ -248,6 +260,7 @@ CASES = [
         "rms_gemm",
         "rms_gemm_dx",
         "rms_gemm_fused",
+        "rms_dw",
         "norm_bwd",
         "norm_bwd_raw",
         "norm_bwd_rms_xg",
@@ -279,6 +292,8 @@ def test_compiles_for_sm90(ptx, case) -> None:
         "ln_fwd_persistent"
     ):  # 4 stages of 128x64 + 256x64 bf16 tiles (the K loop is pipelined)
         assert 4 * (128 + 256) * 64 * 2 <= counts["shared_bytes"] <= 227 * 1024, counts["shared_bytes"]
+    if case == "rms_dw":  # ptxas spills show in SASS only
+        assert counts["stl"] == [0], counts
     if case in GLUON_EPI:  # two MMA warpgroups, one commit group per K step each
         (hgmma,), (groups,) = counts["hgmma"], counts["hgmma_gsb0"]
         assert hgmma >= 4 and groups == 2, counts

@@ -101,6 +101,8 @@ _FWD, _BWD = "ADS_NORM_FUSION_RMS_FWD", "ADS_NORM_FUSION_RMS_BWD"
 _TRITON_FWD = {"ADS_NORM_FUSION_RMS_GLUON": "0"}
 RMS_PATHS = {
     "fused-input": _TRITON_FWD | {_FWD: "fused", _BWD: "input"},
+    # dW from the split-M kernel on raw x (no x̂·γ tensor)
+    "fused-input-dwkernel": _TRITON_FWD | {_FWD: "fused", _BWD: "input", "ADS_NORM_FUSION_RMS_DW": "kernel"},
     "rowpass-output": _TRITON_FWD | {_FWD: "rowpass", _BWD: "output"},
     "rowpass-cublas": _TRITON_FWD | {_FWD: "rowpass", _BWD: "cublas"},
     # the Gluon forward (gluon.rms_linear_sm90) where the device has it, else the defaults

@@ -25,6 +25,8 @@ def _args():
         "norm_bwd_xg": (d["dy"], d["dy"].clone(), rstat, None, g, True, True, True, False, True),
         "rmsnorm_linear_fwd": (x, gk, w, b, 1e-6),
         "gemm_norm_input_grad": (dy_next, w_next_t, d["dy"].clone(), rstat, g, False, False, True),
+        "gemm_norm_input_grad_xg": (dy_next, w_next_t, d["dy"].clone(), rstat, g, True, True, True, True),
+        "rms_dw": (d["dy"], x, rstat, gk),
         "row_col_scale": (x, rstat, gk),
         "rmsnorm_linear_dx": (d["dy"], w, x, d["dy"].clone(), rstat, gk, b, True),
     }

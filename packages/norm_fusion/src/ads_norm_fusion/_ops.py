@@ -39,16 +39,18 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ads_kernel_tools.dispatch import eager_function, plain_eager
 
-from .config import NORM_BWD_MAX_N, rms_backward_mode, save_prenorm
+from .config import NORM_BWD_MAX_N, rms_backward_mode, rms_weight_grad, save_prenorm
 from .costs import gemm_flops
 from .triton.launch import (
     launch_norm_bwd,
+    launch_rms_dw,
     launch_rms_gemm,
     launch_row_col_scale,
     launch_row_stat,
     launch_rownorm,
     launch_scaled_gemm,
     num_row_blocks,
+    rms_dw_splits,
     rms_gemm_blocks,
 )
 
@@ -268,10 +270,14 @@ def _gemm_norm_input_grad(
     rms: bool,
     aux_raw: bool,
     weight_grads: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    dy, w_next_t, aux = _aligned(dy), _aligned(w_next_t), aux.contiguous()
+    want_xg: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dz = the norm backward of g = dy @ w_next_t in the GEMM's epilogue (and dγ, dβ); with
+    ``want_xg`` (RMSNorm of a raw input) also x̂·γ, which the epilogue has in registers."""
+    dy, w_next_t, aux = _aligned(dy), _aligned(w_next_t), _aligned(aux)
     m, n = dy.shape[0], w_next_t.shape[1]
     dz = torch.empty((m, n), dtype=dy.dtype, device=dy.device)
+    xg = torch.empty_like(dz) if want_xg else dz.new_empty(_EMPTY)
     part = None
     if weight_grads:
         part = torch.empty(  # every program stores its rows of the planes asked for
@@ -279,12 +285,12 @@ def _gemm_norm_input_grad(
         )
     launch_rownorm(
         "rms_bwd" if rms else "ln_bwd", dy, dz, rstat, b=w_next_t, b_trans=False, gamma=weight, aux=aux,
-        part=part, aux_raw=aux_raw, weight_grads=weight_grads,
+        part=part, aux_raw=aux_raw, weight_grads=weight_grads, xhat=xg if want_xg else None,
     )  # fmt: skip
     pdtype = weight.dtype if weight is not None else dy.dtype
     dweight = _sums(part, 0, pdtype) if weight_grads else dy.new_empty(_EMPTY, dtype=pdtype)
     dnorm_bias = _sums(part, 1, pdtype) if weight_grads and not rms else dy.new_empty(_EMPTY, dtype=pdtype)
-    return dz, dweight, dnorm_bias
+    return dz, dweight, dnorm_bias, xg
 
 
 gemm_norm_input_grad = torch.library.custom_op(
@@ -293,13 +299,14 @@ gemm_norm_input_grad = torch.library.custom_op(
 
 
 @gemm_norm_input_grad.register_fake
-def _(dy, w_next_t, aux, rstat, weight, rms, aux_raw, weight_grads):
+def _(dy, w_next_t, aux, rstat, weight, rms, aux_raw, weight_grads, want_xg=False):
     m, n = dy.shape[0], w_next_t.shape[1]
     pdtype = weight.dtype if weight is not None else dy.dtype
     return (
         dy.new_empty((m, n)),
         dy.new_empty((n,) if weight_grads else _EMPTY, dtype=pdtype),
         dy.new_empty((n,) if weight_grads and not rms else _EMPTY, dtype=pdtype),
+        dy.new_empty((m, n) if want_xg else _EMPTY),
     )
 
 
@@ -346,22 +353,26 @@ def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms, eager: bool = False):
     x, norm_weight, w, bias, y, rrms = ctx.saved_tensors
     needs = ctx.needs_input_grad
     want_gamma = ctx.has_weight and needs[1]
+    dw_kernel = needs[2] and rms_weight_grad() == "kernel"
+    want_xg = needs[2] and not dw_kernel  # cuBLAS's dW reads x̂·γ, written by the dx kernel
     dx = dgamma = dw = dbias = xg = None
     if needs[0] or want_gamma:
         if ctx.bwd_mode == "cublas":  # g = dy @ w, then the RMSNorm backward over K row by row
             bwd = _norm_bwd if eager else norm_bwd
             dx, dgamma, _, _, xg = bwd(
-                dy @ w, x, rrms, None, norm_weight, True, True, want_gamma, False, needs[2]
+                dy @ w, x, rrms, None, norm_weight, True, True, want_gamma, False, want_xg
             )
         elif ctx.bwd_mode == "output":
             dx_op = _rmsnorm_linear_dx if eager else rmsnorm_linear_dx
             dx, dgamma = dx_op(dy, w, x, y, rrms, norm_weight, bias, want_gamma)
         else:  # du = dy @ w, then the RMSNorm backward over K in the same kernel's epilogue
             input_grad_op = _gemm_norm_input_grad if eager else gemm_norm_input_grad
-            dx, dgamma, _ = input_grad_op(dy, w, x, rrms, norm_weight, True, True, want_gamma)
+            dx, dgamma, _, xg = input_grad_op(dy, w, x, rrms, norm_weight, True, True, want_gamma, want_xg)
         dx = dx if needs[0] else None
         dgamma = dgamma if want_gamma else None
-    if needs[2]:
+    if dw_kernel:
+        dw = (_rms_dw if eager else rms_dw)(dy, x, rrms, norm_weight)
+    elif needs[2]:
         if xg is None:
             xg = (_row_col_scale if eager else row_col_scale)(x, rrms, norm_weight)
         dw = dy.t() @ xg
@@ -425,6 +436,24 @@ row_col_scale = torch.library.custom_op("ads_norm_fusion::row_col_scale", _row_c
 @row_col_scale.register_fake
 def _(x, r, g):
     return x.new_empty(x.shape)
+
+
+def _rms_dw(dy: Tensor, x: Tensor, rrms: Tensor, norm_weight: Tensor | None) -> Tensor:
+    """dW (N, K) = dyᵀ·diag(rrms)·x·diag(γ) in dy's dtype, from per-split fp32 partials added in a
+    fixed order (``triton._rms_dw``)."""
+    dy, x = _aligned(dy), _aligned(x)
+    splits, _ = rms_dw_splits(x.shape[0], dy.shape[1], x.shape[1], x.device)
+    part = torch.empty((splits, dy.shape[1], x.shape[1]), dtype=torch.float32, device=x.device)
+    launch_rms_dw(dy, x, rrms, norm_weight, part)
+    return part.sum(dim=0).to(dy.dtype)
+
+
+rms_dw = torch.library.custom_op("ads_norm_fusion::rms_dw", _rms_dw, mutates_args=())
+
+
+@rms_dw.register_fake
+def _(dy, x, rrms, norm_weight):
+    return dy.new_empty((dy.shape[1], x.shape[1]))
 
 
 rmsnorm_linear_fwd.register_autograd(_rmsnorm_linear_backward, setup_context=_rmsnorm_linear_setup)
@@ -498,7 +527,7 @@ def norm_input_grad(dy, w_next_t, aux, rstat, weight, rms: bool, aux_raw: bool, 
     tensors = (dy, w_next_t, aux, rstat, weight)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     fn = _gemm_norm_input_grad if not grad and plain_eager(tensors) else gemm_norm_input_grad
-    return fn(*tensors, rms, aux_raw, weight_grads)
+    return fn(*tensors, rms, aux_raw, weight_grads)[:3]
 
 
 def rmsnorm_linear(x, norm_weight, w, bias, eps: float, grad: bool):

@@ -11,6 +11,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_FLATTEN``, ``ADS_NORM_FUSION_RMS_TMA_STORE`` (0/1, see ``rms_flatten``),
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
 ``ADS_NORM_FUSION_RMS_BWD`` (cublas/input/output, see ``rms_backward_mode``),
+``ADS_NORM_FUSION_RMS_DW`` (cublas/kernel, see ``rms_weight_grad``), ``ADS_NORM_FUSION_DW_STAGES``,
 ``ADS_NORM_FUSION_RMS_GLUON`` (auto/on/0, see ``rms_gluon``), ``ADS_NORM_FUSION_RMS_GLUON_NT``
 (1/2/4, see ``rms_gluon_nt``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
@@ -59,11 +60,13 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 1).bit_length()
 
 
-def rownorm_config(m: int, n: int, k: int, num_sms: int) -> TileConfig:
+def rownorm_config(m: int, n: int, k: int, num_sms: int, *, backward: bool = False) -> TileConfig:
     """Tiles for the kernels that normalise over the GEMM's output width n (row-norm epilogue).
 
     n <= 256 fits one register tile (whole row in the accumulator); wider rows take 128- or 256-wide
     column tiles, whichever divides n (masked tail otherwise), staged through the output buffer.
+    A one-tile ``backward`` holds g, x̂ and dz of its rows at once: 64 rows (at 128 its sm_90 build
+    spills) and two stages, so that two programs share an SM and one's epilogue hides the other's loads.
     """
     if interpreter_active():
         bm, bn, bk, warps, stages = _INTERP
@@ -75,6 +78,8 @@ def rownorm_config(m: int, n: int, k: int, num_sms: int) -> TileConfig:
         # 8 warps = two warpgroups per 128-row tile; a 64-row tile is one warpgroup's wgmma
         warps = 8 if bm * bn >= 128 * 128 else 4
         stages = 4  # H200 sweep at 65536x1024x1024: 4 stages 2-3 % faster than 3 (BENCHMARKS.md)
+        if backward and n <= 256:
+            bm, warps, stages = 64, 8, 2
     return TileConfig(
         block_m=_env_int("ADS_NORM_FUSION_BLOCK_M") or bm,
         block_n=_env_int("ADS_NORM_FUSION_BLOCK_N") or bn,
@@ -99,6 +104,14 @@ def rms_gemm_config(m: int, n: int, k: int, *, backward: bool = False) -> TileCo
         bn = 256 if n >= 256 else _pow2_at_least(n)
     bn = _env_int("ADS_NORM_FUSION_RMS_BLOCK_N") or bn
     return TileConfig(128, bn, 64, 8, _env_int("ADS_NORM_FUSION_RMS_STAGES") or 3)
+
+
+def rms_dw_config() -> TileConfig:
+    """Tiles of ``rmsnorm_linear``'s weight-gradient kernel (``triton._rms_dw``): BLOCK_M rows of the
+    reduction per step, a (BLOCK_N, BLOCK_K) output tile, two warpgroups of m64 over BLOCK_N."""
+    if interpreter_active():
+        return TileConfig(*_INTERP)
+    return TileConfig(64, 128, 128, 8, _env_int("ADS_NORM_FUSION_DW_STAGES") or 3)
 
 
 def rms_flatten() -> bool:
@@ -158,6 +171,13 @@ def rms_backward_mode() -> str:
     ``input``: dy @ W with the RMSNorm backward over K in the GEMM's epilogue
     (``gemm_norm_input_grad``). K above ``NORM_BWD_MAX_N`` takes ``output``."""
     return _choice("ADS_NORM_FUSION_RMS_BWD", "cublas", ("cublas", "input", "output"))
+
+
+def rms_weight_grad() -> str:
+    """``ADS_NORM_FUSION_RMS_DW``, how ``rmsnorm_linear``'s backward forms dW. ``cublas`` (default):
+    dyᵀ @ (x̂·γ) through cuBLAS, x̂·γ written by the kernel that forms dx; ``kernel``: the split-M
+    kernel that scales x by rrms in registers (``triton._rms_dw``), no x̂·γ tensor."""
+    return _choice("ADS_NORM_FUSION_RMS_DW", "cublas", ("cublas", "kernel"))
 
 
 def rms_tma_store() -> bool:

@@ -17,6 +17,7 @@ Modes (``MODE``):
     dz = rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)).
   3 RMSNorm backward: dz = rrms·(ĝ - x̂·mean(ĝ·x̂)); x̂ = AUX·rrms when ``AUX_RAW`` (AUX is the raw input).
   Modes 2 and 3 with ``AUX_RAW``: x̂ = (AUX - XOFF)·rstat, XOFF the per-row offset (LayerNorm only).
+  Modes 2 and 3 with ``SAVE_XHAT``: XHAT gets x̂·γ (what ``rmsnorm_linear``'s dW multiplies by dy).
   4 plain GEMM (no norm; the benchmark's measure of this kernel's GEMM alone).
 Backward modes can write deterministic per-row-block partial sums: ``PART[0] = Σ_rows g·x̂`` (dγ),
 ``PART[1] = Σ_rows g`` (dβ), ``PART[2] = Σ_rows dz`` (the GEMM bias gradient), each (row blocks, N).
@@ -145,8 +146,48 @@ def _emit(
         else:
             dz = (w - xh * mean_gx[:, None]) * rstat[:, None]
         tl.store(out_ptrs, dz.to(OUT.dtype.element_ty), mask=mask)
+        if SAVE_XHAT:  # x̂·γ, the operand of rmsnorm_linear's dW: x is in registers here already
+            xg = xh * _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)[None, :]
+            tl.store(
+                XHAT + rows64[:, None] * stride_out + cols[None, :], xg.to(XHAT.dtype.element_ty), mask=mask
+            )
         if BIAS_GRAD:
             tl.store(PART_ROW + 2 * part_plane + cols, tl.sum(dz, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _bwd_single(
+    v, off_m, cols, col_ok, xoff, rstat, nf, GAMMA, AUX, OUT, XHAT, PART_ROW, part_plane, M, N, stride_aux,
+    stride_out, MODE: tl.constexpr, HAS_GAMMA: tl.constexpr, AUX_RAW: tl.constexpr,
+    WEIGHT_GRADS: tl.constexpr, BIAS_GRAD: tl.constexpr, SAVE_XHAT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Modes 2 and 3 when the row is one tile: what ``_update`` then ``_emit`` compute, with x̂ read
+    once, each tile-sized value dead as soon as it is used, and x̂ in / dz and x̂·γ out through tensor
+    descriptors (bounds in the descriptor: no per-element 64-bit addresses or masks in registers).
+    The two-step form with pointer tiles spilled hundreds of registers at 128 x 256."""
+    aux_desc = tl.make_tensor_descriptor(AUX, [M, N], [stride_aux, 1], [BLOCK_M, BLOCK_N])
+    out_desc = tl.make_tensor_descriptor(OUT, [M, N], [stride_out, 1], [BLOCK_M, BLOCK_N])
+    gamma = _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)
+    xh = aux_desc.load([off_m, 0]).to(tl.float32)
+    if AUX_RAW:
+        xh = (xh - xoff[:, None]) * rstat[:, None]
+    if WEIGHT_GRADS:  # rows past M: zeros from the descriptor and from the GEMM
+        tl.store(PART_ROW + cols, tl.sum(v * xh, axis=0), mask=col_ok)
+        if MODE == 2:
+            tl.store(PART_ROW + part_plane + cols, tl.sum(v, axis=0), mask=col_ok)
+    g = v * gamma[None, :]
+    mean_gx = tl.sum(g * xh, axis=1) / nf
+    if MODE == 2:
+        dz = (g - (tl.sum(g, axis=1) / nf)[:, None] - xh * mean_gx[:, None]) * rstat[:, None]
+    else:
+        dz = (g - xh * mean_gx[:, None]) * rstat[:, None]
+    out_desc.store([off_m, 0], dz.to(OUT.dtype.element_ty))
+    if SAVE_XHAT:
+        xg_desc = tl.make_tensor_descriptor(XHAT, [M, N], [stride_out, 1], [BLOCK_M, BLOCK_N])
+        xg_desc.store([off_m, 0], (xh * gamma[None, :]).to(XHAT.dtype.element_ty))
+    if BIAS_GRAD:
+        tl.store(PART_ROW + 2 * part_plane + cols, tl.sum(dz, axis=0), mask=col_ok)
 
 
 @triton.jit
@@ -199,6 +240,13 @@ def rownorm_kernel(
             A, a_desc, b_desc, BIAS, off_m, 0, rows64, cols, col_ok, mask, K, stride_a, MODE, HAS_GEMM,
             B_TRANS, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES,
         )  # fmt: skip
+    if SINGLE and MODE >= 2:
+        _bwd_single(
+            v, off_m, cols, col_ok, mean, rstat, nf, GAMMA, AUX, OUT, XHAT, part_row, part_plane, M, N,
+            stride_aux, stride_out, MODE, HAS_GAMMA, AUX_RAW, WEIGHT_GRADS, BIAS_GRAD, SAVE_XHAT, BLOCK_M,
+            BLOCK_N,
+        )  # fmt: skip
+    elif SINGLE:
         count, mean, acc1, acc2, shift, w = _update(
             v, mask, cols, col_ok, rows64, 0, True, count, mean, acc1, acc2, shift, rstat, N, GAMMA, AUX,
             part_row, part_plane, stride_aux, MODE, HAS_GAMMA, AUX_RAW, WEIGHT_GRADS, BLOCK_N,

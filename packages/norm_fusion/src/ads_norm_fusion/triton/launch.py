@@ -18,6 +18,7 @@ from ..config import (
     norm_bwd_config,
     norm_bwd_sums,
     persistent_config,
+    rms_dw_config,
     rms_flatten,
     rms_forward_rowpass,
     rms_gemm_config,
@@ -27,6 +28,7 @@ from ..config import (
 )
 from ..gluon import dispatch as gluon_dispatch
 from ._norm_bwd import norm_bwd_kernel, part_sums_kernel
+from ._rms_dw import rms_dw_kernel
 from ._rms_gemm import rms_gemm_kernel, row_stat_kernel, scaled_gemm_kernel
 from ._rownorm import rownorm_kernel, rownorm_persistent_kernel
 from ._scale import row_col_scale_kernel
@@ -46,6 +48,7 @@ _RMS_GEMM = LaunchCache(rms_gemm_kernel)
 _NORM_BWD = LaunchCache(norm_bwd_kernel)
 _PART_SUMS = LaunchCache(part_sums_kernel)
 _ROW_COL_SCALE = LaunchCache(row_col_scale_kernel)
+_RMS_DW = LaunchCache(rms_dw_kernel)
 
 
 def _scratch(size: int, align: int, stream) -> torch.Tensor:
@@ -60,8 +63,9 @@ def _ensure_allocator(t: torch.Tensor) -> None:
 
 
 def num_row_blocks(m: int, n: int, k: int, device: torch.device) -> int:
-    """Programs of the row-norm kernel for an (m, n) output: the row of the partial-sum buffers."""
-    cfg = rownorm_config(m, n, k, num_sms(device) if device.type == "cuda" else 1)
+    """Programs of the row-norm kernel's backward for an (m, n) output: the row of the partial-sum
+    buffers."""
+    cfg = rownorm_config(m, n, k, num_sms(device) if device.type == "cuda" else 1, backward=True)
     return triton.cdiv(m, cfg.block_m)
 
 
@@ -93,11 +97,14 @@ def launch_rownorm(
     modes. part (3, row blocks, N) fp32 for the partial sums (see ``num_row_blocks``).
     Forward with xhat and ``aux_raw``: xhat gets the staged pre-norm value instead of x̂ (and xoff
     (M,) fp32 the LayerNorm row offset: x̂ = (xhat - xoff)·rstd); backward with ``aux_raw``: aux is
-    such a value (LayerNorm: with its xoff) or, RMSNorm, the raw input.
+    such a value (LayerNorm: with its xoff) or, RMSNorm, the raw input; backward with xhat: xhat
+    (M, N) gets x̂·γ. xhat shares out's row stride.
     """
     m, n = out.shape
     if m == 0:
         return
+    if xhat is not None and (tuple(xhat.shape) != (m, n) or xhat.stride() != out.stride()):
+        raise ValueError(f"xhat {tuple(xhat.shape)} must match out {(m, n)} and its strides")
     forward = mode in ("ln_fwd", "rms_fwd")
     if aux_raw and mode in ("ln_fwd", "ln_bwd") and (xhat if forward else aux) is not None and xoff is None:
         raise ValueError("a LayerNorm pre-norm value needs its row offsets (xoff)")
@@ -118,7 +125,7 @@ def launch_rownorm(
                 mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, eps, pcfg, stage_xhat, xoff
             )
             return
-    cfg = rownorm_config(m, n, k, sms)
+    cfg = rownorm_config(m, n, k, sms, backward=not forward and mode != "gemm")
     blocks = triton.cdiv(m, cfg.block_m)
     if part is not None and tuple(part.shape) != (3, blocks, n):
         raise ValueError(f"partial-sum buffer is {tuple(part.shape)}, need {(3, blocks, n)}")
@@ -308,6 +315,43 @@ def launch_rms_gemm(
     ))  # fmt: skip
 
 
+def rms_dw_splits(m: int, n: int, k: int, device: torch.device) -> tuple[int, int]:
+    """(splits, rows per split) of ``launch_rms_dw``: about two programs per SM over the output
+    tiles, each split a whole number of row steps."""
+    cfg = rms_dw_config()
+    tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k)
+    steps = max(triton.cdiv(m, cfg.block_m), 1)
+    sms = num_sms(device) if device.type == "cuda" else 4  # the interpreter: several splits too
+    splits = max(1, min(steps, (2 * sms) // tiles))
+    per_split = triton.cdiv(steps, splits) * cfg.block_m
+    return triton.cdiv(m, per_split) if m else 1, per_split
+
+
+def launch_rms_dw(
+    dy: torch.Tensor, x: torch.Tensor, rrms: torch.Tensor, gamma: torch.Tensor | None, part: torch.Tensor
+) -> None:
+    """part (splits, N, K) fp32 = per-split sums of dyᵀ·diag(rrms)·x·diag(γ) (``_rms_dw``); dy (M, N),
+    x (M, K), rrms (M,) fp32; splits from ``rms_dw_splits``. dW is part summed over its first dim."""
+    m, n = dy.shape
+    k = x.shape[1]
+    splits, per_split = rms_dw_splits(m, n, k, dy.device)
+    if tuple(part.shape) != (splits, n, k) or not part.is_contiguous():
+        raise ValueError(f"partial dW buffer is {tuple(part.shape)}, need contiguous {(splits, n, k)}")
+    if m == 0:
+        part.zero_()
+        return
+    cfg = rms_dw_config()
+    tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k)
+    _ensure_allocator(dy)
+    _RMS_DW.launch((splits * tiles,), (
+        dy, x, rrms, gamma if gamma is not None else rrms, part, m, n, k, per_split, dy.stride(0),
+        x.stride(0),
+    ), dict(
+        HAS_GAMMA=gamma is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+    ))  # fmt: skip
+
+
 def launch_norm_bwd(
     dy: torch.Tensor,
     xhat: torch.Tensor,
@@ -350,10 +394,8 @@ def launch_norm_bwd(
             )
         launch_rownorm(
             "rms_bwd" if rms else "ln_bwd", dy, dz, rstat, gamma=gamma, aux=xhat, part=part,
-            weight_grads=weight_grads, bias_grad=bias_grad, aux_raw=xhat_raw, xoff=xoff,
+            weight_grads=weight_grads, bias_grad=bias_grad, aux_raw=xhat_raw, xoff=xoff, xhat=xg,
         )  # fmt: skip
-        if xg is not None:
-            launch_row_col_scale(xhat, rstat, gamma, xg)
         if part is not None:
             _add_partials(part, outs)
         return
