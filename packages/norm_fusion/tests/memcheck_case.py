@@ -1,7 +1,8 @@
 """Odd shapes through every kernel path, for ``compute-sanitizer --tool memcheck python3 memcheck_case.py``.
 
 Partial row tiles (M = 77, 1), column tails (N = 80, 1040 with 128-wide tiles) and K = 48 that is no
-multiple of the 64-wide K step; forward, backward and the input-grad ops. With
+multiple of the 64-wide K step; forward, backward (``rmsnorm_linear``'s on each dx and dW path) and
+the input-grad ops. With
 ``ADS_NORM_FUSION_GLUON=on`` it runs the Gluon forward's cases instead (``gluon_main``), with
 ``ADS_NORM_FUSION_RMS_GLUON=on`` the Gluon ``rmsnorm_linear`` forward's (``rms_linear_main``). Prints
 one line at the end.
@@ -81,6 +82,12 @@ def main() -> None:
         gk = torch.randn(k, device=dev, dtype=dt, requires_grad=True)
         y3 = rmsnorm_linear(x, gk, w, b)
         torch.autograd.grad(y3, (x, gk, w, b), dy)
+        # the other backward: dx with x̂·γ from the GEMM's epilogue, then dW from raw x (split-M kernel)
+        os.environ.update(ADS_NORM_FUSION_RMS_BWD="input", ADS_NORM_FUSION_RMS_DW="kernel")
+        torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
+        os.environ["ADS_NORM_FUSION_RMS_DW"] = "cublas"
+        torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
+        del os.environ["ADS_NORM_FUSION_RMS_BWD"], os.environ["ADS_NORM_FUSION_RMS_DW"]
         xhat = linear_layernorm(x.detach(), w.detach())
         dyn = torch.randn(m, 48, device=dev, dtype=dt)
         w_next_t = torch.randn(48, n, device=dev, dtype=dt)

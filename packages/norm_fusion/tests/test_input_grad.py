@@ -10,8 +10,10 @@ from ads_kernel_tools.reference.norm import gemm_layer_norm_input_grad_ref, gemm
 from ads_kernel_tools.testing import randn
 from ads_norm_fusion import linear_layernorm_input_grad, linear_rmsnorm_input_grad
 
-CPU_SHAPES = [(37, 48, 80), (1, 32, 16), (20, 64, 1040)]
-GPU_SHAPES = [(8192, 512, 512), (1001, 768, 384), (513, 1040, 1040), (64, 256, 8192)]
+# (37, 48, 32) and (1001, 96, 80): the one-tile backward over several row blocks (on the GPU in a
+# 128-wide tile, wider than the row: the descriptors' bounds)
+CPU_SHAPES = [(37, 48, 80), (1, 32, 16), (37, 48, 32), (20, 64, 1040)]
+GPU_SHAPES = [(8192, 512, 512), (1001, 768, 384), (1001, 96, 80), (513, 1040, 1040), (64, 256, 8192)]
 SHAPES = [pytest.param(*s, id="x".join(map(str, s))) for s in CPU_SHAPES] + [
     pytest.param(*s, id="x".join(map(str, s)), marks=pytest.mark.gpu) for s in GPU_SHAPES
 ]

@@ -86,9 +86,17 @@ def test_linear_norm(case: Case, kind: str) -> None:
     assert all(s.dtype == torch.float32 and s.shape == (case.m,) for s in stats)
 
 
-RMS_LINEAR_CPU = [Case(37, 48, 80), Case(1, 32, 16, FP16, bias=False), Case(33, 1040, 48, BF16, affine=False)]
+# Case(37, 32, 48) and Case(999, 80, 96): the one-tile norm backward of the input mode over several
+# row blocks (on the GPU in a 128-wide tile, wider than the row)
+RMS_LINEAR_CPU = [
+    Case(37, 48, 80),
+    Case(1, 32, 16, FP16, bias=False),
+    Case(37, 32, 48),
+    Case(33, 1040, 48, BF16, affine=False),
+]
 RMS_LINEAR_GPU = [Case(65536, k, n) for k in (256, 1024) for n in (256, 1024)] + [
     Case(1000, 1040, 768, FP16),
+    Case(999, 80, 96),
     Case(1, 384, 384),
 ]
 RMS_LINEAR_CASES = [pytest.param(c, id=str(c)) for c in RMS_LINEAR_CPU] + [
