@@ -105,12 +105,13 @@ RMS_LINEAR_CASES = [pytest.param(c, id=str(c)) for c in RMS_LINEAR_CPU] + [
 
 
 # both forwards and both backwards, whatever the defaults pick at a shape
-_FWD, _BWD = "ADS_NORM_FUSION_RMS_FWD", "ADS_NORM_FUSION_RMS_BWD"
+_FWD, _BWD, _DW = "ADS_NORM_FUSION_RMS_FWD", "ADS_NORM_FUSION_RMS_BWD", "ADS_NORM_FUSION_RMS_DW"
 _TRITON_FWD = {"ADS_NORM_FUSION_RMS_GLUON": "0"}
 RMS_PATHS = {
     "fused-input": _TRITON_FWD | {_FWD: "fused", _BWD: "input"},
-    # dW from the split-M kernel on raw x (no x̂·γ tensor)
-    "fused-input-dwkernel": _TRITON_FWD | {_FWD: "fused", _BWD: "input", "ADS_NORM_FUSION_RMS_DW": "kernel"},
+    # dW from the split-M kernel on raw x (no x̂·γ tensor), the descriptor form of the one-tile dx
+    "fused-input-dwkernel": _TRITON_FWD
+    | {_FWD: "fused", _BWD: "input", _DW: "kernel", "ADS_NORM_FUSION_ONE_TILE_BWD": "descriptor"},
     "rowpass-output": _TRITON_FWD | {_FWD: "rowpass", _BWD: "output"},
     "rowpass-cublas": _TRITON_FWD | {_FWD: "rowpass", _BWD: "cublas"},
     # the Gluon forward (gluon.rms_linear_sm90) where the device has it, else the defaults
@@ -376,6 +377,21 @@ def test_save_knob() -> None:
         mp.delenv("ADS_NORM_FUSION_SAVE")
         mp.setenv("ADS_NORM_FUSION_GLUON", "auto")
         assert config.save_prenorm()  # the Gluon default does not change what training saves
+
+
+def test_backward_form_knobs(monkeypatch) -> None:
+    """The dW and one-tile backward knobs: defaults, the other value, a clear error for a typo."""
+    from ads_norm_fusion import config
+
+    assert config.rms_weight_grad() == "cublas" and not config.one_tile_backward()
+    monkeypatch.setenv("ADS_NORM_FUSION_RMS_DW", "kernel")
+    monkeypatch.setenv("ADS_NORM_FUSION_ONE_TILE_BWD", "descriptor")
+    assert config.rms_weight_grad() == "kernel" and config.one_tile_backward()
+    for knob, call in (("ADS_NORM_FUSION_RMS_DW", config.rms_weight_grad),
+                       ("ADS_NORM_FUSION_ONE_TILE_BWD", config.one_tile_backward)):  # fmt: skip
+        monkeypatch.setenv(knob, "tma")
+        with pytest.raises(ValueError, match=knob):
+            call()
 
 
 @pytest.mark.parametrize("path", list(RMS_PATHS))

@@ -197,9 +197,10 @@ def rownorm_kernel(
     HAS_BIAS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr, SAVE_XHAT: tl.constexpr,
     AUX_RAW: tl.constexpr, WEIGHT_GRADS: tl.constexpr, BIAS_GRAD: tl.constexpr, SINGLE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-    FLATTEN: tl.constexpr, STAGE_XHAT: tl.constexpr = False,
+    FLATTEN: tl.constexpr, STAGE_XHAT: tl.constexpr = False, DESC_BWD: tl.constexpr = False,
 ):  # fmt: skip
-    """One program per row block (modes above). Forward ``STAGE_XHAT``: the staged tiles go to XHAT
+    """One program per row block (modes above). ``DESC_BWD``: a one-tile backward runs
+    ``_bwd_single`` (``config.one_tile_backward``). Forward ``STAGE_XHAT``: the staged tiles go to XHAT
     and stay there (x̂ = (XHAT - XOFF)·rstat, XOFF = mean - shift per row; RMSNorm: XHAT·rrms), as in
     ``rownorm_persistent_kernel``. Backward ``AUX_RAW``: AUX is such a staged z (or, RMSNorm, the raw
     input), x̂ = (AUX - XOFF)·rstat; XOFF is read for LayerNorm only."""
@@ -240,7 +241,7 @@ def rownorm_kernel(
             A, a_desc, b_desc, BIAS, off_m, 0, rows64, cols, col_ok, mask, K, stride_a, MODE, HAS_GEMM,
             B_TRANS, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES,
         )  # fmt: skip
-    if SINGLE and MODE >= 2:
+    if SINGLE and MODE >= 2 and DESC_BWD:
         _bwd_single(
             v, off_m, cols, col_ok, mean, rstat, nf, GAMMA, AUX, OUT, XHAT, part_row, part_plane, M, N,
             stride_aux, stride_out, MODE, HAS_GAMMA, AUX_RAW, WEIGHT_GRADS, BIAS_GRAD, SAVE_XHAT, BLOCK_M,

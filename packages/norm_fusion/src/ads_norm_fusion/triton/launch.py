@@ -17,6 +17,7 @@ from ..config import (
     flatten_loops,
     norm_bwd_config,
     norm_bwd_sums,
+    one_tile_backward,
     persistent_config,
     rms_dw_config,
     rms_flatten,
@@ -174,6 +175,7 @@ def launch_rownorm(
             NUM_STAGES=cfg.num_stages,
             FLATTEN=flatten_loops(),
             STAGE_XHAT=stage_xhat,
+            DESC_BWD=mode in ("ln_bwd", "rms_bwd") and one_tile_backward(),
             num_warps=cfg.num_warps,
         ),
     )
