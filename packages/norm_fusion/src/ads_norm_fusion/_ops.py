@@ -565,3 +565,8 @@ def _rmsnorm_linear_dx_flops(dy_shape, w_shape, *args, **kwargs) -> int:
 @register_flop_formula(torch.ops.ads_norm_fusion.norm_bwd)
 def _norm_bwd_flops(*args, **kwargs) -> int:
     return 0  # elementwise and row reductions only
+
+
+@register_flop_formula(torch.ops.ads_norm_fusion.rms_dw)
+def _rms_dw_flops(dy_shape, x_shape, *args, **kwargs) -> int:
+    return gemm_flops(dy_shape[1], x_shape[1], dy_shape[0])
