@@ -89,6 +89,9 @@ def main() -> None:
         torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
         os.environ["ADS_NORM_FUSION_ONE_TILE_BWD"] = "descriptor"  # the one-tile dx through descriptors
         torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
+        # dx by the output-tiled GEMM (K <= 256: row coefficient formed in its whole-row tile)
+        os.environ.update(ADS_NORM_FUSION_RMS_BWD="output", ADS_NORM_FUSION_RMS_DW="kernel")
+        torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
         for knob in ("ADS_NORM_FUSION_RMS_BWD", "ADS_NORM_FUSION_RMS_DW", "ADS_NORM_FUSION_ONE_TILE_BWD"):
             del os.environ[knob]
         xhat = linear_layernorm(x.detach(), w.detach())

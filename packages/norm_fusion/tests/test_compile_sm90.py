@@ -61,6 +61,14 @@ def _jobs() -> dict[str, dict]:
                                      PART_GRADS=True, TMA_STORE=False, BLOCK_N=128),
         num_warps=8, num_stages=3,
     )  # fmt: skip
+    # K <= 256: one 64 x 256 tile spans the row and forms its coefficient in the epilogue
+    jobs["rms_gemm_dx_row_coef"] = dict(
+        module="ads_norm_fusion.triton._rms_gemm", kernel="scaled_gemm_kernel", types=gemm_types,
+        constexprs=gemm_flags | dict(B_TRANS=False, HAS_GAMMA=True, HAS_BIAS=False, HAS_AUX=True,
+                                     PART_GRADS=True, TMA_STORE=False, BLOCK_M=64, BLOCK_N=256,
+                                     ROW_COEF=True),
+        num_warps=8, num_stages=4,
+    )  # fmt: skip
     jobs["rms_gemm_fused"] = dict(
         module="ads_norm_fusion.triton._rms_gemm", kernel="rms_gemm_kernel",
         types={"A": "*bf16", "B": "*bf16", "BIAS": "*bf16", "OUT": "*bf16", "RRMS": "*fp32", "eps": "fp32"},
@@ -248,8 +256,8 @@ def ptx(request) -> dict[str, dict]:
 
 # each compile costs 10-20 s of CPU: the representative kernels by default, the rest with --run-slow
 _DEFAULT = ("ln_fwd_n1024", "ln_fwd_persistent", "ln_fwd_persistent_stage_xhat", "rms_input_grad_raw",
-            "rms_input_grad_single_xg", "rms_dw",
-            "rms_gemm", "rms_gemm_dx", "norm_bwd", "norm_bwd_raw", "norm_bwd_rms_xg", "gluon_ln_fwd_n1024",
+            "rms_input_grad_single_xg", "rms_dw", "rms_gemm", "rms_gemm_dx", "rms_gemm_dx_row_coef",
+            "norm_bwd", "norm_bwd_raw", "norm_bwd_rms_xg", "gluon_ln_fwd_n1024",
             "gluon_ln_fwd_n1024_split2", "gluon_ws_ln_fwd_n1024_split2",
             "gluon_rms_linear_n1024")  # fmt: skip
 CASES = [
@@ -260,6 +268,7 @@ CASES = [
         "ln_fwd_persistent_stage_xhat",
         "rms_gemm",
         "rms_gemm_dx",
+        "rms_gemm_dx_row_coef",
         "rms_gemm_fused",
         "rms_dw",
         "norm_bwd",

@@ -113,6 +113,8 @@ RMS_PATHS = {
     "fused-input-dwkernel": _TRITON_FWD
     | {_FWD: "fused", _BWD: "input", _DW: "kernel", "ADS_NORM_FUSION_ONE_TILE_BWD": "descriptor"},
     "rowpass-output": _TRITON_FWD | {_FWD: "rowpass", _BWD: "output"},
+    # K <= 256: the dx GEMM forms the row coefficient from its whole-row tile; dW from raw x
+    "fused-output-dwkernel": _TRITON_FWD | {_FWD: "fused", _BWD: "output", _DW: "kernel"},
     "rowpass-cublas": _TRITON_FWD | {_FWD: "rowpass", _BWD: "cublas"},
     # the Gluon forward (gluon.rms_linear_sm90) where the device has it, else the defaults
     "gluon-cublas": {"ADS_NORM_FUSION_RMS_GLUON": "on", _BWD: "cublas"},

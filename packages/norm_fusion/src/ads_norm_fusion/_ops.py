@@ -39,7 +39,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from ads_kernel_tools.dispatch import eager_function, plain_eager
 
-from .config import NORM_BWD_MAX_N, rms_backward_mode, rms_weight_grad, save_prenorm
+from .config import NORM_BWD_MAX_N, ROW_COEF_MAX_N, rms_backward_mode, rms_weight_grad, save_prenorm
 from .costs import gemm_flops
 from .triton.launch import (
     launch_norm_bwd,
@@ -397,15 +397,19 @@ def _rmsnorm_linear_dx(
     dγ = Σ_rows (dy·w)·x̂ from per-row-block partials added in a fixed order."""
     dy, w, x, y = _aligned(dy), _aligned(w), x.contiguous(), y.contiguous()
     m, k = x.shape
-    coef = _stat(x)
-    launch_row_stat(dy, coef, b=y, bias=bias, r=rrms, divisor=k)
+    row_coef = k <= ROW_COEF_MAX_N  # one tile spans the row: the kernel forms coef, no pass over dy, y
+    coef = None
+    if not row_coef:
+        coef = _stat(x)
+        launch_row_stat(dy, coef, b=y, bias=bias, r=rrms, divisor=k)
     dx = torch.empty_like(x)
     part = None
     if weight_grad:
-        part = torch.empty(
-            (rms_gemm_blocks(m, k, dy.shape[1], backward=True), k), dtype=torch.float32, device=x.device
-        )
-    launch_scaled_gemm(dy, w, dx, rrms, b_trans=False, gamma=norm_weight, aux=x, coef=coef, part=part)
+        blocks = rms_gemm_blocks(m, k, dy.shape[1], backward=True, row_coef=row_coef)
+        part = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
+    launch_scaled_gemm(
+        dy, w, dx, rrms, b_trans=False, gamma=norm_weight, aux=x, coef=coef, part=part, row_coef=row_coef
+    )
     pdtype = norm_weight.dtype if norm_weight is not None else x.dtype
     dgamma = part.sum(dim=0).to(pdtype) if weight_grad else x.new_empty(_EMPTY, dtype=pdtype)
     return dx, dgamma

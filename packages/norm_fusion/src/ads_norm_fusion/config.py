@@ -91,15 +91,23 @@ def rownorm_config(m: int, n: int, k: int, num_sms: int, *, backward: bool = Fal
     )
 
 
-def rms_gemm_config(m: int, n: int, k: int, *, backward: bool = False) -> TileConfig:
+def rms_gemm_config(m: int, n: int, k: int, *, backward: bool = False, row_coef: bool = False) -> TileConfig:
     """Tiles for ``rmsnorm_linear``'s persistent GEMM (the norm is a per-row scale in the epilogue).
 
     Forward: 128×256×64, 8 warps, 3 stages (the shape of Triton's persistent TMA matmul on Hopper; 3
     stages of A and B tiles plus the halved TMA-store tile fit shared memory). Backward dx (the epilogue
-    also reads an x tile): 128×128, so acc, x and the result stay in registers.
+    also reads an x tile): 128×128, so acc, x and the result stay in registers. ``row_coef`` (n <=
+    ``ROW_COEF_MAX_N``): one tile spans the row, 64 rows so that acc and x fit registers at 256 wide.
     """
     if interpreter_active():
+        if row_coef:
+            return TileConfig(_INTERP[0], max(16, _pow2_at_least(n)), *_INTERP[2:])
         return TileConfig(*_INTERP)
+    if row_coef:
+        return TileConfig(
+            _env_int("ADS_NORM_FUSION_RMS_BLOCK_M") or 64, _pow2_at_least(n), 64, 8,
+            _env_int("ADS_NORM_FUSION_RMS_STAGES") or 4,
+        )  # fmt: skip
     if backward:
         bn = 128 if n >= 128 else _pow2_at_least(n)
     else:
@@ -169,7 +177,8 @@ def rms_backward_mode() -> str:
     (default): g = dy @ W through cuBLAS, then the row-wise RMSNorm backward over K (``_norm_bwd``,
     whole rows of K in registers, dγ summed in the kernel) which also writes x̂·γ for dW; faster
     than ``output`` on the H200 at K = 256, 512 and 1024 (BENCHMARKS.md). ``output``: dx from the
-    saved output (a row pass for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue);
+    saved output (a row pass for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue; at
+    K <= ``ROW_COEF_MAX_N`` one tile spans the row and forms that sum itself, no row pass);
     ``input``: dy @ W with the RMSNorm backward over K in the GEMM's epilogue
     (``gemm_norm_input_grad``). K above ``NORM_BWD_MAX_N`` takes ``output``."""
     return _choice("ADS_NORM_FUSION_RMS_BWD", "cublas", ("cublas", "input", "output"))
@@ -359,6 +368,7 @@ def norm_bwd_sums() -> str:
     return _choice("ADS_NORM_FUSION_BWD_SUMS", "fused", ("fused", "torch", "kernel"))
 
 
+ROW_COEF_MAX_N = 256  # rmsnorm_linear's dx GEMM forms the row coefficient in-tile up to this K
 NORM_BWD_MAX_N = 16384  # whole rows in registers; wider rows use the two-phase row-norm kernel
 _INTERP_NORM_BWD_MAX_N = 64  # so that the CPU suite's shapes exercise both backward paths
 

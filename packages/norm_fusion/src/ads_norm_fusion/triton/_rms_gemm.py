@@ -10,7 +10,7 @@ The norm is over the GEMM's reduction dim K, so it is a per-row scale of a plain
   the per-row scalars: forward ``y = rrms·acc (+ bias)`` (acc = x·W_fᵀ, γ already folded into W_f);
   backward ``dx = rrms·γ·acc − x·coef`` (acc = dy·W) with ``Σ_rows acc·x·rrms`` per row block, the
   deterministic partials of dγ. No program needs another's result and no Σx² is recomputed per
-  column tile.
+  column tile. When one tile spans the row (K <= 256) the backward forms coef in its epilogue.
 ``rms_gemm_kernel`` is the earlier single-kernel forward (0.1.0): a non-persistent output-tiled GEMM
 that accumulates Σx² in fp32 from the A tiles it loads, in every column tile. It stays the forward
 for K < 1024, where the row pass + persistent GEMM measured slower on the H200 (BENCHMARKS.md).
@@ -69,12 +69,17 @@ def scaled_gemm_kernel(
     B_TRANS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_AUX: tl.constexpr,
     PART_GRADS: tl.constexpr, TMA_STORE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr,
+    ROW_COEF: tl.constexpr = False,
 ):  # fmt: skip
     """OUT (M, N) = ALPHA[m]·(A·B)[m, n]·GAMMA[n] (+ BIAS[n]) (− AUX[m, n]·COEF[m]).
 
     A (M, K); B (N, K) when ``B_TRANS`` (nn.Linear's weight) else (K, N). ``PART_GRADS`` (needs
     ``HAS_AUX``): PART[pid_m, n] = Σ_rows (A·B)·AUX·ALPHA over the tile's rows, one row per row block.
     ``TMA_STORE`` (no AUX, no PART): the output tile leaves through a TMA store (clipped at the edges).
+    ``ROW_COEF`` (needs ``HAS_AUX`` and ``BLOCK_N >= N``: one tile holds whole rows): COEF is not read
+    but formed from the tile, ``ALPHA²·Σ_n y·AUX / N`` with y = ALPHA·(A·B)·GAMMA; for the RMSNorm
+    backward (A = dy, B = W, AUX = x, ALPHA = rrms) this is the coefficient that ``row_stat_kernel``
+    mode 1 makes from the saved output, here without that pass over dy and y.
     """
     start = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -123,7 +128,10 @@ def scaled_gemm_kernel(
             if HAS_AUX:
                 aux = tl.load(AUX + rows64[:, None] * stride_aux + cols[None, :], mask=mask, other=0.0)
                 aux = aux.to(tl.float32)
-                coef = tl.load(COEF + rows, mask=row_ok, other=0.0)
+                if ROW_COEF:  # masked columns: aux is 0 there
+                    coef = tl.sum(y * aux, axis=1) * (alpha * alpha) / N.to(tl.float32)
+                else:
+                    coef = tl.load(COEF + rows, mask=row_ok, other=0.0)
                 y -= aux * coef[:, None]
                 if PART_GRADS:
                     part = tl.sum(acc * aux * alpha[:, None], axis=0)

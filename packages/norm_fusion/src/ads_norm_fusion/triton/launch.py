@@ -13,6 +13,7 @@ from ads_kernel_tools.capability import interpreter_active, num_sms
 from ads_kernel_tools.kernels.launch_cache import LaunchCache
 
 from ..config import (
+    ROW_COEF_MAX_N,
     ROWNORM_MODES,
     flatten_loops,
     norm_bwd_config,
@@ -245,14 +246,19 @@ def launch_scaled_gemm(
     aux: torch.Tensor | None = None,
     coef: torch.Tensor | None = None,
     part: torch.Tensor | None = None,
+    row_coef: bool = False,
 ) -> None:
     """out (M, N) = alpha[m]·(a·b)·gamma[n] (+ bias) (− aux·coef[m]); a (M, K), b (N, K) if b_trans
-    else (K, N). part (cdiv(M, block_m), N) fp32 (see ``rms_gemm_blocks``) gets Σ_rows (a·b)·aux·alpha."""
+    else (K, N). part (cdiv(M, block_m), N) fp32 (see ``rms_gemm_blocks``) gets Σ_rows (a·b)·aux·alpha.
+    ``row_coef`` (aux given, n <= ``config.ROW_COEF_MAX_N``): coef is formed in the kernel from the
+    whole-row tile (``scaled_gemm_kernel``'s ``ROW_COEF``) and the coef argument is not read."""
     m, n = out.shape
     k = a.shape[1]
     if m == 0:
         return
-    cfg = rms_gemm_config(m, n, k, backward=aux is not None)
+    if row_coef and (aux is None or n > ROW_COEF_MAX_N):
+        raise ValueError(f"launch_scaled_gemm: row_coef needs aux and n <= {ROW_COEF_MAX_N}, got n={n}")
+    cfg = rms_gemm_config(m, n, k, backward=aux is not None, row_coef=row_coef)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     sms = num_sms(a.device) if a.device.type == "cuda" else 4
     progs = max(1, min(tiles, sms))
@@ -273,14 +279,14 @@ def launch_scaled_gemm(
     ), dict(
         B_TRANS=b_trans, HAS_GAMMA=gamma is not None, HAS_BIAS=bias is not None, HAS_AUX=aux is not None,
         PART_GRADS=part is not None, TMA_STORE=tma_store, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, NUM_PROGS=progs, FLATTEN=rms_flatten(),
+        BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, NUM_PROGS=progs, FLATTEN=rms_flatten(), ROW_COEF=row_coef,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     ))  # fmt: skip
 
 
-def rms_gemm_blocks(m: int, n: int, k: int, *, backward: bool) -> int:
+def rms_gemm_blocks(m: int, n: int, k: int, *, backward: bool, row_coef: bool = False) -> int:
     """Row blocks of ``launch_scaled_gemm``: the rows of its partial-sum buffer."""
-    return triton.cdiv(m, rms_gemm_config(m, n, k, backward=backward).block_m)
+    return triton.cdiv(m, rms_gemm_config(m, n, k, backward=backward, row_coef=row_coef).block_m)
 
 
 def launch_rms_gemm(
