@@ -51,7 +51,7 @@ def test_rms_dw_writes_every_partial() -> None:
     """A NaN-poisoned partial buffer comes back finite: every (split, row, column) is written."""
     m, k, n = (200, 48, 48) if DEVICE == "cpu" else (100_000, 256, 256)
     dy, x, rrms, g = _inputs(m, k, n, True)
-    splits, _ = rms_dw_splits(m, n, k, x.device)
+    splits = rms_dw_splits(m, n, k, x.device).splits
     assert splits > 1, "the case must cross split boundaries"
     part = torch.full((splits, n, k), float("nan"), device=DEVICE)
     launch_rms_dw(dy, x, rrms, g, part)

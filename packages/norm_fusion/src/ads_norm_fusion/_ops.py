@@ -446,9 +446,9 @@ def _rms_dw(dy: Tensor, x: Tensor, rrms: Tensor, norm_weight: Tensor | None) -> 
     """dW (N, K) = dyᵀ·diag(rrms)·x·diag(γ) in dy's dtype, from per-split fp32 partials added in a
     fixed order (``triton._rms_dw``)."""
     dy, x = _aligned(dy), _aligned(x)
-    splits, _ = rms_dw_splits(x.shape[0], dy.shape[1], x.shape[1], x.device)
-    part = torch.empty((splits, dy.shape[1], x.shape[1]), dtype=torch.float32, device=x.device)
-    launch_rms_dw(dy, x, rrms, norm_weight, part)
+    plan = rms_dw_splits(x.shape[0], dy.shape[1], x.shape[1], x.device)
+    part = torch.empty((plan.splits, dy.shape[1], x.shape[1]), dtype=torch.float32, device=x.device)
+    launch_rms_dw(dy, x, rrms, norm_weight, part, plan)
     return part.sum(dim=0).to(dy.dtype)
 
 

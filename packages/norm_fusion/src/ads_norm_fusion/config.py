@@ -61,14 +61,14 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 1).bit_length()
 
 
-def rownorm_config(m: int, n: int, k: int, num_sms: int, *, backward: bool = False) -> TileConfig:
+def rownorm_config(m: int, n: int, k: int, num_sms: int, *, desc_bwd: bool = False) -> TileConfig:
     """Tiles for the kernels that normalise over the GEMM's output width n (row-norm epilogue).
 
     n <= 256 fits one register tile (whole row in the accumulator); wider rows take 128- or 256-wide
     column tiles, whichever divides n (masked tail otherwise), staged through the output buffer.
-    A one-tile ``backward`` in its descriptor form (``one_tile_backward``) holds g, x̂ and dz of its
-    rows at once: 64 rows (at 128 its sm_90 build spills) and two stages, so that two programs share
-    an SM and one's epilogue hides the other's loads.
+    ``desc_bwd``, a backward in the one-tile descriptor form (``one_tile_backward``, read once by the
+    caller), holds g, x̂ and dz of its rows at once: 64 rows (at 128 its sm_90 build spills) and two
+    stages, so that two programs share an SM and one's epilogue hides the other's loads.
     """
     if interpreter_active():
         bm, bn, bk, warps, stages = _INTERP
@@ -80,7 +80,7 @@ def rownorm_config(m: int, n: int, k: int, num_sms: int, *, backward: bool = Fal
         # 8 warps = two warpgroups per 128-row tile; a 64-row tile is one warpgroup's wgmma
         warps = 8 if bm * bn >= 128 * 128 else 4
         stages = 4  # H200 sweep at 65536x1024x1024: 4 stages 2-3 % faster than 3 (BENCHMARKS.md)
-        if backward and n <= 256 and one_tile_backward():
+        if desc_bwd and n <= 256:
             bm, warps, stages = 64, 8, 2
     return TileConfig(
         block_m=_env_int("ADS_NORM_FUSION_BLOCK_M") or bm,

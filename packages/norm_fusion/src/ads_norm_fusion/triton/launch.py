@@ -6,6 +6,8 @@ and never synchronise with the device.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 
@@ -67,7 +69,8 @@ def _ensure_allocator(t: torch.Tensor) -> None:
 def num_row_blocks(m: int, n: int, k: int, device: torch.device) -> int:
     """Programs of the row-norm kernel's backward for an (m, n) output: the row of the partial-sum
     buffers."""
-    cfg = rownorm_config(m, n, k, num_sms(device) if device.type == "cuda" else 1, backward=True)
+    sms = num_sms(device) if device.type == "cuda" else 1
+    cfg = rownorm_config(m, n, k, sms, desc_bwd=one_tile_backward())
     return triton.cdiv(m, cfg.block_m)
 
 
@@ -127,7 +130,8 @@ def launch_rownorm(
                 mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, eps, pcfg, stage_xhat, xoff
             )
             return
-    cfg = rownorm_config(m, n, k, sms, backward=not forward and mode != "gemm")
+    desc_bwd = mode in ("ln_bwd", "rms_bwd") and one_tile_backward()
+    cfg = rownorm_config(m, n, k, sms, desc_bwd=desc_bwd)
     blocks = triton.cdiv(m, cfg.block_m)
     if part is not None and tuple(part.shape) != (3, blocks, n):
         raise ValueError(f"partial-sum buffer is {tuple(part.shape)}, need {(3, blocks, n)}")
@@ -176,7 +180,7 @@ def launch_rownorm(
             NUM_STAGES=cfg.num_stages,
             FLATTEN=flatten_loops(),
             STAGE_XHAT=stage_xhat,
-            DESC_BWD=mode in ("ln_bwd", "rms_bwd") and one_tile_backward(),
+            DESC_BWD=desc_bwd,
             num_warps=cfg.num_warps,
         ),
     )
@@ -323,36 +327,50 @@ def launch_rms_gemm(
     ))  # fmt: skip
 
 
-def rms_dw_splits(m: int, n: int, k: int, device: torch.device) -> tuple[int, int]:
-    """(splits, rows per split) of ``launch_rms_dw``: about two programs per SM over the output
-    tiles, each split a whole number of row steps."""
+class RmsDwSplits(NamedTuple):
+    """How ``launch_rms_dw`` divides its work: ``splits`` row ranges of ``per_split`` rows, each over
+    ``tiles`` output tiles (one program per split and tile)."""
+
+    splits: int
+    per_split: int
+    tiles: int
+
+
+def rms_dw_splits(m: int, n: int, k: int, device: torch.device) -> RmsDwSplits:
+    """The division of ``launch_rms_dw``: about two programs per SM over the output tiles, each split a
+    whole number of row steps."""
     cfg = rms_dw_config()
     tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k)
     steps = max(triton.cdiv(m, cfg.block_m), 1)
     sms = num_sms(device) if device.type == "cuda" else 4  # the interpreter: several splits too
     splits = max(1, min(steps, (2 * sms) // tiles))
     per_split = triton.cdiv(steps, splits) * cfg.block_m
-    return triton.cdiv(m, per_split) if m else 1, per_split
+    return RmsDwSplits(triton.cdiv(m, per_split) if m else 1, per_split, tiles)
 
 
 def launch_rms_dw(
-    dy: torch.Tensor, x: torch.Tensor, rrms: torch.Tensor, gamma: torch.Tensor | None, part: torch.Tensor
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    rrms: torch.Tensor,
+    gamma: torch.Tensor | None,
+    part: torch.Tensor,
+    plan: RmsDwSplits | None = None,
 ) -> None:
     """part (splits, N, K) fp32 = per-split sums of dyᵀ·diag(rrms)·x·diag(γ) (``_rms_dw``); dy (M, N),
-    x (M, K), rrms (M,) fp32; splits from ``rms_dw_splits``. dW is part summed over its first dim."""
+    x (M, K), rrms (M,) fp32; ``plan`` from ``rms_dw_splits`` (made here when not given). dW is part
+    summed over its first dim."""
     m, n = dy.shape
     k = x.shape[1]
-    splits, per_split = rms_dw_splits(m, n, k, dy.device)
-    if tuple(part.shape) != (splits, n, k) or not part.is_contiguous():
-        raise ValueError(f"partial dW buffer is {tuple(part.shape)}, need contiguous {(splits, n, k)}")
+    plan = plan or rms_dw_splits(m, n, k, dy.device)
+    if tuple(part.shape) != (plan.splits, n, k) or not part.is_contiguous():
+        raise ValueError(f"partial dW buffer is {tuple(part.shape)}, need contiguous {(plan.splits, n, k)}")
     if m == 0:
         part.zero_()
         return
     cfg = rms_dw_config()
-    tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k)
     _ensure_allocator(dy)
-    _RMS_DW.launch((splits * tiles,), (
-        dy, x, rrms, gamma if gamma is not None else rrms, part, m, n, k, per_split, dy.stride(0),
+    _RMS_DW.launch((plan.splits * plan.tiles,), (
+        dy, x, rrms, gamma if gamma is not None else rrms, part, m, n, k, plan.per_split, dy.stride(0),
         x.stride(0),
     ), dict(
         HAS_GAMMA=gamma is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
