@@ -113,11 +113,15 @@ RMS_PATHS = {
     "fused-input-dwkernel": _TRITON_FWD
     | {_FWD: "fused", _BWD: "input", _DW: "kernel", "ADS_NORM_FUSION_ONE_TILE_BWD": "descriptor"},
     "rowpass-output": _TRITON_FWD | {_FWD: "rowpass", _BWD: "output"},
-    # K <= 256: the dx GEMM forms the row coefficient from its whole-row tile; dW from raw x
-    "fused-output-dwkernel": _TRITON_FWD | {_FWD: "fused", _BWD: "output", _DW: "kernel"},
+    # K <= 256: the dx GEMM forms the row coefficient from its whole-row tile, x and dx through
+    # descriptors; dW from raw x
+    "fused-output-dwkernel": _TRITON_FWD
+    | {_FWD: "fused", _BWD: "output", _DW: "kernel", "ADS_NORM_FUSION_RMS_AUX_DESC": "1"},
     "rowpass-cublas": _TRITON_FWD | {_FWD: "rowpass", _BWD: "cublas"},
     # the Gluon forward (gluon.rms_linear_sm90) where the device has it, else the defaults
     "gluon-cublas": {"ADS_NORM_FUSION_RMS_GLUON": "on", _BWD: "cublas"},
+    # the rule: dx by the whole-row output GEMM with dW from raw x at K <= 256, cuBLAS paths above
+    "gluon-auto": {"ADS_NORM_FUSION_RMS_GLUON": "on", _BWD: "auto", _DW: "auto"},
 }
 
 

@@ -343,6 +343,8 @@ def _rmsnorm_linear_setup(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(output[1])
     ctx.has_weight, ctx.has_bias = norm_weight is not None, bias is not None
     mode = rms_backward_mode()
+    if mode == "auto":
+        mode = "output" if x.shape[1] <= ROW_COEF_MAX_N else "cublas"
     ctx.bwd_mode = "output" if mode == "cublas" and x.shape[1] > NORM_BWD_MAX_N else mode
     # the output path saves y itself: Σ_n dy·(y − b) is its mean_K(ĝ·x̂) (see rmsnorm_linear_dx)
     y = output[0] if ctx.bwd_mode == "output" else None
@@ -353,7 +355,8 @@ def _rmsnorm_linear_backward(ctx, dy: Tensor, _drrms, eager: bool = False):
     x, norm_weight, w, bias, y, rrms = ctx.saved_tensors
     needs = ctx.needs_input_grad
     want_gamma = ctx.has_weight and needs[1]
-    dw_kernel = needs[2] and rms_weight_grad() == "kernel"
+    dw_choice = rms_weight_grad()
+    dw_kernel = needs[2] and (dw_choice == "kernel" or (dw_choice == "auto" and ctx.bwd_mode == "output"))
     want_xg = needs[2] and not dw_kernel  # cuBLAS's dW reads x̂·γ, written by the dx kernel
     dx = dgamma = dw = dbias = xg = None
     if needs[0] or want_gamma:

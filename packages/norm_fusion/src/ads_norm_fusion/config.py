@@ -9,6 +9,8 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_WARPS``, ``ADS_NORM_FUSION_STAGES`` (row-norm kernels) and
 ``ADS_NORM_FUSION_RMS_BLOCK_N``, ``ADS_NORM_FUSION_RMS_STAGES`` (the ``rmsnorm_linear`` GEMM); and
 ``ADS_NORM_FUSION_RMS_FLATTEN``, ``ADS_NORM_FUSION_RMS_TMA_STORE`` (0/1, see ``rms_flatten``),
+``ADS_NORM_FUSION_RMS_PROGS_PER_SM`` (see ``rms_gemm_progs_per_sm``), ``ADS_NORM_FUSION_RMS_AUX_DESC``
+(0/1, see ``rms_aux_desc``),
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
 ``ADS_NORM_FUSION_RMS_BWD`` (cublas/input/output, see ``rms_backward_mode``),
 ``ADS_NORM_FUSION_RMS_DW`` (cublas/kernel, see ``rms_weight_grad``), ``ADS_NORM_FUSION_DW_STAGES``,
@@ -180,8 +182,9 @@ def rms_backward_mode() -> str:
     saved output (a row pass for Σ dy·(y − b), then an output-tiled GEMM with a per-row epilogue; at
     K <= ``ROW_COEF_MAX_N`` one tile spans the row and forms that sum itself, no row pass);
     ``input``: dy @ W with the RMSNorm backward over K in the GEMM's epilogue
-    (``gemm_norm_input_grad``). K above ``NORM_BWD_MAX_N`` takes ``output``."""
-    return _choice("ADS_NORM_FUSION_RMS_BWD", "cublas", ("cublas", "input", "output"))
+    (``gemm_norm_input_grad``); ``auto``: ``output`` where K <= ``ROW_COEF_MAX_N``, else ``cublas``.
+    K above ``NORM_BWD_MAX_N`` takes ``output``."""
+    return _choice("ADS_NORM_FUSION_RMS_BWD", "cublas", ("auto", "cublas", "input", "output"))
 
 
 def one_tile_backward() -> bool:
@@ -197,8 +200,22 @@ def one_tile_backward() -> bool:
 def rms_weight_grad() -> str:
     """``ADS_NORM_FUSION_RMS_DW``, how ``rmsnorm_linear``'s backward forms dW. ``cublas`` (default):
     dyᵀ @ (x̂·γ) through cuBLAS, x̂·γ written by the kernel that forms dx; ``kernel``: the split-M
-    kernel that scales x by rrms in registers (``triton._rms_dw``), no x̂·γ tensor."""
-    return _choice("ADS_NORM_FUSION_RMS_DW", "cublas", ("cublas", "kernel"))
+    kernel that scales x by rrms in registers (``triton._rms_dw``), no x̂·γ tensor; ``auto``: the kernel
+    where dx comes from the ``output`` path (which makes no x̂·γ), else cuBLAS."""
+    return _choice("ADS_NORM_FUSION_RMS_DW", "cublas", ("auto", "cublas", "kernel"))
+
+
+def rms_gemm_progs_per_sm() -> int:
+    """``ADS_NORM_FUSION_RMS_PROGS_PER_SM``: programs per SM of the persistent ``rmsnorm_linear``
+    GEMM (default 1; 2 lets one program's epilogue overlap another's loads where shared memory holds
+    both)."""
+    return _env_int("ADS_NORM_FUSION_RMS_PROGS_PER_SM") or 1
+
+
+def rms_aux_desc() -> bool:
+    """``ADS_NORM_FUSION_RMS_AUX_DESC=1``: the whole-row (K <= ``ROW_COEF_MAX_N``) dx GEMM reads x and
+    writes dx through tensor descriptors where their alignment allows (off by default: a sweep knob)."""
+    return os.environ.get("ADS_NORM_FUSION_RMS_AUX_DESC", "0") == "1"
 
 
 def rms_tma_store() -> bool:

@@ -69,7 +69,7 @@ def scaled_gemm_kernel(
     B_TRANS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_AUX: tl.constexpr,
     PART_GRADS: tl.constexpr, TMA_STORE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, FLATTEN: tl.constexpr,
-    ROW_COEF: tl.constexpr = False,
+    ROW_COEF: tl.constexpr = False, AUX_DESC: tl.constexpr = False,
 ):  # fmt: skip
     """OUT (M, N) = ALPHA[m]·(A·B)[m, n]·GAMMA[n] (+ BIAS[n]) (− AUX[m, n]·COEF[m]).
 
@@ -79,7 +79,8 @@ def scaled_gemm_kernel(
     ``ROW_COEF`` (needs ``HAS_AUX`` and ``BLOCK_N >= N``: one tile holds whole rows): COEF is not read
     but formed from the tile, ``ALPHA²·Σ_n y·AUX / N`` with y = ALPHA·(A·B)·GAMMA; for the RMSNorm
     backward (A = dy, B = W, AUX = x, ALPHA = rrms) this is the coefficient that ``row_stat_kernel``
-    mode 1 makes from the saved output, here without that pass over dy and y.
+    mode 1 makes from the saved output, here without that pass over dy and y. ``AUX_DESC`` (with
+    ``ROW_COEF``): AUX read and OUT written through tensor descriptors (TMA), bounds in the descriptor.
     """
     start = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -92,6 +93,9 @@ def scaled_gemm_kernel(
         b_desc = tl.make_tensor_descriptor(B, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N])
     if TMA_STORE:
         out_desc = tl.make_tensor_descriptor(OUT, [M, N], [stride_out, 1], [BLOCK_M, BLOCK_N // 2])
+    if AUX_DESC:
+        aux_desc = tl.make_tensor_descriptor(AUX, [M, N], [stride_aux, 1], [BLOCK_M, BLOCK_N])
+        dx_desc = tl.make_tensor_descriptor(OUT, [M, N], [stride_out, 1], [BLOCK_M, BLOCK_N])
     for tile in tl.range(start, num_m * num_n, NUM_PROGS, flatten=FLATTEN):
         pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
         off_m = pid_m * BLOCK_M
@@ -122,6 +126,14 @@ def scaled_gemm_kernel(
             y0, y1 = tl.split(halves)
             out_desc.store([off_m, off_n], y0.to(OUT.dtype.element_ty))
             out_desc.store([off_m, off_n + BLOCK_N // 2], y1.to(OUT.dtype.element_ty))
+        elif AUX_DESC:  # one tile spans the row (ROW_COEF); rows and columns past the edge read as 0
+            aux = aux_desc.load([off_m, 0]).to(tl.float32)
+            coef = tl.sum(y * aux, axis=1) * (alpha * alpha) / N.to(tl.float32)
+            y -= aux * coef[:, None]
+            if PART_GRADS:
+                part = tl.sum(acc * aux * alpha[:, None], axis=0)
+                tl.store(PART + pid_m.to(tl.int64) * N + cols, part, mask=col_ok)
+            dx_desc.store([off_m, 0], y.to(OUT.dtype.element_ty))
         else:
             rows64 = rows.to(tl.int64)
             mask = row_ok[:, None] & col_ok[None, :]

@@ -22,10 +22,12 @@ from ..config import (
     norm_bwd_sums,
     one_tile_backward,
     persistent_config,
+    rms_aux_desc,
     rms_dw_config,
     rms_flatten,
     rms_forward_rowpass,
     rms_gemm_config,
+    rms_gemm_progs_per_sm,
     rms_tma_store,
     rownorm_config,
     rownorm_persistent,
@@ -265,7 +267,12 @@ def launch_scaled_gemm(
     cfg = rms_gemm_config(m, n, k, backward=aux is not None, row_coef=row_coef)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     sms = num_sms(a.device) if a.device.type == "cuda" else 4
-    progs = max(1, min(tiles, sms))
+    progs = max(1, min(tiles, rms_gemm_progs_per_sm() * sms))
+    aux_desc = (
+        row_coef
+        and rms_aux_desc()
+        and all(t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and t.stride(1) == 1 for t in (aux, out))
+    )
     tma_store = (
         aux is None
         and part is None
@@ -284,6 +291,7 @@ def launch_scaled_gemm(
         B_TRANS=b_trans, HAS_GAMMA=gamma is not None, HAS_BIAS=bias is not None, HAS_AUX=aux is not None,
         PART_GRADS=part is not None, TMA_STORE=tma_store, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=_GROUP_M, NUM_PROGS=progs, FLATTEN=rms_flatten(), ROW_COEF=row_coef,
+        AUX_DESC=aux_desc,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     ))  # fmt: skip
 
