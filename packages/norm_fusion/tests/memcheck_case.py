@@ -87,21 +87,18 @@ def main() -> None:
         torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
         os.environ["ADS_NORM_FUSION_RMS_DW"] = "cublas"
         torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
-        os.environ["ADS_NORM_FUSION_ONE_TILE_BWD"] = "descriptor"  # the one-tile dx through descriptors
-        torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
         # dx by the output-tiled GEMM (K <= 256: row coefficient formed in its whole-row tile)
         os.environ.update(ADS_NORM_FUSION_RMS_BWD="output", ADS_NORM_FUSION_RMS_DW="kernel")
         torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
-        for knob in ("ADS_NORM_FUSION_RMS_BWD", "ADS_NORM_FUSION_RMS_DW", "ADS_NORM_FUSION_ONE_TILE_BWD"):
+        os.environ["ADS_NORM_FUSION_RMS_AUX_DESC"] = "1"  # x in, dx out through descriptors
+        torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
+        for knob in ("ADS_NORM_FUSION_RMS_BWD", "ADS_NORM_FUSION_RMS_DW", "ADS_NORM_FUSION_RMS_AUX_DESC"):
             del os.environ[knob]
         xhat = linear_layernorm(x.detach(), w.detach())
         dyn = torch.randn(m, 48, device=dev, dtype=dt)
         w_next_t = torch.randn(48, n, device=dev, dtype=dt)
-        for form in ("pointer", "descriptor"):  # config.one_tile_backward (N = 80: one tile)
-            os.environ["ADS_NORM_FUSION_ONE_TILE_BWD"] = form
-            linear_layernorm_input_grad(dyn, w_next_t, xhat, rstd, g.detach(), weight_grads=True)
-            linear_rmsnorm_input_grad(dyn, w_next_t, xhat, rrms)
-        del os.environ["ADS_NORM_FUSION_ONE_TILE_BWD"]
+        linear_layernorm_input_grad(dyn, w_next_t, xhat, rstd, g.detach(), weight_grads=True)
+        linear_rmsnorm_input_grad(dyn, w_next_t, xhat, rrms)
     torch.cuda.synchronize()
     print("memcheck cases: all paths ran")
 

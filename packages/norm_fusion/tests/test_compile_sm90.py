@@ -25,10 +25,10 @@ ROWNORM_CASES = {
                           WEIGHT_GRADS=True, _warps=8),
     "rms_input_grad_raw": dict(MODE=3, SINGLE=False, BLOCK_M=128, BLOCK_N=256, B_TRANS=False, AUX_RAW=True,
                                WEIGHT_GRADS=True, _warps=8),
-    # rmsnorm_linear's input-mode dx at K <= 256 (config.one_tile_backward's descriptor form), x̂·γ out
+    # rmsnorm_linear's input-mode dx at K <= 256 (the one-tile backward, _bwd_single), x̂·γ out
     "rms_input_grad_single_xg": dict(MODE=3, SINGLE=True, BLOCK_M=64, BLOCK_N=256, B_TRANS=False,
                                      AUX_RAW=True, WEIGHT_GRADS=True, SAVE_XHAT=True, NUM_STAGES=2,
-                                     DESC_BWD=True, _warps=8),
+                                     _warps=8),
     "ln_norm_bwd": dict(MODE=2, SINGLE=False, BLOCK_M=128, BLOCK_N=256, HAS_GEMM=False, WEIGHT_GRADS=True,
                         BIAS_GRAD=True, _warps=8),
 }

@@ -19,12 +19,6 @@ SHAPES = [pytest.param(*s, id="x".join(map(str, s))) for s in CPU_SHAPES] + [
 ]
 
 
-@pytest.fixture(params=["pointer", "descriptor"], autouse=True)
-def one_tile_form(request, monkeypatch):
-    """Both forms of the row-norm kernel's one-tile backward (``config.one_tile_backward``)."""
-    monkeypatch.setenv("ADS_NORM_FUSION_ONE_TILE_BWD", request.param)
-
-
 def _data(m, k, n, dtype, rms):
     """A real forward's x̂ and statistic (from z ~ N(mu, sigma) rows), dy scaled like the spec (×0.01)."""
     z = randn((m, n), seed=1) * 2 + 0.5

@@ -109,9 +109,8 @@ _FWD, _BWD, _DW = "ADS_NORM_FUSION_RMS_FWD", "ADS_NORM_FUSION_RMS_BWD", "ADS_NOR
 _TRITON_FWD = {"ADS_NORM_FUSION_RMS_GLUON": "0"}
 RMS_PATHS = {
     "fused-input": _TRITON_FWD | {_FWD: "fused", _BWD: "input"},
-    # dW from the split-M kernel on raw x (no x̂·γ tensor), the descriptor form of the one-tile dx
-    "fused-input-dwkernel": _TRITON_FWD
-    | {_FWD: "fused", _BWD: "input", _DW: "kernel", "ADS_NORM_FUSION_ONE_TILE_BWD": "descriptor"},
+    # dW from the split-M kernel on raw x (no x̂·γ tensor)
+    "fused-input-dwkernel": _TRITON_FWD | {_FWD: "fused", _BWD: "input", _DW: "kernel"},
     "rowpass-output": _TRITON_FWD | {_FWD: "rowpass", _BWD: "output"},
     # K <= 256: the dx GEMM forms the row coefficient from its whole-row tile, x and dx through
     # descriptors; dW from raw x
@@ -386,15 +385,15 @@ def test_save_knob() -> None:
 
 
 def test_backward_form_knobs(monkeypatch) -> None:
-    """The dW and one-tile backward knobs: defaults, the other value, a clear error for a typo."""
+    """The rmsnorm_linear backward knobs: defaults, other values, a clear error for a typo."""
     from ads_norm_fusion import config
 
-    assert config.rms_weight_grad() == "cublas" and not config.one_tile_backward()
+    assert config.rms_weight_grad() == "cublas" and config.rms_backward_mode() == "cublas"
     monkeypatch.setenv("ADS_NORM_FUSION_RMS_DW", "kernel")
-    monkeypatch.setenv("ADS_NORM_FUSION_ONE_TILE_BWD", "descriptor")
-    assert config.rms_weight_grad() == "kernel" and config.one_tile_backward()
+    monkeypatch.setenv("ADS_NORM_FUSION_RMS_BWD", "auto")
+    assert config.rms_weight_grad() == "kernel" and config.rms_backward_mode() == "auto"
     for knob, call in (("ADS_NORM_FUSION_RMS_DW", config.rms_weight_grad),
-                       ("ADS_NORM_FUSION_ONE_TILE_BWD", config.one_tile_backward)):  # fmt: skip
+                       ("ADS_NORM_FUSION_RMS_BWD", config.rms_backward_mode)):  # fmt: skip
         monkeypatch.setenv(knob, "tma")
         with pytest.raises(ValueError, match=knob):
             call()

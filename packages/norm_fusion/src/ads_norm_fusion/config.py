@@ -14,7 +14,6 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
 ``ADS_NORM_FUSION_RMS_BWD`` (cublas/input/output, see ``rms_backward_mode``),
 ``ADS_NORM_FUSION_RMS_DW`` (cublas/kernel, see ``rms_weight_grad``), ``ADS_NORM_FUSION_DW_STAGES``,
-``ADS_NORM_FUSION_ONE_TILE_BWD`` (pointer/descriptor, see ``one_tile_backward``),
 ``ADS_NORM_FUSION_RMS_GLUON`` (auto/on/0, see ``rms_gluon``), ``ADS_NORM_FUSION_RMS_GLUON_NT``
 (1/2/4, see ``rms_gluon_nt``),
 ``ADS_NORM_FUSION_FLATTEN`` (0/1, see ``flatten_loops``),
@@ -63,13 +62,13 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 1).bit_length()
 
 
-def rownorm_config(m: int, n: int, k: int, num_sms: int, *, desc_bwd: bool = False) -> TileConfig:
+def rownorm_config(m: int, n: int, k: int, num_sms: int, *, backward: bool = False) -> TileConfig:
     """Tiles for the kernels that normalise over the GEMM's output width n (row-norm epilogue).
 
     n <= 256 fits one register tile (whole row in the accumulator); wider rows take 128- or 256-wide
     column tiles, whichever divides n (masked tail otherwise), staged through the output buffer.
-    ``desc_bwd``, a backward in the one-tile descriptor form (``one_tile_backward``, read once by the
-    caller), holds g, x̂ and dz of its rows at once: 64 rows (at 128 its sm_90 build spills) and two
+    A one-tile ``backward`` (``_rownorm._bwd_single``: x̂ in, dz and x̂·γ out through tensor
+    descriptors) holds g, x̂ and dz of its rows at once: 64 rows (at 128 its sm_90 build spills) and two
     stages, so that two programs share an SM and one's epilogue hides the other's loads.
     """
     if interpreter_active():
@@ -82,7 +81,7 @@ def rownorm_config(m: int, n: int, k: int, num_sms: int, *, desc_bwd: bool = Fal
         # 8 warps = two warpgroups per 128-row tile; a 64-row tile is one warpgroup's wgmma
         warps = 8 if bm * bn >= 128 * 128 else 4
         stages = 4  # H200 sweep at 65536x1024x1024: 4 stages 2-3 % faster than 3 (BENCHMARKS.md)
-        if desc_bwd and n <= 256:
+        if backward and n <= 256:
             bm, warps, stages = 64, 8, 2
     return TileConfig(
         block_m=_env_int("ADS_NORM_FUSION_BLOCK_M") or bm,
@@ -185,16 +184,6 @@ def rms_backward_mode() -> str:
     (``gemm_norm_input_grad``); ``auto``: ``output`` where K <= ``ROW_COEF_MAX_N``, else ``cublas``.
     K above ``NORM_BWD_MAX_N`` takes ``output``."""
     return _choice("ADS_NORM_FUSION_RMS_BWD", "cublas", ("auto", "cublas", "input", "output"))
-
-
-def one_tile_backward() -> bool:
-    """``ADS_NORM_FUSION_ONE_TILE_BWD``, the row-norm kernel's backward where the normalised row fits
-    one tile (width <= 256: the input-grad ops, ``rmsnorm_linear``'s ``input`` backward). ``pointer``
-    (default): the same steps as the multi-tile form, tiles addressed by pointer. ``descriptor``:
-    x̂ read once through a tensor descriptor, dz and x̂·γ stored through descriptors, 64-row tiles
-    with two stages (offline sm_90 build: 14 spilled registers against 678 for the pointer form at its
-    128 x 256 tile, BENCHMARKS.md); opt-in until a GPU has run and timed it. True for ``descriptor``."""
-    return _choice("ADS_NORM_FUSION_ONE_TILE_BWD", "pointer", ("pointer", "descriptor")) == "descriptor"
 
 
 def rms_weight_grad() -> str:

@@ -164,8 +164,8 @@ def _bwd_single(
 ):  # fmt: skip
     """Modes 2 and 3 when the row is one tile: what ``_update`` then ``_emit`` compute, with x̂ read
     once, each tile-sized value dead as soon as it is used, and x̂ in / dz and x̂·γ out through tensor
-    descriptors (bounds in the descriptor: no per-element 64-bit addresses or masks in registers).
-    The two-step form with pointer tiles spilled hundreds of registers at 128 x 256."""
+    descriptors (bounds in the descriptor: no per-element 64-bit addresses or masks in registers;
+    the two-step form with pointer tiles spilled hundreds of registers at 128 x 256)."""
     aux_desc = tl.make_tensor_descriptor(AUX, [M, N], [stride_aux, 1], [BLOCK_M, BLOCK_N])
     out_desc = tl.make_tensor_descriptor(OUT, [M, N], [stride_out, 1], [BLOCK_M, BLOCK_N])
     gamma = _vec_f32(GAMMA, cols, col_ok, HAS_GAMMA, 1.0)
@@ -197,13 +197,13 @@ def rownorm_kernel(
     HAS_BIAS: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BETA: tl.constexpr, SAVE_XHAT: tl.constexpr,
     AUX_RAW: tl.constexpr, WEIGHT_GRADS: tl.constexpr, BIAS_GRAD: tl.constexpr, SINGLE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-    FLATTEN: tl.constexpr, STAGE_XHAT: tl.constexpr = False, DESC_BWD: tl.constexpr = False,
+    FLATTEN: tl.constexpr, STAGE_XHAT: tl.constexpr = False,
 ):  # fmt: skip
-    """One program per row block (modes above). ``DESC_BWD``: a one-tile backward runs
-    ``_bwd_single`` (``config.one_tile_backward``). Forward ``STAGE_XHAT``: the staged tiles go to XHAT
-    and stay there (x̂ = (XHAT - XOFF)·rstat, XOFF = mean - shift per row; RMSNorm: XHAT·rrms), as in
-    ``rownorm_persistent_kernel``. Backward ``AUX_RAW``: AUX is such a staged z (or, RMSNorm, the raw
-    input), x̂ = (AUX - XOFF)·rstat; XOFF is read for LayerNorm only."""
+    """One program per row block (modes above); a one-tile backward runs ``_bwd_single``. Forward
+    ``STAGE_XHAT``: the staged tiles go to XHAT and stay there (x̂ = (XHAT - XOFF)·rstat, XOFF =
+    mean - shift per row; RMSNorm: XHAT·rrms), as in ``rownorm_persistent_kernel``. Backward
+    ``AUX_RAW``: AUX is such a staged z (or, RMSNorm, the raw input), x̂ = (AUX - XOFF)·rstat; XOFF is
+    read for LayerNorm only."""
     if STAGE_XHAT:
         stage = XHAT
     else:
@@ -241,7 +241,7 @@ def rownorm_kernel(
             A, a_desc, b_desc, BIAS, off_m, 0, rows64, cols, col_ok, mask, K, stride_a, MODE, HAS_GEMM,
             B_TRANS, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES,
         )  # fmt: skip
-    if SINGLE and MODE >= 2 and DESC_BWD:
+    if SINGLE and MODE >= 2:
         _bwd_single(
             v, off_m, cols, col_ok, mean, rstat, nf, GAMMA, AUX, OUT, XHAT, part_row, part_plane, M, N,
             stride_aux, stride_out, MODE, HAS_GAMMA, AUX_RAW, WEIGHT_GRADS, BIAS_GRAD, SAVE_XHAT, BLOCK_M,

@@ -20,7 +20,6 @@ from ..config import (
     flatten_loops,
     norm_bwd_config,
     norm_bwd_sums,
-    one_tile_backward,
     persistent_config,
     rms_aux_desc,
     rms_dw_config,
@@ -72,7 +71,7 @@ def num_row_blocks(m: int, n: int, k: int, device: torch.device) -> int:
     """Programs of the row-norm kernel's backward for an (m, n) output: the row of the partial-sum
     buffers."""
     sms = num_sms(device) if device.type == "cuda" else 1
-    cfg = rownorm_config(m, n, k, sms, desc_bwd=one_tile_backward())
+    cfg = rownorm_config(m, n, k, sms, backward=True)
     return triton.cdiv(m, cfg.block_m)
 
 
@@ -132,8 +131,7 @@ def launch_rownorm(
                 mode, a, b, out, stat1, stat2, bias, gamma, beta, xhat, eps, pcfg, stage_xhat, xoff
             )
             return
-    desc_bwd = mode in ("ln_bwd", "rms_bwd") and one_tile_backward()
-    cfg = rownorm_config(m, n, k, sms, desc_bwd=desc_bwd)
+    cfg = rownorm_config(m, n, k, sms, backward=mode in ("ln_bwd", "rms_bwd"))
     blocks = triton.cdiv(m, cfg.block_m)
     if part is not None and tuple(part.shape) != (3, blocks, n):
         raise ValueError(f"partial-sum buffer is {tuple(part.shape)}, need {(3, blocks, n)}")
@@ -182,7 +180,6 @@ def launch_rownorm(
             NUM_STAGES=cfg.num_stages,
             FLATTEN=flatten_loops(),
             STAGE_XHAT=stage_xhat,
-            DESC_BWD=desc_bwd,
             num_warps=cfg.num_warps,
         ),
     )
