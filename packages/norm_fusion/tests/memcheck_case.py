@@ -90,7 +90,7 @@ def main() -> None:
         # dx by the output-tiled GEMM (K <= 256: row coefficient formed in its whole-row tile)
         os.environ.update(ADS_NORM_FUSION_RMS_BWD="output", ADS_NORM_FUSION_RMS_DW="kernel")
         torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
-        os.environ["ADS_NORM_FUSION_RMS_AUX_DESC"] = "1"  # x in, dx out through descriptors
+        os.environ["ADS_NORM_FUSION_RMS_AUX_DESC"] = "0"  # x in, dx out through pointer tiles
         torch.autograd.grad(rmsnorm_linear(x, gk, w, b), (x, gk, w, b), dy)
         for knob in ("ADS_NORM_FUSION_RMS_BWD", "ADS_NORM_FUSION_RMS_DW", "ADS_NORM_FUSION_RMS_AUX_DESC"):
             del os.environ[knob]

@@ -111,11 +111,11 @@ RMS_PATHS = {
     "fused-input": _TRITON_FWD | {_FWD: "fused", _BWD: "input"},
     # dW from the split-M kernel on raw x (no x̂·γ tensor)
     "fused-input-dwkernel": _TRITON_FWD | {_FWD: "fused", _BWD: "input", _DW: "kernel"},
-    "rowpass-output": _TRITON_FWD | {_FWD: "rowpass", _BWD: "output"},
+    # pointer tiles in the dx GEMM's epilogue (K <= 256: what a misaligned x takes)
+    "rowpass-output": _TRITON_FWD | {_FWD: "rowpass", _BWD: "output", "ADS_NORM_FUSION_RMS_AUX_DESC": "0"},
     # K <= 256: the dx GEMM forms the row coefficient from its whole-row tile, x and dx through
     # descriptors; dW from raw x
-    "fused-output-dwkernel": _TRITON_FWD
-    | {_FWD: "fused", _BWD: "output", _DW: "kernel", "ADS_NORM_FUSION_RMS_AUX_DESC": "1"},
+    "fused-output-dwkernel": _TRITON_FWD | {_FWD: "fused", _BWD: "output", _DW: "kernel"},
     "rowpass-cublas": _TRITON_FWD | {_FWD: "rowpass", _BWD: "cublas"},
     # the Gluon forward (gluon.rms_linear_sm90) where the device has it, else the defaults
     "gluon-cublas": {"ADS_NORM_FUSION_RMS_GLUON": "on", _BWD: "cublas"},
