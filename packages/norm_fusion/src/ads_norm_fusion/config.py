@@ -9,8 +9,7 @@ Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_WARPS``, ``ADS_NORM_FUSION_STAGES`` (row-norm kernels) and
 ``ADS_NORM_FUSION_RMS_BLOCK_N``, ``ADS_NORM_FUSION_RMS_STAGES`` (the ``rmsnorm_linear`` GEMM); and
 ``ADS_NORM_FUSION_RMS_FLATTEN``, ``ADS_NORM_FUSION_RMS_TMA_STORE`` (0/1, see ``rms_flatten``),
-``ADS_NORM_FUSION_RMS_PROGS_PER_SM`` (see ``rms_gemm_progs_per_sm``), ``ADS_NORM_FUSION_RMS_AUX_DESC``
-(0/1, see ``rms_aux_desc``),
+``ADS_NORM_FUSION_RMS_AUX_DESC`` (0/1, see ``rms_aux_desc``),
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),
 ``ADS_NORM_FUSION_RMS_BWD`` (cublas/input/output, see ``rms_backward_mode``),
 ``ADS_NORM_FUSION_RMS_DW`` (cublas/kernel, see ``rms_weight_grad``), ``ADS_NORM_FUSION_DW_STAGES``,
@@ -192,13 +191,6 @@ def rms_weight_grad() -> str:
     kernel that scales x by rrms in registers (``triton._rms_dw``), no x̂·γ tensor; ``auto``: the kernel
     where dx comes from the ``output`` path (which makes no x̂·γ), else cuBLAS."""
     return _choice("ADS_NORM_FUSION_RMS_DW", "cublas", ("auto", "cublas", "kernel"))
-
-
-def rms_gemm_progs_per_sm() -> int:
-    """``ADS_NORM_FUSION_RMS_PROGS_PER_SM``: programs per SM of the persistent ``rmsnorm_linear``
-    GEMM (default 1; 2 lets one program's epilogue overlap another's loads where shared memory holds
-    both)."""
-    return _env_int("ADS_NORM_FUSION_RMS_PROGS_PER_SM") or 1
 
 
 def rms_aux_desc() -> bool:

@@ -79,8 +79,8 @@ def scaled_gemm_kernel(
     ``ROW_COEF`` (needs ``HAS_AUX`` and ``BLOCK_N >= N``: one tile holds whole rows): COEF is not read
     but formed from the tile, ``ALPHA²·Σ_n y·AUX / N`` with y = ALPHA·(A·B)·GAMMA; for the RMSNorm
     backward (A = dy, B = W, AUX = x, ALPHA = rrms) this is the coefficient that ``row_stat_kernel``
-    mode 1 makes from the saved output, here without that pass over dy and y. ``AUX_DESC`` (with
-    ``ROW_COEF``): AUX read and OUT written through tensor descriptors (TMA), bounds in the descriptor.
+    mode 1 makes from the saved output, here without that pass over dy and y. ``AUX_DESC`` (needs
+    ``HAS_AUX``): AUX read and OUT written through tensor descriptors (TMA), bounds in the descriptor.
     """
     start = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -126,19 +126,14 @@ def scaled_gemm_kernel(
             y0, y1 = tl.split(halves)
             out_desc.store([off_m, off_n], y0.to(OUT.dtype.element_ty))
             out_desc.store([off_m, off_n + BLOCK_N // 2], y1.to(OUT.dtype.element_ty))
-        elif AUX_DESC:  # one tile spans the row (ROW_COEF); rows and columns past the edge read as 0
-            aux = aux_desc.load([off_m, 0]).to(tl.float32)
-            coef = tl.sum(y * aux, axis=1) * (alpha * alpha) / N.to(tl.float32)
-            y -= aux * coef[:, None]
-            if PART_GRADS:
-                part = tl.sum(acc * aux * alpha[:, None], axis=0)
-                tl.store(PART + pid_m.to(tl.int64) * N + cols, part, mask=col_ok)
-            dx_desc.store([off_m, 0], y.to(OUT.dtype.element_ty))
         else:
             rows64 = rows.to(tl.int64)
             mask = row_ok[:, None] & col_ok[None, :]
             if HAS_AUX:
-                aux = tl.load(AUX + rows64[:, None] * stride_aux + cols[None, :], mask=mask, other=0.0)
+                if AUX_DESC:  # rows and columns past the edge read as 0
+                    aux = aux_desc.load([off_m, off_n])
+                else:
+                    aux = tl.load(AUX + rows64[:, None] * stride_aux + cols[None, :], mask=mask, other=0.0)
                 aux = aux.to(tl.float32)
                 if ROW_COEF:  # masked columns: aux is 0 there
                     coef = tl.sum(y * aux, axis=1) * (alpha * alpha) / N.to(tl.float32)
@@ -148,8 +143,11 @@ def scaled_gemm_kernel(
                 if PART_GRADS:
                     part = tl.sum(acc * aux * alpha[:, None], axis=0)
                     tl.store(PART + pid_m.to(tl.int64) * N + cols, part, mask=col_ok)
-            ptrs = OUT + rows64[:, None] * stride_out + cols[None, :]
-            tl.store(ptrs, y.to(OUT.dtype.element_ty), mask=mask)
+            if AUX_DESC:
+                dx_desc.store([off_m, off_n], y.to(OUT.dtype.element_ty))
+            else:
+                ptrs = OUT + rows64[:, None] * stride_out + cols[None, :]
+                tl.store(ptrs, y.to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit

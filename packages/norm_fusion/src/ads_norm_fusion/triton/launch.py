@@ -26,7 +26,6 @@ from ..config import (
     rms_flatten,
     rms_forward_rowpass,
     rms_gemm_config,
-    rms_gemm_progs_per_sm,
     rms_tma_store,
     rownorm_config,
     rownorm_persistent,
@@ -264,7 +263,7 @@ def launch_scaled_gemm(
     cfg = rms_gemm_config(m, n, k, backward=aux is not None, row_coef=row_coef)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     sms = num_sms(a.device) if a.device.type == "cuda" else 4
-    progs = max(1, min(tiles, rms_gemm_progs_per_sm() * sms))
+    progs = max(1, min(tiles, sms))
     aux_desc = (
         row_coef
         and rms_aux_desc()
