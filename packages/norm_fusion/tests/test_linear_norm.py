@@ -422,3 +422,36 @@ def test_rmsnorm_linear_op_strided_input(path: str, monkeypatch) -> None:
     for x in (column_major, row_strided):
         for a, b in zip(run(x), want, strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("k, whole_row", [(32, True), (256, True), (272, False)])
+def test_rms_backward_auto_routes_by_width(k: int, whole_row: bool, monkeypatch) -> None:
+    """``ADS_NORM_FUSION_RMS_BWD=auto`` sends K <= 256 to the whole-row dx GEMM with the raw-x dW
+    kernel, and wider rows to cuBLAS + the row-wise norm backward (what the calls, not the values,
+    show: both routes give the same gradients)."""
+    from ads_norm_fusion import _ops
+
+    monkeypatch.setenv("ADS_NORM_FUSION_RMS_BWD", "auto")
+    monkeypatch.setenv("ADS_NORM_FUSION_RMS_DW", "auto")
+    seen = []
+
+    def spy(name, launch):
+        def launch_and_record(*args, **kwargs):
+            seen.append((name, kwargs))
+            return launch(*args, **kwargs)
+
+        return launch_and_record
+
+    for name in ("launch_scaled_gemm", "launch_rms_dw", "launch_norm_bwd"):
+        monkeypatch.setattr(_ops, name, spy(name, getattr(_ops, name)))
+    d = inputs(Case(6, k, 32), norm_over="k")
+    x, g, w = (d[n].clone().requires_grad_() for n in ("x", "gamma", "w"))
+    torch.autograd.grad(rmsnorm_linear(x, g, w), (x, g, w), d["dy"])
+    names = [n for n, _ in seen]
+    if whole_row:
+        assert names.count("launch_scaled_gemm") == 1 and "launch_rms_dw" in names, names
+        assert "launch_norm_bwd" not in names and all(
+            kw.get("row_coef") for n, kw in seen if n == "launch_scaled_gemm"
+        )
+    else:
+        assert names == ["launch_norm_bwd"], names
