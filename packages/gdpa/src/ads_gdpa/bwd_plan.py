@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from ads_kernel_tools.capability import num_sms as sm_count
+from ads_kernel_tools.kernels.grid import cdiv
 from ads_kernel_tools.kernels.tile_list import schedule
 
 
@@ -77,7 +77,7 @@ def plan_kv_tiles(
     cu_q = cu_seqlens_q.to(torch.int32).contiguous()
     cu_k = cu_seqlens_k.to(torch.int32).contiguous()
     # a kv tile's work is the query rows it faces; the list stays on the device (no host sync)
-    n_kv_tiles = max(triton.cdiv(max_seqlen_k, block_n), 1)
+    n_kv_tiles = max(cdiv(max_seqlen_k, block_n), 1)
     tiles, count = schedule(
         cu_q, cu_k, max_seqlen_q, tile_q=False, block=block_n, slots=n_kv_tiles, heads=kv_heads
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import triton
 
 from ads_kernel_tools.capability import interpreter_active, num_sms
+from ads_kernel_tools.kernels.grid import cdiv
 
 
 def _int(name: str, default: int, *, minimum: int = 1, power_of_two: bool = False) -> int:
@@ -74,4 +75,4 @@ def row_tile(n: int) -> RowTile:
     block_n = min(triton.next_power_of_2(max(n, 1)), max_block_n())
     block_t = max(1, tile_elems() // block_n)
     warps = 8 if block_t * block_n >= 4096 else 4
-    return RowTile(block_t, block_n, triton.cdiv(max(n, 1), block_n), warps)
+    return RowTile(block_t, block_n, cdiv(max(n, 1), block_n), warps)

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from ads_kernel_tools import checks
+from ads_kernel_tools.kernels.grid import cdiv
 
 from .triton.launch import BIG, _pad
 
@@ -84,7 +85,7 @@ def _scale_rows_op(x8: Tensor, descale: Tensor, cu: Tensor) -> Tensor:
     if rows == 0 or hx == 0:
         return y
     block_r = max(1, min(64, 8192 // _pad(d)))
-    grid = (triton.cdiv(rows, block_r), hx)
+    grid = (cdiv(rows, block_r), hx)
     _scale_rows_kernel[grid](x8, y, descale.contiguous(), _row_batch(cu, rows), rows, descale.shape[1], HX=hx,
                           G=hx // descale.shape[1], D=d, BLOCK_R=block_r, BLOCK_D=_pad(d))  # fmt: skip
     return y

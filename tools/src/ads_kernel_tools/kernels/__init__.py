@@ -11,6 +11,7 @@ here is imported by the rest of the package, which stays importable without it.
 | ``gluon_hopper`` | sm_90 Gluon helpers: layouts, tile decoding, row stores, reductions, TMA staging |
 | ``launch_cache`` | ``LaunchCache``: relaunch a compiled kernel without Triton's per-call argument binding |
 | ``span_fill``, ``transpose`` | zero fills outside sequence spans; K-major copies of V |
+| ``grid`` | ``cdiv``: host-side ceiling division for grids and tile counts (``triton.cdiv`` is slow there) |
 
 Extension rule: a helper moves here once a second package needs it, written without knowledge of
 the op that uses it (no activation, mask or softmax logic); each has a CPU test (interpreter or the

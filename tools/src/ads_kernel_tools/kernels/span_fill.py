@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .grid import cdiv
 from .launch_cache import LaunchCache
 
 __all__ = ["SPAN_FILL_MIN_BYTES", "zero_outside_spans", "zero_unwritten"]
@@ -94,7 +95,7 @@ def zero_outside_spans(
     if n_seq < 0:
         raise ValueError("zero_outside_spans: empty offsets")
     width = a.numel() // rows
-    chunks = max(1, min(64, triton.cdiv(_PROGRAMS, n_seq + 1)))
+    chunks = max(1, min(64, cdiv(_PROGRAMS, n_seq + 1)))
     _ZERO_OUTSIDE.launch(
         (n_seq + 1, chunks),
         (a, b, cu, used if used is not None else cu, n_seq, rows, width,

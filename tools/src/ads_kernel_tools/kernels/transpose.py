@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .grid import cdiv
+
 
 def _key_order() -> list[int]:
     """KEY_ORDER[pos] = the key (within a 32-key group) at position pos of the relabelled P: the
@@ -90,11 +92,11 @@ def v_kmajor(v: torch.Tensor) -> torch.Tensor:
     """(Tk, H_kv, D) fp8 V -> (H_kv·D, Tk_pad) contiguous, same dtype, keys in their order."""
     tk = v.shape[0]
     cols = v.shape[1] * v.shape[2]
-    tk_pad = max(triton.cdiv(tk, 16) * 16, 16)
+    tk_pad = max(cdiv(tk, 16) * 16, 16)
     src = v.reshape(tk, cols).view(torch.uint8)
     dst = torch.empty(cols, tk_pad, dtype=torch.uint8, device=v.device)
     BR, BC = 64, 64
-    grid = (triton.cdiv(tk_pad, BR), triton.cdiv(cols, BC))
+    grid = (cdiv(tk_pad, BR), cdiv(cols, BC))
     _transpose_kernel[grid](src, dst, tk, cols, tk_pad, BR=BR, BC=BC)
     return dst.view(v.dtype)
 
@@ -135,7 +137,7 @@ def v_kmajor_relabel(
     if (starts is None) != (width is None):
         raise ValueError("v_kmajor_relabel: pass starts and width together")
     if starts is None:
-        width = max(triton.cdiv(tk + 32 * n_seq, 16) * 16, 16)
+        width = max(cdiv(tk + 32 * n_seq, 16) * 16, 16)
         starts = kv_cols(cu)
         dst = torch.empty(cols, width, dtype=torch.uint8, device=v.device)
         dst[:, tk:].zero_()  # covers every column past the last sequence (its start is >= Tk)
@@ -148,7 +150,7 @@ def v_kmajor_relabel(
     if n_seq > 0 and tk > 0:
         BR, BC = 64, 64
         src = v.reshape(tk, cols).view(torch.uint8)
-        split = 1 if max_len is None else max(1, min(triton.cdiv(max_len, BR), 1024))
-        grid = (n_seq, triton.cdiv(cols, BC), split)
+        split = 1 if max_len is None else max(1, min(cdiv(max_len, BR), 1024))
+        grid = (n_seq, cdiv(cols, BC), split)
         _relabel_kernel[grid](src, dst, cu, starts, cols, width, BR=BR, BC=BC, RELABEL=relabel)
     return dst.view(v.dtype), starts

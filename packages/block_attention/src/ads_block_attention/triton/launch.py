@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 import triton.language as tl
+
+from ads_kernel_tools.kernels.grid import cdiv
 
 from ..config import bwd_config, fwd_config
 from ._bwd import block_attn_bwd_kernel
@@ -38,10 +39,10 @@ def build_block_table(offsets: torch.Tensor, num_slots: int, block_size: int) ->
         return table
     cum = torch.empty((max(batch, 1),), dtype=torch.int32, device=offsets.device)
     if batch > 0:
-        num_chunks = triton.cdiv(batch, _CUM_CHUNK)
+        num_chunks = cdiv(batch, _CUM_CHUNK)
         block_cum_kernel[(1,)](offsets, cum, batch, BLOCK=block_size, CHUNK=_CUM_CHUNK, NUM_CHUNKS=num_chunks)
     steps = max(batch, 1).bit_length()
-    grid = (triton.cdiv(num_slots, _TABLE_SLOTS),)
+    grid = (cdiv(num_slots, _TABLE_SLOTS),)
     block_table_kernel[grid](
         offsets, cum, table, batch, num_slots, BLOCK=block_size, SLOTS=_TABLE_SLOTS, SEARCH_STEPS=steps
     )

@@ -26,7 +26,6 @@ Rows of a sequence at or beyond min(Lq_b, max_seqlen_q) are written as zeros; no
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -49,6 +48,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     store_rows,
 )
 from ads_kernel_tools.kernels.gluon_hopper import decode_tile as tile_coords
+from ads_kernel_tools.kernels.grid import cdiv
 from ads_kernel_tools.kernels.tile_list import schedule
 from ads_kernel_tools.kernels.transpose import v_kmajor, v_kmajor_relabel
 
@@ -728,7 +728,7 @@ def gdpa_fwd_gluon(
 
     # Heaviest sequences first (work ~ Lq·Lk), so the persistent programs' strided walk over
     # the tile list ends with small tiles. Stays on the device: no host sync.
-    m_tiles = triton.cdiv(max_seqlen_q, BM)
+    m_tiles = cdiv(max_seqlen_q, BM)
     tiles, count = schedule(cu_q, cu_k, max_seqlen_q, tile_q=True, block=BM, slots=m_tiles, heads=H)
     grid = (min(B * H * m_tiles, sm_count(q.device)),)
     # bf16 P has fp32's exponent range, so P may leave out the scale (and a constant gain) and the

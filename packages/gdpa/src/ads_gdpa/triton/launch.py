@@ -9,6 +9,7 @@ import torch
 import triton
 
 from ads_kernel_tools.capability import num_sms
+from ads_kernel_tools.kernels.grid import cdiv
 
 from .. import config as cfg
 from ..problem import Encodings, Problem, grad_buffers, spans
@@ -145,7 +146,7 @@ def fwd(
         if tmap is not None:
             n = n_map
         else:
-            n = B * H * max(triton.cdiv(pb.max_q, meta["BLOCK_M"]), 1)
+            n = B * H * max(cdiv(pb.max_q, meta["BLOCK_M"]), 1)
         if cfg.persistent():
             n = min(n, num_sms(q.device) * 2)
         return (max(n, 1),)
@@ -265,7 +266,7 @@ def bwd(
     n_map = tmap.shape[1] if tmap is not None else 0
 
     def grid_kv(meta):
-        n = n_map if tmap is not None else B * H_KV * max(triton.cdiv(pb.max_k, meta["BLOCK_N"]), 1)
+        n = n_map if tmap is not None else B * H_KV * max(cdiv(pb.max_k, meta["BLOCK_N"]), 1)
         return (max(n, 1),)
 
     args = (
@@ -305,7 +306,7 @@ def bwd(
     n_b = 1 if pb.broadcast_q else B
 
     def grid_q(meta):
-        return (max(n_b * H * max(triton.cdiv(pb.max_q, meta["BLOCK_M"]), 1), 1),)
+        return (max(n_b * H * max(cdiv(pb.max_q, meta["BLOCK_M"]), 1), 1),)
 
     args = (
         q, k, v, do, dq_acc, cu_q, cu_k, tbl, dummy,

@@ -7,7 +7,8 @@ weight; outputs are allocated here through ``_empty`` (tests poison it). T = 0 l
 from __future__ import annotations
 
 import torch
-import triton
+
+from ads_kernel_tools.kernels.grid import cdiv
 
 from .. import config
 from ._epilogue import epilogue_bwd_kernel, epilogue_fwd_kernel
@@ -21,7 +22,7 @@ def _empty(shape, dtype, device) -> Tensor:
 
 
 def _blocks(t: int, tile: config.RowTile) -> int:
-    return triton.cdiv(t, tile.block_t)
+    return cdiv(t, tile.block_t)
 
 
 def _reduce_grid(t: int, tile: config.RowTile, device) -> int:

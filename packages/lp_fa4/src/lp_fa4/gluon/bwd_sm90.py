@@ -40,7 +40,6 @@ causal pairs can do the same (``LP_FA4_BWD_CAUSAL_WALK``, opt-in).
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -62,6 +61,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     store_rows,
     tma_reduce_add,
 )
+from ads_kernel_tools.kernels.grid import cdiv
 from ads_kernel_tools.kernels.launch_cache import LaunchCache
 from ads_kernel_tools.kernels.span_fill import zero_unwritten
 from ads_kernel_tools.kernels.tile_list import schedule
@@ -419,7 +419,7 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     k_desc, v_desc = rows_desc(k, BN, gdt), rows_desc(v, BN, gdt)
     dq_desc = rows_desc(dq_acc, BM, gl.float32, cols=d // 2)
     slot_keys = 2 * BN if causal else BN  # causal: a slot pairs kv tiles j and T-1-j (``_kv_tiles``)
-    n_tiles = triton.cdiv(max_k, slot_keys)
+    n_tiles = cdiv(max_k, slot_keys)
     # a dense batch's list depends on its shapes alone (the list reads no seqused): built once
     build = dense_schedule if lq_dense is not None and lk_dense is not None else schedule
     tiles, count = build(cu_q, cu_k, rows_cap, tile_q=False, block=slot_keys, slots=n_tiles, heads=hkv)
@@ -427,7 +427,7 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     # the list's length at most (programs past its count exit at once): a sequence of L keys has
     # cdiv(L, slot_keys) items per kv head, so all have at most cdiv(tk, slot_keys) + n_b; a grid
     # short of the count is still right (each program strides the list), only slower
-    n_items = min(n_b * n_tiles, triton.cdiv(tk, slot_keys) + n_b) * hkv
+    n_items = min(n_b * n_tiles, cdiv(tk, slot_keys) + n_b) * hkv
     if config.bwd_grid(window is not None) == "persistent":
         n_items = min(n_items, num_sms(q.device))
     grid = (max(1, n_items),)

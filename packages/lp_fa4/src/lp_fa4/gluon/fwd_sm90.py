@@ -76,6 +76,7 @@ from ads_kernel_tools.kernels.gluon_hopper import (
     stage_for_tma,
     store_rows,
 )
+from ads_kernel_tools.kernels.grid import cdiv
 from ads_kernel_tools.kernels.launch_cache import LaunchCache
 from ads_kernel_tools.kernels.tile_list import schedule
 from ads_kernel_tools.kernels.transpose import v_kmajor_relabel
@@ -556,10 +557,6 @@ def attn_fwd_ws(
 _GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # triton.cdiv is a constexpr_function: microseconds per host call
-
-
 def stages_for(d: int, fp8: bool = False, warpgroups: int = 2) -> tuple[int, int]:
     """(K/V stages, Q buffers) inside 227 KB of shared memory with the 64-row output buffers (one per
     consumer warpgroup): D=128: 2 x 64 KB of K/V + 2 x 32 KB of Q + 32 KB of output = 224 KB; D=64
@@ -694,7 +691,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         relabel = v_copy == "relabel"
         # sequence b's keys from column vcol[b] (32-aligned) of the copy
         if lk_dense is not None and tk > 0:  # dense: the columns b·L32 from shapes, no zero fill
-            l32, n_kv = _cdiv(lk_dense, 32) * 32, cu_k.shape[0] - 1
+            l32, n_kv = cdiv(lk_dense, 32) * 32, cu_k.shape[0] - 1
             starts = cu_k if l32 == lk_dense else dense_offsets(n_kv, l32, q.device)
             vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_k, relabel=relabel, max_len=lk_dense,
                                         starts=starts, width=n_kv * l32)  # fmt: skip
@@ -707,7 +704,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         v_desc = TensorDescriptor(v2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
         qd = kd = vd = vcol = cu_q  # not read
         relabel = False
-    m_tiles = _cdiv(max_q, BM)
+    m_tiles = cdiv(max_q, BM)
     even = False  # dense non-causal: the tile list's own order (one (b, h) pair after the other), no list
     if lpt is None:
         even = lse_dense and not causal and window is None and lk_dense is not None and used_q is None
@@ -715,7 +712,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
         lpt = (lse_dense and causal and tq // n_b <= config.fwd_lpt_max_s()) or even
     lpt = lpt and lse_dense
     if lpt:
-        m_tiles = min(m_tiles, _cdiv(tq // n_b, BM))  # every slot has these tiles
+        m_tiles = min(m_tiles, cdiv(tq // n_b, BM))  # every slot has these tiles
         tiles = count = cu_q  # not read
         kv_bytes = 2 * (tk // n_b) * d * q.element_size() * hkv // h  # per (b, h) pair
         hg = 1 if even else max(1, min(n_b * h, L2_GROUP_BYTES // max(kv_bytes, 1)))

@@ -7,6 +7,7 @@ import functools
 import torch
 import triton
 
+from ads_kernel_tools.kernels.grid import cdiv
 from ads_kernel_tools.kernels.launch_cache import LaunchCache
 from ads_kernel_tools.kernels.span_fill import zero_unwritten
 
@@ -46,7 +47,7 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
     _allocator(use_tma)
     flags["USE_TMA"] = use_tma
     t1 = cfg.dkdv_tile(dpad)
-    dkdv_kernel[(n_b * hkv, triton.cdiv(pb.max_k, t1.block_n))](
+    dkdv_kernel[(n_b * hkv, cdiv(pb.max_k, t1.block_n))](
         q, k, v, do, lse, delta, dq, dk, dv, cu_q, cu_k, uq, uk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), dk.stride(0), dk.stride(1),
@@ -56,7 +57,7 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
     if mode == "atomic":
         return dq.to(q.dtype), dk, dv, delta
     t2 = cfg.dq_tile(dpad)
-    q_tiles = triton.cdiv(pb.max_q, t2.block_m)
+    q_tiles = cdiv(pb.max_q, t2.block_m)
     n_chunks, b_chunk, store = 1, max(n_b, 1), 0
     if pb.broadcast_q:
         n_chunks, b_chunk = _batch_chunks(n_b, h * q_tiles, q.numel(), q.device)
@@ -80,7 +81,7 @@ def bwd(do, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k, pb: Problem, de
     if store == 2:
         n = q.numel()
         red = 256 if cfg.interpreter_active() else 1024
-        reduce_chunks_kernel[(triton.cdiv(n, red),)](dq_buf, dq, n, n_chunks, BLOCK=red)
+        reduce_chunks_kernel[(cdiv(n, red),)](dq_buf, dq, n, n_chunks, BLOCK=red)
     return dq, dk, dv, delta
 
 
@@ -146,7 +147,7 @@ def preprocess(out, do, dlse):
         return delta.zero_()
     pre_m = 16 if cfg.interpreter_active() else 64
     _PREPROCESS.launch(
-        (triton.cdiv(to, pre_m), h),
+        (cdiv(to, pre_m), h),
         (out, do, dlse if dlse is not None else delta, delta, out.stride(0), out.stride(1),
          do.stride(0), do.stride(1), to, h),
         dict(D_V=dv_dim, BLOCK_DV=_pad(dv_dim), BLOCK_M=pre_m, HAS_DLSE=dlse is not None),
@@ -165,12 +166,12 @@ def _batch_chunks(n_b: int, base_progs: int, q_elems: int, device) -> tuple[int,
     if n_b <= 1:
         return 1, max(n_b, 1)
     if cfg.interpreter_active():
-        want = triton.cdiv(n_b, 2)  # two sequences a chunk: small tests cross several chunks
+        want = cdiv(n_b, 2)  # two sequences a chunk: small tests cross several chunks
     else:
-        want = triton.cdiv(2 * _sm_count(device), max(base_progs, 1))
+        want = cdiv(2 * _sm_count(device), max(base_progs, 1))
     want = min(want, max(1, (256 << 20) // max(4 * q_elems, 1)))
-    b_chunk = triton.cdiv(n_b, max(1, min(want, n_b)))
-    return triton.cdiv(n_b, b_chunk), b_chunk
+    b_chunk = cdiv(n_b, max(1, min(want, n_b)))
+    return cdiv(n_b, b_chunk), b_chunk
 
 
 @functools.cache

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-import triton
 
+from ads_kernel_tools.kernels.grid import cdiv
 from ads_kernel_tools.kernels.transpose import v_kmajor
 
 from .. import config as cfg
@@ -67,7 +67,7 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, page_table, sink, pb: Problem, out,
     use_tma = not fp8 and _fwd_tma_ok(k, v, paged)
     _allocator(use_tma)
     k_cap = min(pb.max_k, max_pages * page_size) if paged else pb.max_k
-    grid = (n_b * h, triton.cdiv(pb.max_q, tile.block_m))
+    grid = (n_b * h, cdiv(pb.max_q, tile.block_m))
     fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k if cu_k is not None else dummy,
         used_q if used_q is not None else dummy, used_k if used_k is not None else dummy,

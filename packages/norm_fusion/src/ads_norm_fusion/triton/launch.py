@@ -12,6 +12,7 @@ import torch
 import triton
 
 from ads_kernel_tools.capability import interpreter_active, num_sms
+from ads_kernel_tools.kernels.grid import cdiv
 from ads_kernel_tools.kernels.launch_cache import LaunchCache
 
 from ..config import (
@@ -71,7 +72,7 @@ def num_row_blocks(m: int, n: int, k: int, device: torch.device) -> int:
     buffers."""
     sms = num_sms(device) if device.type == "cuda" else 1
     cfg = rownorm_config(m, n, k, sms, backward=True)
-    return triton.cdiv(m, cfg.block_m)
+    return cdiv(m, cfg.block_m)
 
 
 def launch_rownorm(
@@ -131,7 +132,7 @@ def launch_rownorm(
             )
             return
     cfg = rownorm_config(m, n, k, sms, backward=mode in ("ln_bwd", "rms_bwd"))
-    blocks = triton.cdiv(m, cfg.block_m)
+    blocks = cdiv(m, cfg.block_m)
     if part is not None and tuple(part.shape) != (3, blocks, n):
         raise ValueError(f"partial-sum buffer is {tuple(part.shape)}, need {(3, blocks, n)}")
     _ensure_allocator(a)
@@ -222,7 +223,7 @@ def launch_row_stat(
     block_m = max(1, 8192 // block_n)
     if a.device.type != "cuda":
         block_m = min(block_m, 16)
-    grid = (triton.cdiv(m, block_m),)
+    grid = (cdiv(m, block_m),)
     _ROW_STAT.launch(grid, (
         a, b if b is not None else a, bias if bias is not None else a, r if r is not None else out, out,
         m, n, a.stride(0), b.stride(0) if b is not None else 0, 1.0 / float(divisor or n), float(eps),
@@ -261,7 +262,7 @@ def launch_scaled_gemm(
     if row_coef and (aux is None or n > ROW_COEF_MAX_N):
         raise ValueError(f"launch_scaled_gemm: row_coef needs aux and n <= {ROW_COEF_MAX_N}, got n={n}")
     cfg = rms_gemm_config(m, n, k, backward=aux is not None, row_coef=row_coef)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     sms = num_sms(a.device) if a.device.type == "cuda" else 4
     progs = max(1, min(tiles, sms))
     aux_desc = (
@@ -294,7 +295,7 @@ def launch_scaled_gemm(
 
 def rms_gemm_blocks(m: int, n: int, k: int, *, backward: bool, row_coef: bool = False) -> int:
     """Row blocks of ``launch_scaled_gemm``: the rows of its partial-sum buffer."""
-    return triton.cdiv(m, rms_gemm_config(m, n, k, backward=backward, row_coef=row_coef).block_m)
+    return cdiv(m, rms_gemm_config(m, n, k, backward=backward, row_coef=row_coef).block_m)
 
 
 def launch_rms_gemm(
@@ -320,7 +321,7 @@ def launch_rms_gemm(
         launch_scaled_gemm(x, w, out, rrms, b_trans=True, bias=bias)
         return
     cfg = rms_gemm_config(m, n, k)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
     _ensure_allocator(x)
     _RMS_GEMM.launch(grid, (
         x, w, bias if bias is not None else out, out, rrms, m, n, k, float(eps), x.stride(0), w.stride(0),
@@ -344,12 +345,12 @@ def rms_dw_splits(m: int, n: int, k: int, device: torch.device) -> RmsDwSplits:
     """The division of ``launch_rms_dw``: about two programs per SM over the output tiles, each split a
     whole number of row steps."""
     cfg = rms_dw_config()
-    tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k)
-    steps = max(triton.cdiv(m, cfg.block_m), 1)
+    tiles = cdiv(n, cfg.block_n) * cdiv(k, cfg.block_k)
+    steps = max(cdiv(m, cfg.block_m), 1)
     sms = num_sms(device) if device.type == "cuda" else 4  # the interpreter: several splits too
     splits = max(1, min(steps, (2 * sms) // tiles))
-    per_split = triton.cdiv(steps, splits) * cfg.block_m
-    return RmsDwSplits(triton.cdiv(m, per_split) if m else 1, per_split, tiles)
+    per_split = cdiv(steps, splits) * cfg.block_m
+    return RmsDwSplits(cdiv(m, per_split) if m else 1, per_split, tiles)
 
 
 def launch_rms_dw(
@@ -429,13 +430,13 @@ def launch_norm_bwd(
         if part is not None:
             _add_partials(part, outs)
         return
-    programs = max(triton.cdiv(m, cfg.rows_per_prog), 1)
+    programs = max(cdiv(m, cfg.rows_per_prog), 1)
     part = counters = None
     in_kernel = norm_bwd_sums() == "fused"
     if weight_grads or bias_grad:
         part = torch.empty((3, programs, n), dtype=torch.float32, device=dy.device)
         if in_kernel:
-            counters = _counters(dy.device, 1 + triton.cdiv(programs, NORM_BWD_GROUP))
+            counters = _counters(dy.device, 1 + cdiv(programs, NORM_BWD_GROUP))
     dummy = rstat
     # every parameter by position: tensors follow constexprs in this signature
     _NORM_BWD.launch((programs,), (
@@ -489,7 +490,7 @@ def launch_row_col_scale(x: torch.Tensor, r: torch.Tensor, g: torch.Tensor | Non
     if m == 0:
         return
     block_m, block_k = 32, 128
-    grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
+    grid = (cdiv(m, block_m), cdiv(k, block_k))
     _ROW_COL_SCALE.launch(grid, (
         x, r, g if g is not None else x, out, m, k, x.stride(0), out.stride(0),
     ), dict(HAS_G=g is not None, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4))  # fmt: skip
@@ -505,7 +506,7 @@ def launch_part_sums(
         return
     block_n = 64 if part.device.type == "cuda" else 32
     dummy = part
-    _PART_SUMS.launch((triton.cdiv(n, block_n),), (
+    _PART_SUMS.launch((cdiv(n, block_n),), (
         part, out0 if out0 is not None else dummy, out1 if out1 is not None else dummy,
         out2 if out2 is not None else dummy, p, n, p * n,
     ), dict(
