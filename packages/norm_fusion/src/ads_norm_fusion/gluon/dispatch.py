@@ -28,7 +28,7 @@ MULTIPLE_N = 64
 MAX_N = 1024  # fwd_sm90.MAX_N (not imported: this module must load without Gluon)
 
 
-def _tma_matrix(t: torch.Tensor) -> bool:
+def tma_matrix(t: torch.Tensor) -> bool:
     """2-D, rows contiguous, 16-byte aligned base and row stride: a valid TMA descriptor."""
     return (
         t.dim() == 2
@@ -57,7 +57,7 @@ def why_not(x, w, out, *, xhat=None, vectors=()) -> str | None:
     mats = (x, w, out) + ((xhat,) if xhat is not None else ())
     if x.dtype not in _DTYPES or any(t.dtype != x.dtype for t in mats):
         return f"dtype {x.dtype} / {w.dtype} -> {out.dtype}"
-    if not all(_tma_matrix(t) for t in mats):
+    if not all(tma_matrix(t) for t in mats):
         return "strided or unaligned tensors"
     if any(v is not None and (v.dim() != 1 or v.stride(0) != 1) for v in vectors):
         return "strided bias or norm parameters"
@@ -111,7 +111,7 @@ def rms_linear_why_not(x, w, out, *, bias=None) -> str | None:
         return f"N={n}, K={k} (need positive multiples of 8)"
     if x.dtype not in _DTYPES or w.dtype != x.dtype or out.dtype != x.dtype:
         return f"dtype {x.dtype} / {w.dtype} -> {out.dtype}"
-    if not all(_tma_matrix(t) for t in (x, w, out)):
+    if not all(tma_matrix(t) for t in (x, w, out)):
         return "strided or unaligned tensors"
     if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1):
         return "strided bias"

@@ -266,17 +266,9 @@ def launch_scaled_gemm(
     sms = num_sms(a.device) if a.device.type == "cuda" else 4
     progs = max(1, min(tiles, sms))
     aux_desc = (
-        row_coef
-        and rms_aux_desc()
-        and all(t.data_ptr() % 16 == 0 and t.stride(0) % 8 == 0 and t.stride(1) == 1 for t in (aux, out))
+        row_coef and rms_aux_desc() and gluon_dispatch.tma_matrix(aux) and gluon_dispatch.tma_matrix(out)
     )
-    tma_store = (
-        aux is None
-        and part is None
-        and out.data_ptr() % 16 == 0
-        and out.stride(0) % 8 == 0
-        and rms_tma_store()
-    )
+    tma_store = aux is None and part is None and gluon_dispatch.tma_matrix(out) and rms_tma_store()
     _ensure_allocator(a)
     dummy = alpha
     _SCALED_GEMM.launch((progs,), (
