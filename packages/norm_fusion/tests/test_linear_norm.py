@@ -7,7 +7,7 @@ import pytest
 import torch
 from _cases import DEVICE, Case, check, inputs, linear_norm_torch, ref_and_baseline, rmsnorm_linear_torch
 
-from ads_norm_fusion import linear_layernorm, linear_rmsnorm, rmsnorm_linear
+from ads_norm_fusion import linear_layernorm, linear_layernorm_input_grad, linear_rmsnorm, rmsnorm_linear
 
 BF16, FP16 = torch.bfloat16, torch.float16
 # interpreter tiles are 32 wide: 80 and 1040 cross several column tiles with a masked tail, 16/32 fit one;
@@ -422,6 +422,50 @@ def test_rmsnorm_linear_op_strided_input(path: str, monkeypatch) -> None:
     for x in (column_major, row_strided):
         for a, b in zip(run(x), want, strict=True):
             assert torch.equal(a, b)
+
+
+def _strided(v: torch.Tensor) -> torch.Tensor:
+    """v's values in a stride-2 view (every other element of a wider buffer)."""
+    wide = torch.zeros(v.shape[0], 2, dtype=v.dtype, device=v.device)
+    wide[:, 1] = v
+    return wide[:, 1]
+
+
+@pytest.mark.parametrize("op", ["ln", "rms", "rms_linear", "ln_input_grad"])
+def test_strided_vectors_give_their_contiguous_result(op: str) -> None:
+    """Bias and norm parameters passed as strided views (a column of a matrix, ``p[::2]``) give the
+    output and gradients of their contiguous copies: the kernels index vectors by position, so the
+    interface hands them contiguous ones (strided vectors were read as the wrong elements)."""
+    d = inputs(Case(20, 32, 48), norm_over="k" if op in ("rms_linear", "ln_input_grad") else "n")
+    vec_names = {"ln": ("bias", "gamma", "beta"), "rms": ("bias", "gamma"), "rms_linear": ("gamma", "bias"),
+                 "ln_input_grad": ("gamma",)}[op]  # fmt: skip
+    if op == "ln_input_grad":
+        # dy (20, 48) of a next layer whose weight is d["w"] (48, 32); x̂ and γ over its 32 inputs
+        rstd = torch.rand(20, device=d["x"].device) + 0.5
+        args = (d["dy"], d["w"], d["x"], rstd)
+        plain = linear_layernorm_input_grad(*args, d["gamma"], weight_grads=True)
+        strided = linear_layernorm_input_grad(*args, _strided(d["gamma"]), weight_grads=True)
+        for a, b in zip(strided, plain, strict=True):
+            assert torch.equal(a, b)
+        return
+
+    def run(vectors):
+        leaves = [d["x"].clone().requires_grad_(), d["w"].clone().requires_grad_()]
+        vecs = [v.detach().requires_grad_() for v in vectors]
+        x, w = leaves
+        named = dict(zip(vec_names, vecs))
+        if op == "ln":
+            y = linear_layernorm(x, w, named["bias"], named["gamma"], named["beta"])
+        elif op == "rms":
+            y = linear_rmsnorm(x, w, named["bias"], named["gamma"])
+        else:
+            y = rmsnorm_linear(x, named["gamma"], w, named["bias"])
+        return (y, *torch.autograd.grad(y, leaves + vecs, d["dy"]))
+
+    want = run([d[n] for n in vec_names])
+    got = run([_strided(d[n]) for n in vec_names])
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("k, whole_row", [(32, True), (256, True), (272, False)])

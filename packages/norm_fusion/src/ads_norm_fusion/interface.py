@@ -48,10 +48,14 @@ def _check_size(name: str, value: int) -> None:
         raise ValueError(f"{name}={value} must be a positive multiple of {SUPPORTED_MULTIPLE}")
 
 
-def _check_vectors(like: Tensor, size: int, names: tuple[str, ...], vectors: tuple) -> None:
-    """Each vector None or a (size,) tensor of like's dtype and device (read once for all of them)."""
+def _check_vectors(like: Tensor, size: int, names: tuple[str, ...], vectors: tuple) -> tuple:
+    """Each vector None or a (size,) tensor of like's dtype and device (read once for all of them).
+    Returns them contiguous: the kernels index a vector by its position alone, so a strided view
+    (a column of a matrix, ``p[::2]``) would otherwise be read as the wrong elements."""
     dtype = device = None
+    out = []
     for name, t in zip(names, vectors):
+        out.append(t)
         if t is None:
             continue
         if not isinstance(t, Tensor) or t.shape != (size,):
@@ -62,10 +66,12 @@ def _check_vectors(like: Tensor, size: int, names: tuple[str, ...], vectors: tup
             dtype, device = like.dtype, like.device
         if t.dtype != dtype or t.device != device:
             raise ValueError(f"{name} is {t.dtype} on {t.device}; x is {like.dtype} on {like.device}")
+        out[-1] = t.contiguous()
+    return tuple(out)
 
 
-def _check_vector(name: str, t: Tensor | None, size: int, like: Tensor) -> None:
-    _check_vectors(like, size, (name,), (t,))
+def _check_vector(name: str, t: Tensor | None, size: int, like: Tensor) -> Tensor | None:
+    return _check_vectors(like, size, (name,), (t,))[0]
 
 
 _LN_VECTORS = ("bias", "norm_weight", "norm_bias")
@@ -120,7 +126,7 @@ def linear_layernorm(
     """
     lead = x.shape[:-1] if isinstance(x, Tensor) else ()
     x2, w, n, _k = _linear_inputs(x, w)
-    _check_vectors(x2, n, _LN_VECTORS, (bias, norm_weight, norm_bias))
+    bias, norm_weight, norm_bias = _check_vectors(x2, n, _LN_VECTORS, (bias, norm_weight, norm_bias))
     affine = norm_weight is not None or norm_bias is not None
     grad = _needs_grad(x, w, bias, norm_weight, norm_bias)
     y, mean, rstd, _, _ = _ops.linear_layernorm(
@@ -146,7 +152,7 @@ def linear_rmsnorm(
     """
     lead = x.shape[:-1] if isinstance(x, Tensor) else ()
     x2, w, n, _k = _linear_inputs(x, w)
-    _check_vectors(x2, n, _RMS_VECTORS, (bias, norm_weight))
+    bias, norm_weight = _check_vectors(x2, n, _RMS_VECTORS, (bias, norm_weight))
     grad = _needs_grad(x, w, bias, norm_weight)
     y, rrms, _ = _ops.linear_rmsnorm(
         x2, w, bias, norm_weight, _check_eps(eps), norm_weight is not None and grad, grad
@@ -169,8 +175,8 @@ def rmsnorm_linear(
     """
     lead = x.shape[:-1] if isinstance(x, Tensor) else ()
     x2, w, n, k = _linear_inputs(x, w)
-    _check_vector("norm_weight", norm_weight, k, x2)
-    _check_vector("bias", bias, n, x2)
+    norm_weight = _check_vector("norm_weight", norm_weight, k, x2)
+    bias = _check_vector("bias", bias, n, x2)
     grad = _needs_grad(x, norm_weight, w, bias)
     y, _ = _ops.rmsnorm_linear(x2, norm_weight, w, bias, _check_eps(eps), grad)
     return y if len(lead) == 1 else y.reshape(*lead, n)
@@ -218,7 +224,7 @@ def linear_layernorm_input_grad(
     fixed order (deterministic).
     """
     dy, w_next_t, x_hat, rstd, n = _input_grad_inputs(dy, w_next_t, x_hat, rstd, "rstd")
-    _check_vector("weight", weight, n, dy)
+    weight = _check_vector("weight", weight, n, dy)
     dz, dweight, dbias = _ops.norm_input_grad(dy, w_next_t, x_hat, rstd, weight, False, False, weight_grads)
     return (dz, dweight, dbias) if weight_grads else dz
 
