@@ -512,6 +512,13 @@ def test_backward_varlen_ragged(device, causal):
     for name, got, src in zip("qkv", ex, (q, k, v)):
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got, src.grad, msg=f"explicit d{name}")
+    # offsets passed as strided views (every other element of a wider buffer) are read by value
+    cu2 = torch.stack([torch.zeros_like(cu), cu], 1)[:, 1]
+    strided = fp8_attn_backward(do, q8.detach(), k8.detach(), v8.detach(), out.detach(), lse.detach(), qd, kd,
+                                vd, cu_seqlens_q=cu2, cu_seqlens_k=cu2, max_seqlen_q=max(lens),
+                                max_seqlen_k=max(lens), causal=causal)  # fmt: skip
+    for got, want in zip(strided, ex, strict=True):
+        assert torch.equal(got, want)
 
 
 def test_power_of_two_descales_keep_the_backward_exact(device):

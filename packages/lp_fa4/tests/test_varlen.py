@@ -303,3 +303,43 @@ def test_sink_without_grad_skips_the_recompute(monkeypatch, device):
     out.float().sum().backward()
     assert calls == [torch.bfloat16, torch.float32] and sink.grad is not None, calls
     assert out.dtype == torch.bfloat16
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a view whose last dimension has stride 2 (every other element of a wider buffer)."""
+    wide = torch.zeros((*t.shape, 2), dtype=t.dtype, device=t.device)
+    wide[..., 1] = t
+    return wide[..., 1]
+
+
+def test_strided_offsets_lengths_sink_and_page_table(device):
+    """Offsets, seqused, the sink and the page table passed as strided views (a column of a matrix,
+    ``t[::2]``) give the outputs and gradients of their contiguous copies: the kernels read them by
+    position, so the interface hands them contiguous ones (strided views were read as the wrong
+    entries: wrong outputs, no error)."""
+    lq = lk = (13, 0, 37, 20)
+    q, k, v, cu, _ = _inputs(lq, lk, device)
+    used = torch.tensor([5, 0, 30, 20], dtype=torch.int32, device=device)
+    sink = randn((2,), device=device, seed=9)
+
+    def run(cu, used, sink):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
+        a, b, c, s = leaves
+        out = flash_attn_varlen_func(a, b, c, cu, cu, 37, 37, seqused_q=used, seqused_k=used, causal=True,
+                                     learnable_sink=s)  # fmt: skip
+        out = out[0] if isinstance(out, tuple) else out
+        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    for got, want in zip(run(_strided(cu), _strided(used), _strided(sink)), run(cu, used, sink), strict=True):
+        assert torch.equal(got, want)
+    # paged KV: a (B, pages) table read from a column-major copy and from a strided column
+    kp, vp = (randn((6, 16, 1, 32), dtype=torch.bfloat16, device=device, seed=s) for s in (5, 6))
+    table = torch.tensor([[3, 1, 5], [0, 2, 4]], dtype=torch.int32, device=device)
+    qd = randn((2, 10, 2, 32), dtype=torch.bfloat16, device=device, seed=7)
+    lens = torch.tensor([40, 33], dtype=torch.int32, device=device)
+    with torch.no_grad():
+        want, _ = flash_attn_varlen_func(qd, kp, vp, page_table=table, seqused_k=lens, return_lse=True)
+        for view in (table.t().contiguous().t(), _strided(table)):
+            used_k = _strided(lens)
+            got, _ = flash_attn_varlen_func(qd, kp, vp, page_table=view, seqused_k=used_k, return_lse=True)
+            assert torch.equal(got, want)

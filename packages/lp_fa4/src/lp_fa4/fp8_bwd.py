@@ -316,7 +316,7 @@ def fp8_attn_backward(
     (H, Tq)) call, from its bf16 ``out`` and fp32 ``lse`` (``return_lse=True``) and bf16 ``dout``.
     Same options as the forward had (causal, softmax_scale, max_seqlen_q/k); shapes like q, k, v."""
     from . import _ops
-    from ._checks import _check_fp8, _check_qkv, _resolve_window, _scale
+    from ._checks import _check_fp8, _check_index, _check_qkv, _resolve_window, _scale
 
     if q.dtype != E4M3:
         raise ValueError(f"lp_fa4: fp8_attn_backward takes float8_e4m3fn q, k, v, got {q.dtype}")
@@ -326,7 +326,10 @@ def fp8_attn_backward(
     _check_qkv(q, k, v, 3 if varlen else 4, 3 if varlen else 4)
     h, d = q.shape[-2], q.shape[-1]
     if varlen:
-        cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
+        _check_index("cu_seqlens_q", cu_seqlens_q, None, q.device)
+        _check_index("cu_seqlens_k", cu_seqlens_k, None, q.device)
+        # the kernels read offsets by position: a strided view would be read as the wrong entries
+        cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         n_b = cu_q.shape[0] - 1
         if cu_k.shape[0] != n_b + 1:
             raise ValueError("lp_fa4: cu_seqlens_q and cu_seqlens_k must have the same length")

@@ -82,6 +82,11 @@ def _run(
     sources=None,
 ):
     _check_runnable(q3)
+    # the kernels index offsets, lengths, page tables and the sink by position: a strided view (a
+    # column of a matrix, ``t[::2]``) would be read as the wrong entries
+    cu_q, cu_k, used_q, used_k, page_table, sink = (
+        None if t is None else t.contiguous() for t in (cu_q, cu_k, used_q, used_k, page_table, sink)
+    )
     resident_bwd = False
     if broadcast_q and _plain(used_q, page_table, sink, softcap, descale):
         n_b = cu_k.shape[0] - 1
