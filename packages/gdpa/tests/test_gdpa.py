@@ -133,3 +133,31 @@ def test_tma_descriptor_path(device, monkeypatch):
     """The TMA (tensor-descriptor) forward, forced on; the interpreter runs descriptor loads too."""
     monkeypatch.setenv("ADS_GDPA_TMA", "1")
     run_case(Case(lq=(0, 1, 33, 40), lk=(5, 0, 31, 70), grad=False, host=False), device)
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a stride-2 view (every other element of a wider buffer)."""
+    wide = torch.zeros((t.shape[0], 2), dtype=t.dtype, device=t.device)
+    wide[:, 1] = t
+    return wide[:, 1]
+
+
+def test_strided_offsets_and_buckets_give_their_contiguous_result(device):
+    """Offsets and encoding buckets passed as strided views (a column of a matrix, ``t[::2]``) give
+    the outputs and gradients of their contiguous copies: the kernels read them by position, so the
+    interface hands them contiguous ones (strided views were read as the wrong entries: wrong
+    gradients, and under causal a wrong output, without an error)."""
+    cu = torch.tensor([0, 13, 13, 50, 70], dtype=torch.int32, device=device)
+    q, k, v = (torch.randn(70, 2, 32, device=device).to(torch.bfloat16) for _ in range(3))
+    table = torch.randn(7, 2, 32, device=device)
+    buckets = torch.randint(0, 7, (70,), dtype=torch.int32, device=device)
+
+    def run(cu, buckets):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, table)]
+        a, b, c, tab = leaves
+        out = gdpa_varlen(a, b, c, cu, cu, 37, 37, activation="fast_gelu", scale=1 / 37, causal=True,
+                          encodings=[(tab, buckets)])  # fmt: skip
+        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    for got, want in zip(run(_strided(cu), _strided(buckets)), run(cu, buckets), strict=True):
+        assert torch.equal(got, want)

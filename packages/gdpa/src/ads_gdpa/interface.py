@@ -207,6 +207,11 @@ def gdpa_varlen(
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.device != q.device:
             raise _err(f"{name} is on {t.device}, q on {q.device}")
+    # the kernels read offsets by position: a strided view (a column of a matrix, ``t[::2]``) would be
+    # read as the wrong entries; self attention keeps one object for both
+    self_offsets = cu_seqlens_k is cu_seqlens_q
+    cu_seqlens_q = cu_seqlens_q.contiguous()
+    cu_seqlens_k = cu_seqlens_q if self_offsets else cu_seqlens_k.contiguous()
     max_seqlen_q, max_seqlen_k = _as_int("max_seqlen_q", max_seqlen_q), _as_int("max_seqlen_k", max_seqlen_k)
     scale = _as_scale(scale)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
@@ -295,11 +300,13 @@ def _extras(
         if broadcast_q or fused == Fused.QKV:
             raise _err("ad_to_request_offset cannot be combined with broadcast_q or fused QKV")
         _int_vector("ad_to_request_offset", kv_index, cu_q.shape[0] - 1, q.device)
+        kv_index = kv_index.contiguous()
     if cu_o is not None:
         if broadcast_q:
             cu_o = None  # broadcast_q outputs sit at b * Lq, what upstream callers pass
         else:
             _int_vector("output_offset", cu_o, cu_q.shape[0], q.device)
+            cu_o = cu_o.contiguous()
     tables, buckets = [], []
     for i, pair in enumerate(encodings or ()):
         table, bkt = pair
@@ -320,7 +327,7 @@ def _extras(
             raise _err(f"{name} table is on {table.device}, q on {q.device}")
         _int_vector(f"{name} buckets", bkt, tq, q.device)
         tables.append(table)
-        buckets.append(bkt)
+        buckets.append(bkt.contiguous())
     if len(tables) > MAX_ENCODINGS:
         raise _err(f"at most {MAX_ENCODINGS} encodings, got {len(tables)}")
     if tables and q.dtype in _FP8:
