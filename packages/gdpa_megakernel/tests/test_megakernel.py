@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _cases import Case, check, make_inputs, run_ours, run_ref
+from _cases import Case, check, leaves, make_inputs, run_ours, run_ref
 
 # every option on and off at least once, and each pair of neighbours together
 OPTIONS = {
@@ -118,4 +118,23 @@ def test_deterministic_weight_grads(device):
         out = run_ours(c, ins, deterministic=True)
         runs.append(torch.autograd.grad(out, ws, ins["dout"]))
     for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_strided_offsets_give_their_contiguous_result(device):
+    """Offsets passed as strided views (a column of a matrix, ``t[::2]``) give the output and
+    gradients of their contiguous copies: the kernels read them by position, so the interface hands
+    them contiguous ones (strided offsets were read as the wrong entries: wrong results, no error)."""
+    from _cases import _grads
+
+    c = Case()
+    ins = make_inputs(c, device)
+    names = leaves(ins)
+    wide = torch.zeros((ins["cu"].shape[0], 2), dtype=ins["cu"].dtype, device=device)
+    wide[:, 1] = ins["cu"]
+    strided = dict(ins, cu=wide[:, 1], cu_k=wide[:, 1])
+    want, g_want = _grads(lambda i: run_ours(c, i), ins, names, lambda t: t)
+    got, g_got = _grads(lambda i: run_ours(c, i), strided, names, lambda t: t)
+    assert torch.equal(got, want)
+    for a, b in zip(g_got, g_want, strict=True):
         assert torch.equal(a, b)

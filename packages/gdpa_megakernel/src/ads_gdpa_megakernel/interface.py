@@ -155,6 +155,11 @@ def gdpa_megakernel(
             raise _err(f"{name} is on {off.device}, q on {q.device}")
     if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
         raise _err(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries, cu_seqlens_k {cu_seqlens_k.shape[0]}")
+    # the kernels read offsets by position: a strided view (a column of a matrix, ``t[::2]``) would be
+    # read as the wrong entries; self attention keeps one object for both
+    self_offsets = cu_seqlens_k is cu_seqlens_q
+    cu_seqlens_q = cu_seqlens_q.contiguous()
+    cu_seqlens_k = cu_seqlens_q if self_offsets else cu_seqlens_k.contiguous()
     max_seqlen_q = checks.integer("max_seqlen_q", max_seqlen_q, prefix=_P)
     max_seqlen_k = checks.integer("max_seqlen_k", max_seqlen_k, prefix=_P)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
