@@ -101,3 +101,24 @@ def test_output_offset_accepted(device):
     rep = torch.tensor([0, 3, 6], dtype=torch.int32, device=device)
     c = jagged_flash_attention(q[:3], k, v, cb, cu_k, 3, 4, broadcast_q=True, output_offset=rep)
     assert c.shape == (6, 2, 32)
+
+
+@pytest.mark.parametrize("window", [None, 5], ids=lambda w: f"w{w}")
+def test_strided_offsets_give_their_contiguous_result(window, device):
+    """Offsets passed as strided views (a column of a matrix, ``t[::2]``) give the output and
+    gradients of their contiguous copies (lp-fa4 reads offsets by position and now takes contiguous
+    copies; strided ones were read as the wrong entries: wrong results, no error)."""
+    from ads_jfa import jagged_flash_attention
+
+    cu = torch.tensor([0, 13, 13, 50, 70], dtype=torch.int32, device=device)
+    q, k, v = (torch.randn(70, 2, 32, device=device).to(torch.bfloat16) for _ in range(3))
+    wide = torch.zeros((5, 2), dtype=torch.int32, device=device)
+    wide[:, 1] = cu
+
+    def run(off):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = jagged_flash_attention(*leaves, off, off, 37, 37, window_size=window)
+        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    for got, want in zip(run(wide[:, 1]), run(cu), strict=True):
+        assert torch.equal(got, want)
