@@ -468,6 +468,24 @@ def test_strided_vectors_give_their_contiguous_result(op: str) -> None:
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("k, keeps_y", [(32, False), (272, True)])
+def test_output_backward_keeps_y_only_where_it_reads_it(k: int, keeps_y: bool, monkeypatch) -> None:
+    """The `output` backward reads the saved output y only above ``ROW_COEF_MAX_N`` (its row pass);
+    at K <= 256 the whole-row dx GEMM forms that sum itself, so the forward does not keep y (M x N of
+    activation memory per layer)."""
+    monkeypatch.setenv("ADS_NORM_FUSION_RMS_BWD", "output")
+    d = inputs(Case(20, k, 48), norm_over="k")
+    x, g, w = (d[n].clone().requires_grad_() for n in ("x", "gamma", "w"))
+    y = rmsnorm_linear(x, g, w, None)
+    saved_y = y.grad_fn.saved_tensors[4]
+    assert (saved_y is not None) == keeps_y
+    dx, dg, dw = torch.autograd.grad(y, (x, g, w), d["dy"])
+    monkeypatch.setenv("ADS_NORM_FUSION_RMS_BWD", "cublas")
+    want = torch.autograd.grad(rmsnorm_linear(x, g, w, None), (x, g, w), d["dy"])
+    for got, ref in zip((dx, dg, dw), want, strict=True):
+        torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("k, whole_row", [(32, True), (256, True), (272, False)])
 def test_rms_backward_auto_routes_by_width(k: int, whole_row: bool, monkeypatch) -> None:
     """``ADS_NORM_FUSION_RMS_BWD=auto`` sends K <= 256 to the whole-row dx GEMM with the raw-x dW

@@ -29,13 +29,15 @@ def _args():
         "rms_dw": (d["dy"], x, rstat, gk),
         "row_col_scale": (x, rstat, gk),
         "rmsnorm_linear_dx": (d["dy"], w, x, d["dy"].clone(), rstat, gk, b, True),
+        "rmsnorm_linear_dx_no_y": (d["dy"], w, x, None, rstat, gk, b, True),  # K = 32: whole-row tiles
     }
 
 
 @pytest.mark.parametrize("op", list(_args()))
 def test_opcheck(op: str) -> None:
     args = _args()[op]
-    op = op.removesuffix("_xhat").removesuffix("_raw").removesuffix("_xg")  # the same op, other options
+    for suffix in ("_xhat", "_raw", "_xg", "_no_y"):  # the same op, other options
+        op = op.removesuffix(suffix)
     grad_ops = ("linear_layernorm_fwd", "linear_rmsnorm_fwd", "rmsnorm_linear_fwd")
     if op in grad_ops:
         args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.dtype != torch.float32 else a

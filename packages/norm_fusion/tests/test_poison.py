@@ -100,6 +100,10 @@ def test_rms_gemm_dx_writes_all(m, k, n) -> None:
     want = acc * r[:, None] * gamma.float()[None, :] - x.float() * coef[:, None]
     torch.testing.assert_close(dx.float(), want, atol=3e-2, rtol=1e-2)
     torch.testing.assert_close(part.sum(0), (acc * x.float() * r[:, None]).sum(0), atol=1e-2, rtol=1e-3)
+    # a partial-sum buffer short of the tiles' row blocks is refused, not written past its end
+    with pytest.raises(ValueError, match="part must be"):
+        short = part[: blocks - 1]
+        launch_scaled_gemm(dy, w, dx, r, b_trans=False, gamma=gamma, aux=x, coef=coef, part=short)
 
 
 def test_gemm_mode_is_the_plain_gemm() -> None:

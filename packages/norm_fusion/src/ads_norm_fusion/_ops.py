@@ -24,7 +24,8 @@ Ops (all 2-D; the public API flattens leading dims):
   ``gluon.dispatch.rms_linear_forward``; on the Triton path from Σx² in its K loop, or from one row
   pass first: ``config.rms_forward_rowpass``).
 - ``rmsnorm_linear_dx(dy, w, x, y, rrms, norm_weight, bias, weight_grad) -> (dx, dnorm_weight)``:
-  its input gradient from the saved output (a row pass for the coefficient, then a GEMM epilogue).
+  its input gradient from the saved output (a row pass for the coefficient, then a GEMM epilogue;
+  at K <= ``ROW_COEF_MAX_N`` the GEMM's whole-row tile forms the coefficient and y may be None).
 - ``gemm_norm_input_grad(dy, w_next_t, aux, rstat, weight, rms, aux_raw, weight_grads)
   -> (dz, dweight, dnorm_bias)``: ``dy @ w_next_t`` with the norm backward in its epilogue.
 Statistics outputs are fp32 and carry no gradient. Weight and bias gradients come from per-row-block
@@ -38,8 +39,16 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from ads_kernel_tools.dispatch import eager_function, plain_eager
+from ads_kernel_tools.kernels.grid import cdiv
 
-from .config import NORM_BWD_MAX_N, ROW_COEF_MAX_N, rms_backward_mode, rms_weight_grad, save_prenorm
+from .config import (
+    NORM_BWD_MAX_N,
+    ROW_COEF_MAX_N,
+    rms_backward_mode,
+    rms_gemm_config,
+    rms_weight_grad,
+    save_prenorm,
+)
 from .costs import gemm_flops
 from .triton.launch import (
     launch_norm_bwd,
@@ -51,7 +60,6 @@ from .triton.launch import (
     launch_scaled_gemm,
     num_row_blocks,
     rms_dw_splits,
-    rms_gemm_blocks,
 )
 
 _EMPTY = (0,)
@@ -346,8 +354,9 @@ def _rmsnorm_linear_setup(ctx, inputs, output) -> None:
     if mode == "auto":
         mode = "output" if x.shape[1] <= ROW_COEF_MAX_N else "cublas"
     ctx.bwd_mode = "output" if mode == "cublas" and x.shape[1] > NORM_BWD_MAX_N else mode
-    # the output path saves y itself: Σ_n dy·(y − b) is its mean_K(ĝ·x̂) (see rmsnorm_linear_dx)
-    y = output[0] if ctx.bwd_mode == "output" else None
+    # the output path saves y itself: Σ_n dy·(y − b) is its mean_K(ĝ·x̂) (see rmsnorm_linear_dx), except
+    # where one tile spans the row and the dx GEMM forms that sum from its own tile
+    y = output[0] if ctx.bwd_mode == "output" and x.shape[1] > ROW_COEF_MAX_N else None
     ctx.save_for_backward(x, norm_weight, w, bias, y, output[1])
 
 
@@ -388,7 +397,7 @@ def _rmsnorm_linear_dx(
     dy: Tensor,
     w: Tensor,
     x: Tensor,
-    y: Tensor,
+    y: Tensor | None,
     rrms: Tensor,
     norm_weight: Tensor | None,
     bias: Tensor | None,
@@ -396,23 +405,27 @@ def _rmsnorm_linear_dx(
 ) -> tuple[Tensor, Tensor]:
     """dx (and dγ) of y = RMSNorm(x)·wᵀ + b: with ĝ = γ·(dy·w) and x̂ = x·rrms,
     dx = rrms·(ĝ − x̂·mean_K(ĝ·x̂)) and mean_K(ĝ·x̂) = Σ_n dy·(y − b) / K, so one row pass over dy and
-    y gives the per-row coefficient and dx is an output-tiled GEMM with a per-row epilogue.
+    y gives the per-row coefficient and dx is an output-tiled GEMM with a per-row epilogue. Where K <=
+    ``ROW_COEF_MAX_N`` one tile spans the row and forms that sum itself: y is not read (None allowed).
     dγ = Σ_rows (dy·w)·x̂ from per-row-block partials added in a fixed order."""
-    dy, w, x, y = _aligned(dy), _aligned(w), x.contiguous(), y.contiguous()
+    dy, w, x = _aligned(dy), _aligned(w), x.contiguous()
     m, k = x.shape
     row_coef = k <= ROW_COEF_MAX_N  # one tile spans the row: the kernel forms coef, no pass over dy, y
     coef = None
     if not row_coef:
+        if y is None:
+            raise ValueError(f"rmsnorm_linear_dx: K={k} > {ROW_COEF_MAX_N} needs the saved output y")
         coef = _stat(x)
-        launch_row_stat(dy, coef, b=y, bias=bias, r=rrms, divisor=k)
+        launch_row_stat(dy, coef, b=y.contiguous(), bias=bias, r=rrms, divisor=k)
     dx = torch.empty_like(x)
     part = None
+    cfg = rms_gemm_config(m, k, dy.shape[1], backward=True, row_coef=row_coef)
     if weight_grad:
-        blocks = rms_gemm_blocks(m, k, dy.shape[1], backward=True, row_coef=row_coef)
-        part = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
+        part = torch.empty((cdiv(m, cfg.block_m), k), dtype=torch.float32, device=x.device)
     launch_scaled_gemm(
-        dy, w, dx, rrms, b_trans=False, gamma=norm_weight, aux=x, coef=coef, part=part, row_coef=row_coef
-    )
+        dy, w, dx, rrms, b_trans=False, gamma=norm_weight, aux=x, coef=coef, part=part, row_coef=row_coef,
+        cfg=cfg,
+    )  # fmt: skip
     pdtype = norm_weight.dtype if norm_weight is not None else x.dtype
     dgamma = part.sum(dim=0).to(pdtype) if weight_grad else x.new_empty(_EMPTY, dtype=pdtype)
     return dx, dgamma

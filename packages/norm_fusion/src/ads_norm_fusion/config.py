@@ -7,7 +7,8 @@ how many row blocks the grid gets: below two row blocks per SM the rows are cut 
 Env knobs (sweeps only; unset in normal use), all integers:
 ``ADS_NORM_FUSION_BLOCK_M``, ``ADS_NORM_FUSION_BLOCK_N``, ``ADS_NORM_FUSION_BLOCK_K``,
 ``ADS_NORM_FUSION_WARPS``, ``ADS_NORM_FUSION_STAGES`` (row-norm kernels) and
-``ADS_NORM_FUSION_RMS_BLOCK_N``, ``ADS_NORM_FUSION_RMS_STAGES`` (the ``rmsnorm_linear`` GEMM); and
+``ADS_NORM_FUSION_RMS_BLOCK_N``, ``ADS_NORM_FUSION_RMS_STAGES`` (the ``rmsnorm_linear`` GEMM),
+``ADS_NORM_FUSION_RMS_BLOCK_M`` (its whole-row dx tile, see ``rms_gemm_config``); and
 ``ADS_NORM_FUSION_RMS_FLATTEN``, ``ADS_NORM_FUSION_RMS_TMA_STORE`` (0/1, see ``rms_flatten``),
 ``ADS_NORM_FUSION_RMS_AUX_DESC`` (0/1, see ``rms_aux_desc``),
 ``ADS_NORM_FUSION_RMS_FWD`` (fused/auto/rowpass, see ``rms_forward_rowpass``),

@@ -18,6 +18,7 @@ from ads_kernel_tools.kernels.launch_cache import LaunchCache
 from ..config import (
     ROW_COEF_MAX_N,
     ROWNORM_MODES,
+    TileConfig,
     flatten_loops,
     norm_bwd_config,
     norm_bwd_sums,
@@ -250,18 +251,27 @@ def launch_scaled_gemm(
     coef: torch.Tensor | None = None,
     part: torch.Tensor | None = None,
     row_coef: bool = False,
+    cfg: TileConfig | None = None,
 ) -> None:
     """out (M, N) = alpha[m]·(a·b)·gamma[n] (+ bias) (− aux·coef[m]); a (M, K), b (N, K) if b_trans
     else (K, N). part (cdiv(M, block_m), N) fp32 (see ``rms_gemm_blocks``) gets Σ_rows (a·b)·aux·alpha.
     ``row_coef`` (aux given, n <= ``config.ROW_COEF_MAX_N``): coef is formed in the kernel from the
-    whole-row tile (``scaled_gemm_kernel``'s ``ROW_COEF``) and the coef argument is not read."""
+    whole-row tile (``scaled_gemm_kernel``'s ``ROW_COEF``) and the coef argument is not read.
+    ``cfg``: the tiles, when the caller already built them (``config.rms_gemm_config`` with
+    ``backward=aux is not None``) to size ``part``."""
     m, n = out.shape
     k = a.shape[1]
     if m == 0:
         return
     if row_coef and (aux is None or n > ROW_COEF_MAX_N):
         raise ValueError(f"launch_scaled_gemm: row_coef needs aux and n <= {ROW_COEF_MAX_N}, got n={n}")
-    cfg = rms_gemm_config(m, n, k, backward=aux is not None, row_coef=row_coef)
+    if cfg is None:
+        cfg = rms_gemm_config(m, n, k, backward=aux is not None, row_coef=row_coef)
+    if part is not None and tuple(part.shape) != (cdiv(m, cfg.block_m), n):
+        raise ValueError(
+            f"launch_scaled_gemm: part must be ({cdiv(m, cfg.block_m)}, {n}) for these tiles, "
+            f"got {tuple(part.shape)}"
+        )
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     sms = num_sms(a.device) if a.device.type == "cuda" else 4
     progs = max(1, min(tiles, sms))
