@@ -8,16 +8,17 @@ with ``ADS_SM_OVERRIDE="9.0"`` (or ``"none"`` for no GPU), which is read on ever
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from ads_kernel_tools import envvars
 
 SM_OVERRIDE_ENV = "ADS_SM_OVERRIDE"
 
 
 def interpreter_active() -> bool:
     """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+    return envvars.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
 def _device_index(device: torch.device | str | int | None) -> int:
@@ -58,7 +59,7 @@ def sm_version(device: torch.device | str | int | None = None) -> tuple[int, int
 
     ``ADS_SM_OVERRIDE`` takes precedence so CPU tests can exercise per-architecture dispatch.
     """
-    override = os.environ.get(SM_OVERRIDE_ENV)
+    override = envvars.get(SM_OVERRIDE_ENV)
     if override is not None:
         return _parse_override(override)
     if not torch.cuda.is_available():

@@ -11,10 +11,10 @@ device offsets give wrong numbers, never an access outside a tensor.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
+
+from ads_kernel_tools import envvars
 
 __all__ = [
     "CHECK_INPUTS_ENV",
@@ -32,7 +32,7 @@ _TRUE = ("1", "true", "yes", "on")
 def check_inputs_enabled() -> bool:
     """True when ``ADS_CHECK_INPUTS`` is 1/true/yes/on: validate device offsets with one sync per call.
     Read on every call so that a test's ``monkeypatch.setenv`` takes effect at once."""
-    return os.environ.get(CHECK_INPUTS_ENV, "0").strip().lower() in _TRUE
+    return envvars.get(CHECK_INPUTS_ENV, "0").strip().lower() in _TRUE
 
 
 def host_values(offsets: torch.Tensor | np.ndarray | list | tuple) -> np.ndarray:

@@ -9,8 +9,9 @@ Env knobs (for sweeps, never needed in normal use): ``ADS_BLOCK_ATTN_FWD_WARPS``
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from ads_kernel_tools import envvars
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
@@ -25,7 +26,7 @@ class LaunchConfig:
 
 
 def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
+    value = envvars.get(name)
     return int(value) if value else None
 
 

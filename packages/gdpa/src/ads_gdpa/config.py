@@ -38,12 +38,12 @@ Env:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import triton
 
+from ads_kernel_tools import envvars
 from ads_kernel_tools.capability import interpreter_active
 
 SHORT_KV_MAX = 256  # max_seqlen_k at or below which dense KV takes the one-step short-KV path
@@ -57,7 +57,7 @@ _FALSE = ("0", "false", "no", "off")
 
 def _flag(name: str, default: bool | None) -> bool | None:
     """A boolean knob: unset gives ``default``; any other value than the accepted ones raises."""
-    raw = os.environ.get(name)
+    raw = envvars.get(name)
     if raw is None or raw.strip() == "":
         return default
     value = raw.strip().lower()
@@ -69,7 +69,7 @@ def _flag(name: str, default: bool | None) -> bool | None:
 
 
 def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = os.environ.get(name, default).strip().lower() or default
+    value = envvars.get(name, default).strip().lower() or default
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
@@ -101,14 +101,14 @@ def cute_disk_cache() -> bool:
 
 def cute_cache_dir() -> Path:
     """The folder of the CuTe DSL kernel cache (ADS_GDPA_CUTE_CACHE_DIR)."""
-    raw = os.environ.get("ADS_GDPA_CUTE_CACHE_DIR", "").strip()
+    raw = envvars.get("ADS_GDPA_CUTE_CACHE_DIR", "").strip()
     return Path(raw).expanduser() if raw else Path.home() / ".cache" / "ads_gdpa" / "cute"
 
 
 def cute_dsl_arch() -> str | None:
     """The CuTe DSL's own ``CUTE_DSL_ARCH`` (set for offline builds without a GPU), or None: the
     disk cache names its entries by the architecture the DSL compiles for."""
-    return os.environ.get("CUTE_DSL_ARCH", "").strip() or None
+    return envvars.get("CUTE_DSL_ARCH", "").strip() or None
 
 
 def bwd_tma() -> bool:
@@ -150,7 +150,7 @@ def defer_scale() -> bool:
 
 def gluon_cfg() -> tuple[int, int, int] | None:
     """ADS_GDPA_GLUON_CFG="stages,qbuf,epilogue" for the Gluon forward (tuning), or None."""
-    raw = os.environ.get("ADS_GDPA_GLUON_CFG", "").strip()
+    raw = envvars.get("ADS_GDPA_GLUON_CFG", "").strip()
     if not raw:
         return None
     parts = raw.split(",")

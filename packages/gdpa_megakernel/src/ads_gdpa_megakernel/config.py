@@ -16,17 +16,17 @@ ads-gdpa's own knobs (``ADS_GDPA_*``) keep their meaning for the attention insid
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import triton
 
+from ads_kernel_tools import envvars
 from ads_kernel_tools.capability import interpreter_active, num_sms
 from ads_kernel_tools.kernels.grid import cdiv
 
 
 def _int(name: str, default: int, *, minimum: int = 1, power_of_two: bool = False) -> int:
-    raw = os.environ.get(name, "").strip()
+    raw = envvars.get(name, "").strip()
     if not raw:
         return default
     if not raw.isdigit() or int(raw) < minimum:

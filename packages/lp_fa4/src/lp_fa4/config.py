@@ -77,14 +77,15 @@ Env:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from ads_kernel_tools import envvars
 
 _TRUE = ("1", "true", "yes", "on")
 
 
 def _flag(name: str, default: str = "0") -> bool:
-    return os.environ.get(name, default).strip().lower() in _TRUE
+    return envvars.get(name, default).strip().lower() in _TRUE
 
 
 def interpreter_active() -> bool:
@@ -108,14 +109,14 @@ def fwd_tma() -> bool:
 
 
 def backend() -> str:
-    mode = os.environ.get("LP_FA4_BACKEND", "auto").strip().lower()
+    mode = envvars.get("LP_FA4_BACKEND", "auto").strip().lower()
     if mode not in ("auto", "triton"):
         raise ValueError(f"LP_FA4_BACKEND must be auto or triton, got {mode!r}")
     return mode
 
 
 def fwd_lpt_max_s() -> int:
-    mode = os.environ.get("LP_FA4_FWD_LPT_MAX_S", "8192").strip()
+    mode = envvars.get("LP_FA4_FWD_LPT_MAX_S", "8192").strip()
     if not mode.isdigit():
         raise ValueError(f"LP_FA4_FWD_LPT_MAX_S must be a sequence length, got {mode!r}")
     return int(mode)
@@ -143,7 +144,7 @@ def bwd_grid(window: bool) -> str:
     """How many programs the Gluon backward launches: ``persistent`` one per SM, each walking every
     num_SMs-th work item; ``items`` one per work item (the hardware starts them in list order as SMs
     free up)."""
-    mode = os.environ.get("LP_FA4_BWD_GRID", "auto").strip().lower()
+    mode = envvars.get("LP_FA4_BWD_GRID", "auto").strip().lower()
     if mode not in ("auto", "persistent", "items"):
         raise ValueError(f"LP_FA4_BWD_GRID must be auto, persistent or items, got {mode!r}")
     if mode == "auto":
@@ -152,7 +153,7 @@ def bwd_grid(window: bool) -> str:
 
 
 def broadcast_q() -> str:
-    mode = os.environ.get("LP_FA4_BROADCAST_Q", "auto").strip().lower()
+    mode = envvars.get("LP_FA4_BROADCAST_Q", "auto").strip().lower()
     if mode not in ("auto", "repeat", "resident", "kernel"):
         raise ValueError(f"LP_FA4_BROADCAST_Q must be auto, repeat, resident or kernel, got {mode!r}")
     return mode
@@ -165,7 +166,7 @@ RESIDENT_AUTO_LQ = 64
 
 
 def resident_max_lq() -> int:
-    raw = os.environ.get("LP_FA4_RESIDENT_MAX_LQ", str(RESIDENT_AUTO_LQ)).strip()
+    raw = envvars.get("LP_FA4_RESIDENT_MAX_LQ", str(RESIDENT_AUTO_LQ)).strip()
     if not raw.isdigit() or not 0 <= int(raw) <= RESIDENT_LQ:
         raise ValueError(f"LP_FA4_RESIDENT_MAX_LQ must be an integer in [0, {RESIDENT_LQ}], got {raw!r}")
     return int(raw)
@@ -178,7 +179,7 @@ RESIDENT_KERNEL_DEFAULT = "auto"
 
 
 def resident_kernel() -> str:
-    mode = os.environ.get("LP_FA4_RESIDENT_KERNEL", RESIDENT_KERNEL_DEFAULT).strip().lower()
+    mode = envvars.get("LP_FA4_RESIDENT_KERNEL", RESIDENT_KERNEL_DEFAULT).strip().lower()
     if mode not in ("auto", "triton", "gluon"):
         raise ValueError(f"LP_FA4_RESIDENT_KERNEL must be auto, triton or gluon, got {mode!r}")
     return mode
@@ -192,7 +193,7 @@ def resident_tile(block_m: int) -> tuple[int, int, int]:
     rows 128 keys over 8 warps in 2. ``LP_FA4_RESIDENT_TILE=N,W,S`` overrides it."""
     if interpreter_active():
         return 16, 4, 1
-    raw = os.environ.get("LP_FA4_RESIDENT_TILE", "").strip()
+    raw = envvars.get("LP_FA4_RESIDENT_TILE", "").strip()
     if raw:
         parts = raw.split(",")
         if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
@@ -214,7 +215,7 @@ def resident_gpu_tile(block_m: int) -> tuple[int, int, int]:
 def dq_mode(deterministic: bool) -> str:
     if deterministic:
         return "pass"
-    mode = os.environ.get("LP_FA4_DQ", "pass").strip().lower()
+    mode = envvars.get("LP_FA4_DQ", "pass").strip().lower()
     if mode not in ("pass", "atomic"):
         raise ValueError(f"LP_FA4_DQ must be pass or atomic, got {mode!r}")
     return mode
@@ -258,7 +259,7 @@ def bq_small_fwd_rows() -> int:
     """The longest broadcast_q query block whose forward runs the Triton in-place broadcast at
     ``bq_fwd_tile`` (``LP_FA4_BQ_SMALL_FWD``: ``auto`` ``BQ_SMALL_AUTO_Q``, ``1`` ``BQ_SMALL_Q``,
     ``0`` none)."""
-    raw = os.environ.get("LP_FA4_BQ_SMALL_FWD", "auto").strip().lower()
+    raw = envvars.get("LP_FA4_BQ_SMALL_FWD", "auto").strip().lower()
     if raw == "auto":
         return BQ_SMALL_AUTO_Q
     if raw in _TRUE:

@@ -31,9 +31,9 @@ cache, switched by the tools' ``ADS_LAUNCH_CACHE``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from ads_kernel_tools import envvars
 from ads_kernel_tools.capability import interpreter_active
 
 SUPPORTED_MULTIPLE = 16  # N and K: TMA needs 16-byte strides, wgmma k-steps of 16
@@ -54,7 +54,7 @@ class TileConfig:
 
 
 def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
+    value = envvars.get(name)
     return int(value) if value else None
 
 
@@ -130,7 +130,7 @@ def rms_flatten() -> bool:
     ``rmsnorm_linear`` persistent GEMM (on by default, as in Triton's persistent TMA matmul; the
     benchmark table was measured with it on, the isolated GEMM at 65536×1024×1024 took 225 µs on and
     211 µs off: a candidate for the next run)."""
-    return os.environ.get("ADS_NORM_FUSION_RMS_FLATTEN", "1") == "1"
+    return envvars.get("ADS_NORM_FUSION_RMS_FLATTEN", "1") == "1"
 
 
 RMS_ROWPASS_MIN_K = 1024  # H200: the row pass + persistent GEMM beat the Σx²-in-K-loop kernel at K=1024
@@ -138,7 +138,7 @@ RMS_ROWPASS_MIN_K = 1024  # H200: the row pass + persistent GEMM beat the Σx²-
 
 
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = os.environ.get(name, default).strip().lower() or default
+    value = envvars.get(name, default).strip().lower() or default
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     return value
@@ -198,13 +198,13 @@ def rms_aux_desc() -> bool:
     """``ADS_NORM_FUSION_RMS_AUX_DESC``: the whole-row (K <= ``ROW_COEF_MAX_N``) dx GEMM reads x and
     writes dx through tensor descriptors where their alignment allows (``1``, default: 1.3-1.6x faster
     than pointer tiles on the H100, BENCHMARKS.md) or through pointers (``0``)."""
-    return os.environ.get("ADS_NORM_FUSION_RMS_AUX_DESC", "1") == "1"
+    return envvars.get("ADS_NORM_FUSION_RMS_AUX_DESC", "1") == "1"
 
 
 def rms_tma_store() -> bool:
     """``ADS_NORM_FUSION_RMS_TMA_STORE=0``: the ``rmsnorm_linear`` forward GEMM stores its tiles with
     masked pointer stores instead of TMA stores (a sweep knob)."""
-    return os.environ.get("ADS_NORM_FUSION_RMS_TMA_STORE", "1") == "1"
+    return envvars.get("ADS_NORM_FUSION_RMS_TMA_STORE", "1") == "1"
 
 
 # "gemm" (4) is the same kernel without the norm: the benchmark's measure of our GEMM alone
@@ -214,7 +214,7 @@ ROWNORM_MODES = {"ln_fwd": 0, "rms_fwd": 1, "ln_bwd": 2, "rms_bwd": 3, "gemm": 4
 def flatten_loops(default: bool = False) -> bool:
     """``ADS_NORM_FUSION_FLATTEN=1``/``0``: let Triton flatten the column-tile (or step) and K loops
     into one pipeline; unset: ``default`` (off for ``rownorm_kernel``, on for the persistent one)."""
-    value = os.environ.get("ADS_NORM_FUSION_FLATTEN", "")
+    value = envvars.get("ADS_NORM_FUSION_FLATTEN", "")
     return default if not value else value == "1"
 
 
@@ -226,7 +226,7 @@ def rownorm_persistent(n: int, block_n: int) -> bool:
     """Whether the ``linear_*norm`` forward runs the persistent kernel (``rownorm_persistent_kernel``)
     rather than one program per row block: rows wider than one column tile, up to
     ``PERSISTENT_MAX_N``. ``ADS_NORM_FUSION_PERSISTENT=0`` keeps the per-row-block kernel (A/B knob)."""
-    if os.environ.get("ADS_NORM_FUSION_PERSISTENT", "1") != "1":
+    if envvars.get("ADS_NORM_FUSION_PERSISTENT", "1") != "1":
         return False
     return block_n < n <= PERSISTENT_MAX_N
 
@@ -418,5 +418,5 @@ def norm_bwd_config(m: int, n: int, num_sms: int) -> NormBwdConfig | None:
         rows_per_prog=rows,
         num_warps=_env_int("ADS_NORM_FUSION_BWD_WARPS") or warps,
         num_stages=_env_int("ADS_NORM_FUSION_BWD_STAGES") or 3,
-        acc_2d=os.environ.get("ADS_NORM_FUSION_BWD_ACC2D", "0") == "1",
+        acc_2d=envvars.get("ADS_NORM_FUSION_BWD_ACC2D", "0") == "1",
     )

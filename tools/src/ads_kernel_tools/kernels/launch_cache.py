@@ -24,12 +24,12 @@ a package's own switch, passed as ``cached=``, takes precedence.
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ads_kernel_tools import envvars
 from ads_kernel_tools.capability import interpreter_active
 
 __all__ = ["LaunchCache", "enabled", "spec_key"]
@@ -89,7 +89,7 @@ def _arg_key(a: Any) -> Any:
 def enabled() -> bool:
     """``ADS_LAUNCH_CACHE``: ``1`` (default) relaunches compiled kernels directly where a launch does
     not say otherwise; ``0`` takes Triton's path every time."""
-    value = os.environ.get("ADS_LAUNCH_CACHE", "1")
+    value = envvars.get("ADS_LAUNCH_CACHE", "1")
     if value not in ("0", "1"):
         raise ValueError(f"ADS_LAUNCH_CACHE must be 0 or 1, got {value!r}")
     return value == "1"
