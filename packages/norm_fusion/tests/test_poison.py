@@ -106,9 +106,11 @@ def test_rms_gemm_dx_writes_all(m, k, n) -> None:
         launch_scaled_gemm(dy, w, dx, r, b_trans=False, gamma=gamma, aux=x, coef=coef, part=short)
 
 
-def test_gemm_mode_is_the_plain_gemm() -> None:
-    """Mode "gemm" (the benchmark's GEMM-alone reference of our kernel) writes x·wᵀ, every element."""
-    m, k, n = 37, 48, 80
+@pytest.mark.parametrize("n", [80, 32])  # several column tiles; one (the interpreter's tiles are 32 wide)
+def test_gemm_mode_is_the_plain_gemm(n) -> None:
+    """Mode "gemm" (the benchmark's GEMM-alone reference of our kernel) writes x·wᵀ, every element,
+    also where the row is one tile (that path once took the one-tile backward and wrote nothing)."""
+    m, k = 37, 48
     x = randn((m, k), dtype=torch.float16, device=DEVICE)
     w = randn((n, k), dtype=torch.float16, device=DEVICE, seed=1)
     yf, y = _guarded(m, n, torch.float16)

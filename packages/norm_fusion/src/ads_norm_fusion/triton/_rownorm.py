@@ -223,7 +223,8 @@ def rownorm_kernel(
             b_desc = tl.make_tensor_descriptor(B, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N])
     part_row = PART + pid.to(tl.int64) * N
     rstat = tl.zeros((BLOCK_M,), tl.float32)
-    if MODE >= 2:
+    BACKWARD: tl.constexpr = MODE == 2 or MODE == 3  # not the plain-GEMM mode 4
+    if BACKWARD:
         rstat = tl.load(STAT2 + rows, mask=row_ok, other=0.0)
     count = tl.sum(tl.zeros((1,), tl.float32), axis=0)
     mean = tl.zeros((BLOCK_M,), tl.float32)  # mode 0: running mean; mode 2 with AUX_RAW: AUX's offset
@@ -241,7 +242,7 @@ def rownorm_kernel(
             A, a_desc, b_desc, BIAS, off_m, 0, rows64, cols, col_ok, mask, K, stride_a, MODE, HAS_GEMM,
             B_TRANS, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES,
         )  # fmt: skip
-    if SINGLE and MODE >= 2:
+    if SINGLE and BACKWARD:
         _bwd_single(
             v, off_m, cols, col_ok, mean, rstat, nf, GAMMA, AUX, OUT, XHAT, part_row, part_plane, M, N,
             stride_aux, stride_out, MODE, HAS_GAMMA, AUX_RAW, WEIGHT_GRADS, BIAS_GRAD, SAVE_XHAT, BLOCK_M,
