@@ -50,3 +50,14 @@ def test_rms_forward_path_names_the_kernel(monkeypatch) -> None:
     assert bench.rms_forward_path(x, w).startswith("on the Triton kernels (")
     monkeypatch.setattr(dispatch, "rms_linear_why_not", lambda *a, **kw: None)
     assert bench.rms_forward_path(x, w) == "on the Gluon kernel"
+
+
+def test_bench_host_launchers_mode() -> None:
+    """``--launchers``: every launcher's Python with the compiled launches stubbed, beside torch's step."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    args = ["-n", "3", "--bwd-shape", "16", "16", "16", "--launchers"]
+    done = subprocess.run([sys.executable, "-m", "ads_norm_fusion.bench_host", *args], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.split() for line in done.stdout.splitlines() if line.split(" ", 1)[0] in _OPS]
+    assert len(lines) == 3 and all(ln[1] == "ours" and ln[3] == "torch" for ln in lines), done.stdout

@@ -7,6 +7,10 @@ at ``--shape`` (default 8192 512 512); forward+backward at ``--bwd-shape`` (defa
 because the backward's dense GEMMs (cuBLAS on a GPU) are real CPU work here and would swamp the
 host time at larger shapes.
 Each op is timed on the eager path and with the custom ops forced (``plain_eager`` patched to False).
+``--launchers``: every launcher runs instead (configs, allocations, ``launch_cache`` keys, the
+plain-eager autograd Functions), only the compiled kernels' launches are no-ops, and torch's own
+``F.linear`` + norm step on the same CPU tensors is timed beside it: the closest CPU proxy of a GPU
+host's time per call (use a small ``--bwd-shape``, e.g. 16 16 16, so that the CPU GEMMs stay small).
 ``--gluon``: ``linear_layernorm`` / ``linear_rmsnorm`` through the Gluon normalisation-partition
 forward's host path instead (``ADS_NORM_FUSION_GLUON=on``, the device taken for an sm_90 GPU, the
 compiled kernel's launcher a no-op): its predicate, exchange buffers, TMA descriptors and
@@ -21,6 +25,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 from . import _ops
 from .interface import linear_layernorm, linear_rmsnorm, rmsnorm_linear
@@ -92,6 +97,36 @@ def _stub_gluon() -> None:
     fwd_epi_sm90._LAUNCH = _no_launch(fwd_epi_sm90._LAUNCH)
 
 
+def _stub_launches() -> None:
+    """Every launcher's Python runs (as on an sm_90 GPU for the launch cache); only the compiled
+    kernels' launches are no-ops."""
+    from ads_kernel_tools.kernels import launch_cache
+
+    launch_cache.interpreter_active = lambda: False
+    launch_cache._RELAUNCH = True
+    launch_cache._current_device = lambda: 0
+    launch_cache._current_stream = lambda: 0
+    launch_cache._launch_hooks = lambda: (None, None)
+    for name, obj in vars(launch).copy().items():
+        if isinstance(obj, launch_cache.LaunchCache):
+            setattr(launch, name, _no_launch(obj))
+
+
+_TORCH_STEPS = {
+    "linear_layernorm": lambda t: F.layer_norm(F.linear(t[0], t[1], t[2]), (t[1].shape[0],), t[3], t[4]),
+    "linear_rmsnorm": lambda t: F.rms_norm(F.linear(t[0], t[1], t[2]), (t[1].shape[0],), t[3], 1e-6),
+    "rmsnorm_linear": lambda t: F.linear(F.rms_norm(t[0], (t[0].shape[1],), t[5], 1e-6), t[1], t[2]),
+}
+
+
+def torch_step_us(op: str, bwd_shape, n: int = 300) -> float:
+    """Median us of torch's unfused forward+backward of ``op`` on the same CPU tensors."""
+    tb = _leaves(*bwd_shape)
+    dy = torch.ones((bwd_shape[0], bwd_shape[2]), dtype=torch.bfloat16)
+    inputs = [tb[i] for i in _INPUTS[op]]
+    return _us(lambda: torch.autograd.grad(_TORCH_STEPS[op](tb), inputs, dy), n)
+
+
 def _leaves(m: int, k: int, n: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     shapes = ((m, k), (n, k), (n,), (n,), (n,), (k,))
@@ -143,9 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bwd-shape", type=int, nargs=3, default=(64, 64, 64), metavar=("M", "K", "N"))
     parser.add_argument("-n", type=int, default=300, help="calls per sample (7 samples, median)")
     parser.add_argument("--gluon", action="store_true", help="the Gluon forward's host path (N %% 128 == 0)")
+    parser.add_argument(
+        "--launchers", action="store_true", help="run every launcher, only the compiled launches stubbed"
+    )
     args = parser.parse_args(argv)
     if args.gluon:
         os.environ["ADS_NORM_FUSION_GLUON"] = "on"
+    if args.launchers:
+        _stub_launches()
+        print(f"host us per step (fwd+bwd at {tuple(args.bwd_shape)}), launchers run, launches stubbed")
+        for op in CALLS:
+            ours = measure(op, args.bwd_shape, args.bwd_shape, args.n)["fwd_bwd"]
+            print(f"{op:17s} ours {ours:7.1f}  torch {torch_step_us(op, args.bwd_shape, args.n):7.1f}")
+        return 0
     _stub(args.gluon)
     eager = _ops.plain_eager
     print(
