@@ -162,3 +162,22 @@ def test_strided_offsets_and_buckets_give_their_contiguous_result(device):
 
     for got, want in zip(run(_strided(cu), _strided(buckets)), run(cu, buckets), strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-head", "shared"])
+def test_encoding_grads_deterministic_path_sums_the_same(shared, device):
+    """``deterministic=True`` forms the encoding tables' gradients by ``index_put_(accumulate=True)``
+    (sorted, one fixed order) instead of ``index_add_`` (atomics on a GPU): the same sums, to fp32
+    rounding, including clamped out-of-range buckets."""
+    from ads_gdpa.problem import encoding_grads
+
+    g = torch.Generator().manual_seed(3)
+    dq = torch.randn(70, 2, 32, generator=g).to(device)
+    table = torch.zeros((7, 32) if shared else (7, 2, 32), device=device)
+    buckets = torch.randint(-2, 9, (70,), generator=g).to(device)
+    want = torch.zeros(table.shape, dtype=torch.float64, device=device).index_add_(
+        0, buckets.clamp(0, 6), (dq.sum(1) if shared else dq).double()
+    )
+    for deterministic in (False, True):
+        got = encoding_grads([table], [buckets], dq, deterministic)[0]
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)

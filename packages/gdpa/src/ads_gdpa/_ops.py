@@ -337,7 +337,7 @@ def bwd_impl(
         do, qv, kv, vv, cu_q, cu_k, _problem(a), act_tbl=tbl, deterministic=deterministic,
         span_tbl=span_tbl, enc=enc, dst=dst,
     )  # fmt: skip
-    table_grads = encoding_grads(tables, buckets, dq32) if enc is not None else []
+    table_grads = encoding_grads(tables, buckets, dq32, deterministic) if enc is not None else []
     if fused == Fused.QKV:  # two distinct empties: outputs of a custom op must not alias
         return g, q.new_empty(0), q.new_empty(0), table_grads
     if fused == Fused.KV:

@@ -365,15 +365,19 @@ def encodings(tables, buckets) -> Encodings | None:
     return Encodings(tuple(tables), tuple(buckets), meta)
 
 
-def encoding_grads(tables, buckets, dq32: torch.Tensor) -> list[torch.Tensor]:
+def encoding_grads(tables, buckets, dq32: torch.Tensor, deterministic: bool = False) -> list[torch.Tensor]:
     """d table = the scatter-add of dQ (fp32, (Tq, H, D)) over each table's buckets, summed over the
     heads for a shared (num_buckets, D) table; bucket values clamped into the table as the kernels
-    clamp them. In the table's dtype."""
+    clamp them. In the table's dtype. ``index_add_`` adds by atomics on a GPU, so rows sharing a
+    bucket are summed in a varying order; ``deterministic`` takes ``index_put_(accumulate=True)``
+    instead, which sorts the indices and adds each bucket's rows in one fixed order (the path
+    PyTorch's own deterministic mode gives ``index_add_`` on CUDA)."""
     grads = []
     for t, bkt in zip(tables, buckets):
         idx = bkt.to(torch.int64).clamp(0, t.shape[0] - 1)
         src = dq32 if t.dim() == 3 else dq32.sum(1)
-        g = torch.zeros(t.shape, dtype=torch.float32, device=t.device).index_add_(0, idx, src)
+        g = torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+        g = g.index_put_((idx,), src, accumulate=True) if deterministic else g.index_add_(0, idx, src)
         grads.append(g.to(t.dtype))
     return grads
 
