@@ -156,7 +156,8 @@ def gdpa_varlen(
         window_size: upstream symmetric top-left band |i - j| <= w.
         causal / local_window=(left, right): bottom-right (FlashAttention) band; None = unbounded.
         q_descale, k_descale, v_descale: fp32 (H,), (H_kv,), (H_kv,) for float8_e4m3fn inputs.
-        deterministic: backward computes dQ in a second pass instead of fp32 atomics.
+        deterministic: backward computes dQ in a second pass instead of fp32 atomics, and the
+            encoding tables' gradients in a fixed order.
         cu_seqlens_q_cpu, cu_seqlens_k_cpu: host copies (CPU tensors or int sequences); enable value
             checks (non-decreasing, within q/k, lengths <= max_seqlen_k), the workload-sorted tile
             order and exact per-sequence FLOP counts without a device sync. Under torch.compile pass
