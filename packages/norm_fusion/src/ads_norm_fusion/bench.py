@@ -270,7 +270,7 @@ def sweep_rms(bench) -> None:
 
 def _sweep_rms_shape(bench, show, shape) -> None:
     from . import _ops, rmsnorm_linear
-    from .triton.launch import launch_row_stat, launch_scaled_gemm
+    from .triton.launch import launch_row_stat, launch_scaled_gemm, rms_gemm_blocks
 
     m, k, n = shape
     dev, dt = "cuda", torch.bfloat16
@@ -301,7 +301,7 @@ def _sweep_rms_shape(bench, show, shape) -> None:
     dy = torch.randn(m, n, device=dev, dtype=dt)
     coef = torch.empty(m, device=dev)
     dx = torch.empty_like(x)
-    part = torch.empty((m // 128, k), device=dev)
+    part = torch.empty((rms_gemm_blocks(m, k, n, backward=True), k), device=dev)
     show("bwd row pass coef", lambda: launch_row_stat(dy, coef, b=y, r=r, divisor=k))
     show("bwd dx GEMM", lambda: launch_scaled_gemm(dy, w, dx, r, b_trans=False, gamma=g, aux=x, coef=coef))
     show(

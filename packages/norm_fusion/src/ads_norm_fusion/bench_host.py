@@ -81,19 +81,24 @@ def _no_launch(cache):
     return LaunchCache(_NoJit(cache.fn.fn))
 
 
-def _stub_gluon() -> None:
-    """The Gluon normalisation-partition forward as on an sm_90 GPU, minus the kernel."""
+def _launch_cache_as_on_gpu() -> None:
+    """The tools' launch cache keys and relaunches as on an sm_90 GPU (device 0, default stream)."""
     from ads_kernel_tools.kernels import launch_cache
 
-    from .gluon import dispatch, fwd_epi_sm90
-
-    dispatch.device_reason = lambda x: None
-    dispatch.num_sms = lambda device: 132
     launch_cache.interpreter_active = lambda: False
     launch_cache._RELAUNCH = True
     launch_cache._current_device = lambda: 0
     launch_cache._current_stream = lambda: 0
     launch_cache._launch_hooks = lambda: (None, None)
+
+
+def _stub_gluon() -> None:
+    """The Gluon normalisation-partition forward as on an sm_90 GPU, minus the kernel."""
+    from .gluon import dispatch, fwd_epi_sm90
+
+    dispatch.device_reason = lambda x: None
+    dispatch.num_sms = lambda device: 132
+    _launch_cache_as_on_gpu()
     fwd_epi_sm90._LAUNCH = _no_launch(fwd_epi_sm90._LAUNCH)
 
 
@@ -102,11 +107,7 @@ def _stub_launches() -> None:
     kernels' launches are no-ops."""
     from ads_kernel_tools.kernels import launch_cache
 
-    launch_cache.interpreter_active = lambda: False
-    launch_cache._RELAUNCH = True
-    launch_cache._current_device = lambda: 0
-    launch_cache._current_stream = lambda: 0
-    launch_cache._launch_hooks = lambda: (None, None)
+    _launch_cache_as_on_gpu()
     for name, obj in vars(launch).copy().items():
         if isinstance(obj, launch_cache.LaunchCache):
             setattr(launch, name, _no_launch(obj))
