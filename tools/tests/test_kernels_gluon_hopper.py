@@ -29,6 +29,32 @@ def test_rows_desc_views_rows_by_heads_times_d():
     assert d.base.data_ptr() == x.data_ptr()
 
 
+def test_rows_desc_takes_the_row_stride_of_a_packed_projection():
+    """q, k and v sliced out of one (T, 3, heads, D) projection: each row's heads·D values are
+    contiguous, the rows 3·heads·D apart; the descriptor starts at the slice and steps by that."""
+    qkv = torch.zeros(300, 3, 4, 64, dtype=torch.bfloat16)
+    for i, part in enumerate(qkv.unbind(1)):
+        d = rows_desc(part, 64, gl.bfloat16)
+        assert list(d.shape) == [300, 256] and list(d.strides) == [768, 1]
+        assert d.base.data_ptr() == qkv.data_ptr() + i * 256 * 2
+    one = rows_desc(qkv[:1, 0], 64, gl.bfloat16)  # a single row: its stride is never used
+    assert list(one.shape) == [1, 256] and list(one.strides) == [256, 1]
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda t: t[:, ::2],  # heads not packed
+        lambda t: t.transpose(0, 1),  # heads-major: rows not holding their heads together
+        lambda t: t[..., ::2],  # D not contiguous
+    ],
+)
+def test_rows_desc_refuses_rows_without_packed_heads(view):
+    x = view(torch.zeros(64, 4, 128, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="packed in each row"):
+        rows_desc(x, 64, gl.bfloat16)
+
+
 def test_rows_desc_narrower_boxes_and_fp32():
     x = torch.zeros(10, 2, 64, dtype=torch.float32)
     d = rows_desc(x, 64, gl.float32, cols=32)

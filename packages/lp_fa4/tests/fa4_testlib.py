@@ -42,11 +42,14 @@ class Case:
     dlse: bool = True
     deterministic: bool = False
     seed: int = 0
+    # q, k and v as row-strided slices of one (..., T, H + 2·Hkv, D) projection (self attention)
+    packed: bool = False
 
     @property
     def id(self) -> str:
         lk = list(self.lk or self.lq)
-        opts = [n for n, on in (("causal", self.causal), ("sink", self.sink), ("dense", self.dense)) if on]
+        flags = (("causal", self.causal), ("sink", self.sink), ("dense", self.dense), ("packed", self.packed))
+        opts = [n for n, on in flags if on]
         if self.window != (None, None):
             opts.append(f"w{self.window}")
         if self.softcap:
@@ -71,6 +74,24 @@ def compare_lse(lse: torch.Tensor, ref: torch.Tensor, name: str) -> None:
     if live.any():
         err = (lse[live] - ref[live]).abs().max().item()
         assert err <= LSE_FLOOR * max(1.0, ref[live].abs().max().item()), f"{name}: lse error {err:.3g}"
+
+
+def _packed_leaves(leaves, case: Case):
+    """One leaf holding q, k and v side by side on the heads dim, as a fused QKV projection's output
+    viewed (..., T, H + 2·Hkv, D), and the function that slices q, k, v (or their gradients) out of
+    it: row-strided views, not copies."""
+    q, k, v = leaves[:3]
+    assert q.shape[:-2] == k.shape[:-2], "packed: self attention"
+    assert q.shape[-1] == k.shape[-1] == v.shape[-1], "packed: one head dim"
+    qkv = torch.cat([q, k, v], dim=-2).detach().requires_grad_(case.grad)
+    h, hk = case.heads, case.kv_heads
+
+    def split(t):
+        parts = t[..., :h, :], t[..., h : h + hk, :], t[..., h + hk :, :]
+        assert all(not p.is_contiguous() for p in parts), "packed: the slices must be strided views"
+        return parts
+
+    return [qkv, *leaves[3:]], split
 
 
 def run_case(case: Case, device: str) -> None:
@@ -113,7 +134,11 @@ def run_case(case: Case, device: str) -> None:
     leaves = [t.detach().clone().requires_grad_(case.grad) for t in ins]
     truth_leaves = [t.detach().float().requires_grad_(case.grad) for t in ins]
     base_leaves = [t.detach().clone().requires_grad_(case.grad) for t in ins]
-    out, lse = ours(*leaves)
+    if case.packed:
+        leaves, split = _packed_leaves(leaves, case)
+        out, lse = ours(*split(leaves[0]), *leaves[1:])
+    else:
+        out, lse = ours(*leaves)
     r_out, r_lse = ref(*truth_leaves, dtype=torch.float32)
     b_out, b_lse = ref(*base_leaves, dtype=case.dtype)
     assert out.shape == r_out.shape and out.dtype == q.dtype, (out.shape, r_out.shape)
@@ -130,6 +155,9 @@ def run_case(case: Case, device: str) -> None:
         return total + (torch.where(torch.isfinite(l_), l_, 0.0) * dl).sum() if dl is not None else total
 
     grads = torch.autograd.grad(loss(out, lse), leaves)
+    if case.packed:
+        grads = (*split(grads[0]), *grads[1:])
+        leaves = [*split(leaves[0]), *leaves[1:]]
     r_grads = torch.autograd.grad(loss(r_out, r_lse), truth_leaves)
     b_grads = torch.autograd.grad(loss(b_out, b_lse), base_leaves)
     for name, a, x, r, b in zip(("dq", "dk", "dv", "dsink"), grads, leaves, r_grads, b_grads):

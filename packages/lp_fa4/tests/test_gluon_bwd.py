@@ -79,6 +79,18 @@ def test_predicate_takes_windows_unless_opted_out(pb, device, monkeypatch):
         "interpreter", "not an sm_90 GPU"), got  # fmt: skip
 
 
+def test_predicate_takes_slices_of_a_packed_projection(device):
+    """Row-strided q, k, v, dO (each row's heads·D contiguous) are judged as contiguous ones."""
+    do, q, k, v = _tensors(device)
+    width = (4 + 2 * 2) * 128
+    qkv = torch.zeros(64, width, dtype=q.dtype, device=device).view(64, -1, 128)
+    sq, sk, sv = qkv.split([4, 2, 2], dim=1)
+    do_rows = torch.zeros(64, 2, 4, 128, dtype=q.dtype, device=device)[:, 0]
+    got = bwd_dispatch.why_not(do_rows, sq, sk, sv, _pb(), False)
+    assert got == bwd_dispatch.why_not(do, q, k, v, _pb(), False), got
+    assert got in (None, "interpreter", "not an sm_90 GPU"), got
+
+
 @pytest.mark.parametrize("mask", ["none", "causal", "jagged-capped"])
 @pytest.mark.parametrize("d,dtype,kv_heads", [(64, torch.float16, 1), (128, torch.bfloat16, 4)])
 def test_predicate_takes_supported_calls_on_sm90_only(mask, d, dtype, kv_heads, device, monkeypatch):
@@ -138,9 +150,17 @@ DENSE = [
 ]
 
 
+# q, k, v (and so dq, dk, dv) as slices of one packed projection: ragged, GQA, causal dense, fp16 D=64
+PACKED = [
+    Case(lq=(0, 1, T - 1, T + 1, 1000), heads=4, kv_heads=2, d=128, packed=True),
+    Case(lq=(1024,) * 2, heads=4, kv_heads=4, d=128, dense=True, causal=True, packed=True),
+    Case(lq=(T + 1, 300), heads=2, kv_heads=1, d=64, causal=True, dtype=torch.float16, packed=True),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("case", VARLEN + DENSE, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", VARLEN + DENSE + PACKED, ids=lambda c: c.id)
 def test_gluon_bwd_matches_reference(case, device, gluon_bwd_calls):
     run_case(case, device)
     assert gluon_bwd_calls, "the Gluon backward did not run"

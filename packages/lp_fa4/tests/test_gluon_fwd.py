@@ -67,6 +67,30 @@ def test_predicate_sends_the_rest_to_triton(change, reason, device):
     assert got is not None and reason in got, got
 
 
+def _projection_slices(device, dtype=torch.bfloat16, heads=4, kv_heads=2, d=128, row_pad=0):
+    """q, k, v split off the heads of one (64, H + 2·Hkv, D) projection (``row_pad`` more elements
+    per row); out (64, H, D)."""
+    width = (heads + 2 * kv_heads) * d
+    qkv = torch.zeros(64, width + row_pad, dtype=dtype, device=device)[:, :width].view(64, -1, d)
+    q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    return q, k, v, torch.empty(64, heads, d, dtype=dtype, device=device)
+
+
+def test_predicate_takes_slices_of_a_packed_projection(device):
+    """Row-strided q, k, v (each row's heads·D contiguous, rows 16-byte multiples apart) reach the
+    device check, as contiguous ones do; rows an odd 8 bytes apart, or heads not packed, do not."""
+    q, k, v, out = _projection_slices(device)
+    assert not q.is_contiguous() and q.stride(0) == 8 * 128
+    assert dispatch.why_not(q, k, v, None, None, _pb(), out) == dispatch.why_not(
+        q.contiguous(), k.contiguous(), v.contiguous(), None, None, _pb(), out
+    )
+    assert dispatch.why_not(q, k, v, None, None, _pb(), out) in (None, "interpreter", "not an sm_90 GPU")
+    q, k, v, out = _projection_slices(device, row_pad=4)  # rows 2056 bytes apart
+    assert dispatch.why_not(q, k, v, None, None, _pb(), out) == "strided or unaligned tensors"
+    q, k, v, out = _projection_slices(device)
+    assert dispatch.why_not(q[:, ::2], k, v, None, None, _pb(), out[:, ::2]) == "strided or unaligned tensors"
+
+
 @pytest.mark.parametrize("mask", ["none", "causal", "jagged", "local", "left", "jagged-window"])
 @pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16), (128, torch.float8_e4m3fn)])
 def test_predicate_takes_supported_calls_on_sm90_only(mask, d, dtype, device, monkeypatch):
@@ -200,9 +224,17 @@ DENSE = [
 ]
 
 
+# q, k, v as slices of one packed projection: ragged self attention, GQA, causal dense, fp16 D=64
+PACKED = [
+    Case(lq=(0, 1, T - 1, T + 1, 1000), heads=4, kv_heads=2, d=128, packed=True),
+    Case(lq=(1024,) * 2, heads=4, kv_heads=4, d=128, dense=True, causal=True, packed=True),
+    Case(lq=(T + 1, 300), heads=2, kv_heads=1, d=64, causal=True, dtype=torch.float16, packed=True),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.sm90
-@pytest.mark.parametrize("case", VARLEN + DENSE + WINDOWED, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", VARLEN + DENSE + WINDOWED + PACKED, ids=lambda c: c.id)
 def test_forward_matches_reference(case, device, gluon_calls):
     run_case(Case(**{**case.__dict__, "grad": False}), device)
     assert gluon_calls, "the Gluon forward did not run"

@@ -29,6 +29,12 @@ def test_varlen_self_attention_gqa_fp16(device):
     run_case(Case((20, 1, 16), heads=4, kv_heads=2, dtype=torch.float16, causal=True), device)
 
 
+def test_varlen_packed_projection_slices(device):
+    """q, k, v as row-strided slices of one packed QKV projection, gradients to it (on sm_90 the Gluon
+    kernels read them in place: test_gluon_fwd / test_gluon_bwd)."""
+    run_case(Case((20, 0, 17), heads=4, kv_heads=2, causal=True, packed=True), device)
+
+
 def _inputs(lq, lk, device, heads=2, kv_heads=1, d=32, seed=0):
     q = randn((sum(lq), heads, d), dtype=torch.bfloat16, device=device, seed=seed)
     k = randn((sum(lk), kv_heads, d), dtype=torch.bfloat16, device=device, seed=seed + 1)

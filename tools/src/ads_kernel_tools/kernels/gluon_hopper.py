@@ -37,15 +37,21 @@ def smem_layout(rows: int, cols: int, dtype) -> gl.NVMMASharedLayout:
 
 
 def rows_desc(x, rows: int, dtype, cols: int | None = None) -> TensorDescriptor:
-    """TMA descriptor over a contiguous (T, heads, D) tensor seen as (T, heads·D), boxes of
-    [rows, cols or D] in ``dtype``'s default swizzled layout. A tensor without rows gets a one-row
+    """TMA descriptor over a (T, heads, D) tensor seen as (T, heads·D), boxes of [rows, cols or D] in
+    ``dtype``'s default swizzled layout. Each row's heads·D values must be contiguous; the rows
+    themselves may lie any 16-byte multiple apart (the slices of a packed projection, such as
+    ``qkv.unbind`` of a (T, 3, heads, D) tensor), since TMA takes the row stride as given and never
+    reads between rows. Raises ValueError for other layouts. A tensor without rows gets a one-row
     zero dummy, which keeps the descriptor valid for a kernel that never loads from it."""
     t, heads, d = x.shape
     cols = cols or d
     if t == 0:
         x, t = x.new_zeros(1, heads, d), 1
+    if x.stride(2) != 1 or (heads > 1 and x.stride(1) != d):
+        raise ValueError(f"rows_desc: heads and D must be packed in each row, got strides {x.stride()}")
+    row_stride = x.stride(0) if t > 1 else heads * d
     layout = smem_layout(rows, cols, dtype)
-    return TensorDescriptor(x.view(t, heads * d), [t, heads * d], [heads * d, 1], [rows, cols], layout)
+    return TensorDescriptor(x, [t, heads * d], [row_stride, 1], [rows, cols], layout)
 
 
 @gluon.constexpr_function

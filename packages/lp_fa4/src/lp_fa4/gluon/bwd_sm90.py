@@ -408,7 +408,9 @@ def bwd(do, q, k, v, lse, delta, cu_q, cu_k, used_q, used_k, max_q: int, max_k: 
     # the kernel stores the rows of every sequence's used keys (zeros where no query sees them):
     # only the other rows need zeros, none when all keys of a dense K count; small buffers take a
     # plain fill, cheaper than one more launch
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    # row-major like the kernel's stores, whatever the layout of k and v (``dispatch._packed``)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     every_key = lk_dense is not None and used_k is None and max_k >= lk_dense
     if not every_key:
         zero_unwritten((dk, dv), cu_k, max_k, used_k)

@@ -40,13 +40,19 @@ _DTYPES = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float16, torch.f
 
 
 def _packed(t: torch.Tensor) -> bool:
-    """(rows, heads, D) with heads and D packed (a 2-D TMA view of rows x heads·D), 16-byte aligned."""
-    h, d = t.shape[-2], t.shape[-1]
+    """(rows, heads, D) whose rows each hold heads·D contiguous values, 16-byte aligned, rows any
+    16-byte multiple apart without overlapping: a 2-D TMA view of rows x heads·D
+    (``ads_kernel_tools.kernels.gluon_hopper.rows_desc``). Slices of a packed projection qualify
+    (q, k, v of ``qkv.unbind`` on a (T, 3, H, D) tensor, or of ``split`` on the heads of a
+    (T, H + 2·Hkv, D) one); a heads-major or head-strided view does not."""
+    if t.dim() != 3:
+        return False
+    rows, h, d = t.shape
+    s0, s1, s2 = t.stride()
     return (
-        t.dim() == 3
-        and t.stride(2) == 1
-        and (t.stride(1) == d or h == 1)
-        and (t.stride(0) == h * d or t.shape[0] <= 1)
+        s2 == 1
+        and (s1 == d or h == 1)
+        and (rows <= 1 or (s0 >= h * d and (s0 * t.element_size()) % 16 == 0))
         and t.data_ptr() % 16 == 0
     )
 

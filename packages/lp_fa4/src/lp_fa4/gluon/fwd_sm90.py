@@ -71,6 +71,7 @@ from ads_kernel_tools.capability import num_sms
 from ads_kernel_tools.kernels.gluon_hopper import (
     fwd_rings,
     kv_ring_buffers,
+    rows_desc,
     smem_layout,
     split_entry,
     stage_for_tma,
@@ -673,35 +674,29 @@ def fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q: int, max_k: int, scale: floa
     BM, BN = 64 * nwg, BLOCK_N
     stages, qbuf = stages_for(d, fp8, nwg)
     q_box = BM if nwg == 2 else 64  # a TMA box is a power of two: 192-row items load three boxes
-    q_desc = TensorDescriptor(q.view(tq_in, h * d), [tq_in, h * d], [h * d, 1], [q_box, d],
-                              smem_layout(q_box, d, gdt))  # fmt: skip
-    o_desc = TensorDescriptor(out.view(tq, h * d), [tq, h * d], [h * d, 1], [64, d],
-                              smem_layout(64, d, _GL[out.dtype]))  # fmt: skip
-    if tk > 0:
-        k2, v2, rows_k = k.view(tk, hkv * d), v.view(tk, hkv * d), tk
-    else:  # no keys at all: a one-row dummy keeps the descriptors valid; no step loads it
-        k2 = v2 = torch.zeros(1, hkv * d, dtype=q.dtype, device=q.device)
-        rows_k = 1
-    kv_layout = smem_layout(BN, d, gdt)
-    k_desc = TensorDescriptor(k2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
+    # q, k and v may be row-strided slices of a packed projection (``dispatch._packed``)
+    q_desc = rows_desc(q, q_box, gdt)
+    o_desc = rows_desc(out, 64, _GL[out.dtype])
+    k_desc = rows_desc(k, BN, gdt)  # no keys at all: a one-row dummy that no step loads
     if fp8:  # V K-major (Hkv·D, keys padded to 16): fp8 wgmma reads B only that way
         v_copy = FP8_V_COPY if v_copy is None else v_copy
         if v_copy not in ("aligned", "relabel"):
             raise ValueError(f"v_copy must be 'aligned' or 'relabel', got {v_copy!r}")
         relabel = v_copy == "relabel"
         # sequence b's keys from column vcol[b] (32-aligned) of the copy
+        v3 = v if tk > 0 else v.new_zeros(1, hkv, d)
         if lk_dense is not None and tk > 0:  # dense: the columns b·L32 from shapes, no zero fill
             l32, n_kv = cdiv(lk_dense, 32) * 32, cu_k.shape[0] - 1
             starts = cu_k if l32 == lk_dense else dense_offsets(n_kv, l32, q.device)
-            vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_k, relabel=relabel, max_len=lk_dense,
-                                        starts=starts, width=n_kv * l32)  # fmt: skip
+            vt, vcol = v_kmajor_relabel(v3, cu_k, relabel=relabel, max_len=lk_dense, starts=starts,
+                                        width=n_kv * l32)  # fmt: skip
         else:
             cu_v = cu_k if tk > 0 else cu_k * 0
-            vt, vcol = v_kmajor_relabel(v2.view(rows_k, hkv, d), cu_v, relabel=relabel, max_len=max_k)
+            vt, vcol = v_kmajor_relabel(v3, cu_v, relabel=relabel, max_len=max_k)
         v_desc = TensorDescriptor(vt, list(vt.shape), [vt.shape[1], 1], [d, BN], smem_layout(d, BN, gdt))
         qd, kd, vd = descale
     else:
-        v_desc = TensorDescriptor(v2, [rows_k, hkv * d], [hkv * d, 1], [BN, d], kv_layout)
+        v_desc = rows_desc(v, BN, gdt)
         qd = kd = vd = vcol = cu_q  # not read
         relabel = False
     m_tiles = cdiv(max_q, BM)
