@@ -44,3 +44,27 @@ def test_sees_patch_dict_and_clear():
 def test_falls_back_when_os_environ_is_replaced(monkeypatch):
     monkeypatch.setattr(os, "environ", {NAME: "replaced"})
     assert envvars.get(NAME) == "replaced"
+
+
+def test_snapshot_changes_with_each_knob(monkeypatch):
+    """Equal snapshots exactly when every named knob is equal: set, changed, patched, cleared."""
+    other = NAME + "_2"
+    monkeypatch.delenv(other, raising=False)
+    names = (NAME, other)
+    unset = envvars.snapshot(names)
+    assert unset == (None, None)
+    monkeypatch.setenv(NAME, "1")
+    one = envvars.snapshot(names)
+    assert one != unset and one == envvars.snapshot(names)
+    monkeypatch.setenv(other, "1")
+    assert envvars.snapshot(names) not in (one, unset)
+    with mock.patch.dict(os.environ, {NAME: "2"}):
+        assert envvars.snapshot(names) != envvars.snapshot(names[:1]) + (None,)
+        assert envvars.snapshot(names[:1]) != (one[0],)
+    monkeypatch.delenv(other)
+    assert envvars.snapshot(names) == one
+
+
+def test_snapshot_follows_a_replaced_environ(monkeypatch):
+    monkeypatch.setattr(os, "environ", {NAME: "x"})
+    assert envvars.snapshot((NAME, NAME + "_2")) == ("x", None)

@@ -238,6 +238,34 @@ def test_norm_backward_tile_knobs_checked(monkeypatch) -> None:
     assert (cfg.block_m, cfg.rows_per_prog, cfg.block_n) == (4, 8, 64)
 
 
+def test_tile_choices_follow_every_knob(monkeypatch) -> None:
+    """The memoised tile choices (config._per_knobs) are keyed by every knob each of them reads and by
+    the interpreter switch: a knob set or changed after a call changes the next answer."""
+    import inspect
+    import re
+
+    from ads_norm_fusion import config
+
+    for choice in (config.rownorm_config, config.rms_gemm_config, config.rms_dw_config,
+                   config.persistent_config, config.norm_bwd_config):  # fmt: skip
+        source = inspect.getsource(choice.__wrapped__)
+        assert set(re.findall(r"ADS_NORM_FUSION_[A-Z0-9_]+", source)) <= set(choice.knobs), choice
+    before = config.rownorm_config(4096, 512, 512, 132)
+    monkeypatch.setenv("ADS_NORM_FUSION_BLOCK_M", "16")
+    assert config.rownorm_config(4096, 512, 512, 132).block_m == 16 != before.block_m
+    monkeypatch.setenv("ADS_NORM_FUSION_BLOCK_M", "8")
+    assert config.rownorm_config(4096, 512, 512, 132).block_m == 8
+    monkeypatch.delenv("ADS_NORM_FUSION_BLOCK_M")
+    assert config.rownorm_config(4096, 512, 512, 132) == before
+    monkeypatch.setenv("ADS_NORM_FUSION_RMS_STAGES", "2")
+    assert config.rms_gemm_config(4096, 512, 512, backward=True).num_stages == (
+        1 if config.interpreter_active() else 2
+    )
+    monkeypatch.setattr(config, "interpreter_active", lambda: False)
+    assert config.rms_gemm_config(4096, 512, 512, backward=True).num_stages == 2
+    assert config.persistent_config(4096, 512, 512, 132).tiles.block_n == 256
+
+
 def test_norm_backward_gpu_defaults(monkeypatch) -> None:
     """The GPU tiles of the norm backward at the shapes they were timed at, and BLOCK_M alone giving
     back the previous tiles (the other defaults follow it)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["get"]
+__all__ = ["get", "snapshot"]
 
 _ENVIRON = os.environ
 _DATA = getattr(_ENVIRON, "_data", None)
@@ -21,6 +21,7 @@ _ENCODE = getattr(_ENVIRON, "encodekey", None)
 _DECODE = getattr(_ENVIRON, "decodevalue", None)
 _FAST = isinstance(_DATA, dict) and callable(_ENCODE) and callable(_DECODE)
 _KEYS: dict[str, object] = {}
+_KEY_TUPLES: dict[tuple[str, ...], tuple] = {}
 
 
 def get(name: str, default: str | None = None) -> str | None:
@@ -32,3 +33,15 @@ def get(name: str, default: str | None = None) -> str | None:
         key = _KEYS[name] = _ENCODE(name)
     value = _DATA.get(key)
     return default if value is None else _DECODE(value)
+
+
+def snapshot(names: tuple[str, ...]) -> tuple:
+    """The current values of ``names`` as one tuple, None where unset: a cache key for choices made
+    from those knobs (equal tuples, equal knobs). The values are in ``os.environ``'s internal
+    encoding, so compare snapshots with each other only."""
+    if not _FAST or os.environ is not _ENVIRON:
+        return tuple(map(os.environ.get, names))
+    keys = _KEY_TUPLES.get(names)
+    if keys is None:
+        keys = _KEY_TUPLES[names] = tuple(map(_ENCODE, names))
+    return tuple(map(_DATA.get, keys))

@@ -31,6 +31,7 @@ cache, switched by the tools' ``ADS_LAUNCH_CACHE``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ads_kernel_tools import envvars
@@ -53,6 +54,38 @@ class TileConfig:
         return n <= self.block_n
 
 
+_MEMO_MAX = 256
+_MISSING = object()
+
+
+def _per_knobs(*knobs: str):
+    """Memoises a tile choice per arguments, per the values of ``knobs`` (the ones it reads, one
+    ``envvars.snapshot``; a test checks each list against the function's source) and per
+    ``interpreter_active()``: the launchers ask for their tiles on every launch, and a choice reads
+    several knobs and builds a dataclass. A changed knob (a sweep, ``monkeypatch.setenv``) is a new
+    key. Errors are not cached."""
+
+    def wrap(fn):
+        cache: dict = {}
+
+        @functools.wraps(fn)
+        def memo(*args, **kwargs):
+            key = (args, tuple(kwargs.items()), envvars.snapshot(knobs), interpreter_active())
+            value = cache.get(key, _MISSING)
+            if value is _MISSING:
+                value = fn(*args, **kwargs)
+                if len(cache) >= _MEMO_MAX:
+                    cache.clear()
+                cache[key] = value
+            return value
+
+        memo.knobs = knobs
+        memo.cache_clear = cache.clear
+        return memo
+
+    return wrap
+
+
 def _env_int(name: str) -> int | None:
     value = envvars.get(name)
     return int(value) if value else None
@@ -62,6 +95,13 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 1).bit_length()
 
 
+@_per_knobs(
+    "ADS_NORM_FUSION_BLOCK_K",
+    "ADS_NORM_FUSION_BLOCK_M",
+    "ADS_NORM_FUSION_BLOCK_N",
+    "ADS_NORM_FUSION_STAGES",
+    "ADS_NORM_FUSION_WARPS",
+)
 def rownorm_config(m: int, n: int, k: int, num_sms: int, *, backward: bool = False) -> TileConfig:
     """Tiles for the kernels that normalise over the GEMM's output width n (row-norm epilogue).
 
@@ -92,6 +132,7 @@ def rownorm_config(m: int, n: int, k: int, num_sms: int, *, backward: bool = Fal
     )
 
 
+@_per_knobs("ADS_NORM_FUSION_RMS_BLOCK_M", "ADS_NORM_FUSION_RMS_BLOCK_N", "ADS_NORM_FUSION_RMS_STAGES")
 def rms_gemm_config(m: int, n: int, k: int, *, backward: bool = False, row_coef: bool = False) -> TileConfig:
     """Tiles for ``rmsnorm_linear``'s persistent GEMM (the norm is a per-row scale in the epilogue).
 
@@ -117,6 +158,7 @@ def rms_gemm_config(m: int, n: int, k: int, *, backward: bool = False, row_coef:
     return TileConfig(128, bn, 64, 8, _env_int("ADS_NORM_FUSION_RMS_STAGES") or 3)
 
 
+@_per_knobs("ADS_NORM_FUSION_DW_STAGES")
 def rms_dw_config() -> TileConfig:
     """Tiles of ``rmsnorm_linear``'s weight-gradient kernel (``triton._rms_dw``): BLOCK_M rows of the
     reduction per step, a (BLOCK_N, BLOCK_K) output tile, two warpgroups of m64 over BLOCK_N."""
@@ -237,6 +279,14 @@ class PersistentConfig:
     programs: int
 
 
+@_per_knobs(
+    "ADS_NORM_FUSION_BLOCK_K",
+    "ADS_NORM_FUSION_BLOCK_M",
+    "ADS_NORM_FUSION_BLOCK_N",
+    "ADS_NORM_FUSION_PROGS_PER_SM",
+    "ADS_NORM_FUSION_STAGES",
+    "ADS_NORM_FUSION_WARPS",
+)
 def persistent_config(m: int, n: int, k: int, num_sms: int) -> PersistentConfig:
     """Tiles and grid of the persistent forward: 128×256×64 tiles, 8 warps, one program per SM (no
     more programs than row blocks); 4 stages at K >= 1024 (H200: 2-10 % faster than 3 at every such
@@ -383,6 +433,13 @@ class NormBwdConfig:
     acc_2d: bool = False  # column partials per tile row, reduced once per program (see _norm_bwd)
 
 
+@_per_knobs(
+    "ADS_NORM_FUSION_BWD_ACC2D",
+    "ADS_NORM_FUSION_BWD_BLOCK_M",
+    "ADS_NORM_FUSION_BWD_ROWS",
+    "ADS_NORM_FUSION_BWD_STAGES",
+    "ADS_NORM_FUSION_BWD_WARPS",
+)
 def norm_bwd_config(m: int, n: int, num_sms: int) -> NormBwdConfig | None:
     """Memory-bound row kernel: each program walks its rows four at a time (``BLOCK_M`` = 4 for
     1024 <= N <= 4096; tiles of 4096 elements below, of 16384 above), 4 warps up to 4096 elements a
