@@ -132,3 +132,29 @@ def test_nonnegative_values():
             checks.nonnegative_values({"q_descale": ok, "k_descale": t}, prefix="p: ", device=False)
     meta = torch.full((2,), -1.0, device="meta")  # no data to read: skipped, not an error
     checks.nonnegative_values({"q_descale": meta}, device=True)
+
+
+def test_index_vector_returns_contiguous_entries() -> None:
+    """A strided view comes back as a contiguous copy of the same entries (a kernel reading by
+    position then reads the right ones); a contiguous vector comes back as itself."""
+    table = torch.arange(12, dtype=torch.int32).reshape(4, 3)
+    column = table[:, 1]
+    got = checks.index_vector("cu_seqlens_q", column, length=4, device=column.device)
+    assert got.is_contiguous() and got.tolist() == [1, 4, 7, 10]
+    flat = torch.arange(5, dtype=torch.int64)
+    assert checks.index_vector("offsets", flat) is flat
+
+
+@pytest.mark.parametrize(
+    "t, kw, match",
+    [
+        (torch.zeros(3), {}, "1-D int32 or int64 tensor, got torch.float32"),
+        (torch.zeros(2, 2, dtype=torch.int32), {}, r"got torch.int32 \(2, 2\)"),
+        ([0, 1], {}, "got list"),
+        (torch.zeros(3, dtype=torch.int32), {"length": 4}, "must have 4 entries, got 3"),
+        (torch.zeros(3, dtype=torch.int32), {"device": torch.device("meta")}, "is on cpu, q on meta"),
+    ],
+)
+def test_index_vector_refuses(t, kw, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        checks.index_vector("cu", t, prefix="pkg: ", **kw)

@@ -360,7 +360,7 @@ def _enc(name, table, buckets):
 BAD = {
     "a2r_out_of_range": (dict(ad_to_request_offset=T([0, 2])), "ad_to_request_offset\\[1\\] = 2"),
     "a2r_negative": (dict(ad_to_request_offset=T([-1, 0])), "ad_to_request_offset\\[0\\] = -1"),
-    "a2r_length": (dict(ad_to_request_offset=T([0])), "ad_to_request_offset has 1 entries"),
+    "a2r_length": (dict(ad_to_request_offset=T([0])), "ad_to_request_offset must have 2 entries, got 1"),
     "overlap_without_start_end": (dict(query_offset=T([0, 8, 4])), "use_start_end_offsets"),
     "start_end_without_total": (SE, "total_num_objects"),
     "start_end_odd": (dict(SE, total_num_objects=4), "pairs"),
@@ -381,7 +381,7 @@ BAD = {
         "bucket value 4 is outside its table of 4",
     ),
     "bucket_negative": (_enc("pos_emb", torch.zeros(4, D), T([-1] + [0] * 9)), "bucket value -1"),
-    "bucket_length": (_enc("pos_emb", torch.zeros(4, D), ZB[:9]), "buckets has 9 entries"),
+    "bucket_length": (_enc("pos_emb", torch.zeros(4, D), ZB[:9]), "buckets must have 10 entries, got 9"),
     "table_shape_upstream_flat": (_enc("ts_encoding", torch.zeros(4, 2 * D), ZB), "num_buckets, H, D"),
     "params_without_buckets": (dict(ts_encoding_params=torch.zeros(4, D)), "given together"),
     "attn_mask": (dict(attn_mask=torch.zeros(1)), "attn_mask"),

@@ -1,5 +1,5 @@
-"""Scalar arguments of the public APIs (scales, eps, softcap, sequence bounds, window sides), checked
-one way in every package.
+"""Scalar arguments of the public APIs (scales, eps, softcap, sequence bounds, window sides), and
+index vectors (offsets, lengths, indices), checked one way in every package.
 
 ``real`` takes any ``numbers.Real`` and ``integer`` any ``numbers.Integral``, Python and NumPy
 scalars alike (``numpy.float32(0.125)`` is as good a scale as ``0.125``). Both refuse:
@@ -22,7 +22,7 @@ import numbers
 
 import torch
 
-__all__ = ["integer", "nonnegative_values", "real"]
+__all__ = ["index_vector", "integer", "nonnegative_values", "real"]
 
 
 def _got(value: object) -> str:
@@ -144,3 +144,30 @@ def nonnegative_values(
         if is_bad:
             shown = t.detach().flatten()[:8].float().tolist()
             raise ValueError(f"{prefix}{name} must be finite and >= 0, got {shown}")
+
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def index_vector(
+    name: str,
+    t: object,
+    *,
+    length: int | None = None,
+    device: torch.device | None = None,
+    device_of: str = "q",
+    prefix: str = "",
+) -> torch.Tensor:
+    """``t`` checked to be a 1-D int32 or int64 tensor (of ``length`` entries, on ``device``,
+    where given; ``device_of`` names the tensor it must share that device with) and returned
+    contiguous. Kernels read offsets, lengths and indices by position, so a strided view (a column
+    of a matrix, ``t[::2]``) would be read as the wrong entries, silently; a contiguous ``t`` comes
+    back as itself. ValueError naming ``name`` otherwise. Reads no values (no device sync)."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{prefix}{name} must be a 1-D int32 or int64 tensor, got {got}")
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"{prefix}{name} must have {length} entries, got {t.shape[0]}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{prefix}{name} is on {t.device}, {device_of} on {device}")
+    return t.contiguous()

@@ -266,13 +266,10 @@ def _shape(t) -> str:
     return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _int_vector(name: str, t, length: int | None, device) -> None:
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
-        raise _err(f"{name} must be a 1-D int32/int64 tensor, got {_shape(t)}")
-    if length is not None and t.shape[0] != length:
-        raise _err(f"{name} has {t.shape[0]} entries, expected {length}")
-    if t.device != device:
-        raise _err(f"{name} is on {t.device}, q on {device}")
+def _int_vector(name: str, t, length: int | None, device) -> torch.Tensor:
+    """``t`` checked and contiguous: the kernels read it by position
+    (``ads_kernel_tools.checks.index_vector``)."""
+    return checks.index_vector(name, t, length=length, device=device, prefix=_P)
 
 
 def _extras(
@@ -300,14 +297,12 @@ def _extras(
     if kv_index is not None:
         if broadcast_q or fused == Fused.QKV:
             raise _err("ad_to_request_offset cannot be combined with broadcast_q or fused QKV")
-        _int_vector("ad_to_request_offset", kv_index, cu_q.shape[0] - 1, q.device)
-        kv_index = kv_index.contiguous()
+        kv_index = _int_vector("ad_to_request_offset", kv_index, cu_q.shape[0] - 1, q.device)
     if cu_o is not None:
         if broadcast_q:
             cu_o = None  # broadcast_q outputs sit at b * Lq, what upstream callers pass
         else:
-            _int_vector("output_offset", cu_o, cu_q.shape[0], q.device)
-            cu_o = cu_o.contiguous()
+            cu_o = _int_vector("output_offset", cu_o, cu_q.shape[0], q.device)
     tables, buckets = [], []
     for i, pair in enumerate(encodings or ()):
         table, bkt = pair
@@ -326,9 +321,8 @@ def _extras(
             raise _err(f"{name} table must be fp32/bf16/fp16 and contiguous in its last dim")
         if table.device != q.device:
             raise _err(f"{name} table is on {table.device}, q on {q.device}")
-        _int_vector(f"{name} buckets", bkt, tq, q.device)
         tables.append(table)
-        buckets.append(bkt.contiguous())
+        buckets.append(_int_vector(f"{name} buckets", bkt, tq, q.device))
     if len(tables) > MAX_ENCODINGS:
         raise _err(f"at most {MAX_ENCODINGS} encodings, got {len(tables)}")
     if tables and q.dtype in _FP8:

@@ -108,16 +108,12 @@ def _check_sink(sink: Tensor | None, h: int, device) -> None:
         raise ValueError(f"lp_fa4: learnable_sink is on {sink.device}, q on {device}")
 
 
-def _check_index(name: str, t: Tensor | None, length: int | None, device) -> None:
+def _check_index(name: str, t: Tensor | None, length: int | None, device) -> Tensor | None:
+    """None, or ``t`` checked (1-D int32/int64, ``length`` entries where given, on q's device) and
+    contiguous: the kernels read it by position (``ads_kernel_tools.checks.index_vector``)."""
     if t is None:
-        return
-    if not isinstance(t, Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
-        desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
-        raise ValueError(f"lp_fa4: {name} must be a 1-D int32 tensor, got {desc}")
-    if length is not None and t.shape[0] != length:
-        raise ValueError(f"lp_fa4: {name} must have {length} entries, got {t.shape[0]}")
-    if t.device != device:
-        raise ValueError(f"lp_fa4: {name} is on {t.device}, q on {device}")
+        return None
+    return checks.index_vector(name, t, length=length, device=device, prefix=_P)
 
 
 def _resolve_window(causal: bool, window_size) -> tuple[int, int]:

@@ -326,10 +326,8 @@ def fp8_attn_backward(
     _check_qkv(q, k, v, 3 if varlen else 4, 3 if varlen else 4)
     h, d = q.shape[-2], q.shape[-1]
     if varlen:
-        _check_index("cu_seqlens_q", cu_seqlens_q, None, q.device)
-        _check_index("cu_seqlens_k", cu_seqlens_k, None, q.device)
-        # the kernels read offsets by position: a strided view would be read as the wrong entries
-        cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+        cu_q = _check_index("cu_seqlens_q", cu_seqlens_q, None, q.device)
+        cu_k = _check_index("cu_seqlens_k", cu_seqlens_k, None, q.device)
         n_b = cu_q.shape[0] - 1
         if cu_k.shape[0] != n_b + 1:
             raise ValueError("lp_fa4: cu_seqlens_q and cu_seqlens_k must have the same length")

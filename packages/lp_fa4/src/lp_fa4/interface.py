@@ -82,11 +82,11 @@ def _run(
     sources=None,
 ):
     _check_runnable(q3)
-    # the kernels index offsets, lengths, page tables and the sink by position: a strided view (a
-    # column of a matrix, ``t[::2]``) would be read as the wrong entries
-    cu_q, cu_k, used_q, used_k, page_table, sink = (
-        None if t is None else t.contiguous() for t in (cu_q, cu_k, used_q, used_k, page_table, sink)
-    )
+    # the kernels index page tables and the sink by position: a strided view (a column of a matrix,
+    # ``t[::2]``) would be read as the wrong entries (offsets and lengths come contiguous from
+    # ``_check_index``)
+    page_table = page_table.contiguous() if page_table is not None else None
+    sink = sink.contiguous() if sink is not None else None
     resident_bwd = False
     if broadcast_q and _plain(used_q, page_table, sink, softcap, descale):
         n_b = cu_k.shape[0] - 1
@@ -339,7 +339,7 @@ def flash_attn_varlen_func(
         q3 = q.reshape(n_b * sq, h, d)
         max_q = sq
     else:
-        _check_index("cu_seqlens_q", cu_seqlens_q, None, dev)
+        cu_seqlens_q = _check_index("cu_seqlens_q", cu_seqlens_q, None, dev)
         if cu_seqlens_q.shape[0] < 1:
             raise ValueError("lp_fa4: cu_seqlens_q needs at least one entry")
         if broadcast_q and cu_seqlens_q.shape[0] != 2:
@@ -363,7 +363,7 @@ def flash_attn_varlen_func(
         k3, v3 = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
         max_k = k.shape[1]
     else:
-        _check_index("cu_seqlens_k", cu_seqlens_k, None if broadcast_q else n_b + 1, dev)
+        cu_seqlens_k = _check_index("cu_seqlens_k", cu_seqlens_k, None if broadcast_q else n_b + 1, dev)
         cu_k, k3, v3 = cu_seqlens_k, k, v
         n_b = cu_k.shape[0] - 1 if broadcast_q else n_b
         if max_seqlen_k is not None:
@@ -374,8 +374,8 @@ def flash_attn_varlen_func(
             max_k = _longest(cu_k)
     if paged and v.shape[:2] != k.shape[:2]:
         raise ValueError("lp_fa4: paged k and v must have the same pages")
-    _check_index("seqused_q", seqused_q, n_b, dev)
-    _check_index("seqused_k", seqused_k, n_b, dev)
+    seqused_q = _check_index("seqused_q", seqused_q, n_b, dev)
+    seqused_k = _check_index("seqused_k", seqused_k, n_b, dev)
     if broadcast_q and seqused_q is not None:
         raise ValueError("lp_fa4: broadcast_q does not take seqused_q")
     scores = (causal, window_size, softmax_scale, softcap, learnable_sink)
@@ -461,8 +461,10 @@ def jagged_attention(
             "lp_fa4: jagged_attention takes bf16/fp16 (FP8 is in flash_attn_func / _varlen_func)"
         )
     dev = q.device
-    _check_index("cu_seqlens_q", cu_seqlens_q, 2 if broadcast_q else None, dev)
-    _check_index("cu_seqlens_k", cu_seqlens_k, None if broadcast_q else cu_seqlens_q.shape[0], dev)
+    cu_seqlens_q = _check_index("cu_seqlens_q", cu_seqlens_q, 2 if broadcast_q else None, dev)
+    cu_seqlens_k = _check_index(
+        "cu_seqlens_k", cu_seqlens_k, None if broadcast_q else cu_seqlens_q.shape[0], dev
+    )
     max_seqlen_q = _check_max("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _check_max("max_seqlen_k", max_seqlen_k)
     if max_seqlen_q is None:
